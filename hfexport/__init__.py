@@ -1,0 +1,45 @@
+"""hfexport: export Hugging Face models through torch.export, with every workaround an audited rule.
+
+Names load lazily so that `import hfexport` imports neither transformers nor any backend package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DynamoExporter": "hfexport.exporters",
+    "HfExporter": "hfexport.exporters",
+    "DynamoConfig": "hfexport.configs",
+    "ExportConfigMixin": "hfexport.configs",
+    "ExportFormat": "hfexport.configs",
+    "AutoHfExporter": "hfexport.auto",
+    "AutoExportConfig": "hfexport.auto",
+    "register_exporter": "hfexport.auto",
+    "register_export_config": "hfexport.auto",
+    "register_pytree_node": "hfexport.frontends.cache_pytree",
+    "ExportReport": "hfexport.report",
+    "RuleSelection": "hfexport.rewrites.rule",
+    "HfExportError": "hfexport.errors",
+    "InputError": "hfexport.errors",
+    "ConfigError": "hfexport.errors",
+    "MissingPackageError": "hfexport.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hfexport' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

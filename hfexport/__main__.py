@@ -1,0 +1,3 @@
+from hfexport.cli import main
+
+raise SystemExit(main())

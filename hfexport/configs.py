@@ -1,0 +1,154 @@
+"""Export configs: dataclasses that round-trip through dicts and JSON, keyed by `export_format`.
+
+Later lowerings (ONNX, ExecuTorch, OpenVINO) subclass `DynamoConfig`, since every backend starts from
+the same torch.export capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+from hfexport.errors import ConfigError
+from hfexport.rewrites.rule import RuleSelection
+
+
+class ExportFormat(str, Enum):
+    DYNAMO = "dynamo"
+    ONNX = "onnx"
+    EXECUTORCH = "executorch"
+    OPENVINO = "openvino"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _dim_to_json(dim: Any) -> Any:
+    import torch
+
+    if dim is None or isinstance(dim, int):
+        return dim
+    if dim is torch.export.Dim.AUTO:
+        return "AUTO"
+    if dim is torch.export.Dim.STATIC:
+        return "STATIC"
+    if dim is torch.export.Dim.DYNAMIC:
+        return "DYNAMIC"
+    name = getattr(dim, "__name__", None)
+    if name is None:
+        raise ConfigError(f"cannot serialise dynamic shape entry {dim!r}")
+    low, high = getattr(dim, "min", None), getattr(dim, "max", None)
+    return {"dim": name, "min": low, "max": high if isinstance(high, int) else None}
+
+
+def _dim_from_json(data: Any) -> Any:
+    import torch
+
+    if isinstance(data, str):
+        return getattr(torch.export.Dim, data)
+    if isinstance(data, dict):
+        kwargs = {k: data[k] for k in ("min", "max") if data.get(k) is not None}
+        return torch.export.Dim(data["dim"], **kwargs)
+    return data
+
+
+def _map_dims(shapes: Any, fn: Any) -> Any:
+    if isinstance(shapes, dict):
+        return {k: _map_dims(v, fn) for k, v in shapes.items()}
+    if isinstance(shapes, (list, tuple)):
+        return [_map_dims(v, fn) for v in shapes]
+    return fn(shapes)
+
+
+def dynamic_shapes_to_json(shapes: dict[str, Any] | None) -> Any:
+    # JSON object keys are strings; axes are restored to ints on load.
+    if shapes is None:
+        return None
+    return {name: _map_dims(spec, _dim_to_json) for name, spec in shapes.items()}
+
+
+def dynamic_shapes_from_json(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+
+    def restore(spec: Any) -> Any:
+        if isinstance(spec, dict) and "dim" not in spec:
+            return {int(axis): restore(v) for axis, v in spec.items()}
+        if isinstance(spec, list):
+            return [restore(v) for v in spec]
+        return _dim_from_json(spec)
+
+    return {name: restore(spec) for name, spec in data.items()}
+
+
+@dataclass
+class ExportConfigMixin:
+    """Base of every export config: `to_dict`/`from_dict`/JSON carrying `export_format`."""
+
+    export_format: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"export_format": str(self.export_format)}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "dynamic_shapes":
+                value = dynamic_shapes_to_json(value)
+            elif isinstance(value, RuleSelection):
+                value = value.to_dict()
+            elif isinstance(value, Enum):
+                value = value.value
+            data[f.name] = value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExportConfigMixin:
+        data = dict(data)
+        fmt = data.pop("export_format", cls.export_format)
+        if str(fmt) != str(cls.export_format):
+            raise ConfigError(f"{cls.__name__} is for export_format {cls.export_format!r}, got {fmt!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}; fields: {sorted(names)}")
+        if "dynamic_shapes" in data:
+            data["dynamic_shapes"] = dynamic_shapes_from_json(data["dynamic_shapes"])
+        if isinstance(data.get("rules"), dict):
+            data["rules"] = RuleSelection(**data["rules"])
+        return cls(**data)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> ExportConfigMixin:
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass
+class DynamoConfig(ExportConfigMixin):
+    """Capture options shared by every backend.
+
+    dynamic: mark every axis of every input (and cache) `Dim.AUTO` when `dynamic_shapes` is not given.
+    dynamic_shapes: passed to `torch.export.export` untouched (keys must be sample input names).
+    strict: trace with TorchDynamo (`strict=True`) instead of the default Python-level tracer.
+    prefer_deferred_runtime_asserts_over_guards: emit runtime asserts instead of failing on guards that
+        do not hold over a whole explicit `Dim(min, max)` range.
+    rules: which rewrite rules run (`RuleSelection(enable=..., disable=...)` by id or prefix).
+    """
+
+    export_format: ClassVar[str] = ExportFormat.DYNAMO.value
+
+    dynamic: bool = False
+    dynamic_shapes: dict[str, Any] | None = None
+    strict: bool = False
+    prefer_deferred_runtime_asserts_over_guards: bool = False
+    rules: RuleSelection = field(default_factory=RuleSelection)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rules, dict):
+            self.rules = RuleSelection(**self.rules)
+        if not isinstance(self.rules, RuleSelection):
+            raise ConfigError(f"rules must be a RuleSelection, got {type(self.rules).__name__}")

@@ -1,0 +1,1 @@
+"""Frontends: from a model and sample inputs to an ExportedProgram."""

@@ -1,0 +1,165 @@
+"""Pytree support for transformers `Cache` objects, so caches can be inputs and outputs of an export.
+
+One generic encoding serves every cache class (dynamic, static, sliding, linear-attention, encoder-decoder,
+model-specific subclasses): the object's attributes are walked, tensors become leaves, and everything
+else (ints, flags, devices, dtypes, classes, nested layers, lists and dicts of them) becomes a hashable
+skeleton that is the pytree context. Two caches of the same layout give equal contexts, so
+`ExportedProgram.module()` accepts a fresh cache of the shape it was exported with, and the skeleton
+serialises to JSON so that `torch.export.load` can rebuild a `StaticCache` input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+Skeleton = tuple[Any, ...]
+_SIMPLE = (int, float, bool, str, type(None))
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _load_class(path: str) -> type:
+    module, qualname = path.split(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) -> Skeleton:
+    if isinstance(obj, torch.Tensor):
+        leaves.append(obj)
+        keys.append(path)
+        return ("T",)
+    if isinstance(obj, _SIMPLE):
+        return ("V", obj)
+    if isinstance(obj, torch.device):
+        return ("D", str(obj))
+    if isinstance(obj, torch.dtype):
+        return ("Y", str(obj).removeprefix("torch."))
+    if isinstance(obj, type):
+        return ("C", _class_path(obj))
+    if isinstance(obj, (list, tuple)):
+        items = tuple(_encode(v, f"{path}.{i}", leaves, keys) for i, v in enumerate(obj))
+        return ("L" if isinstance(obj, list) else "U", items)
+    if isinstance(obj, dict):
+        if not all(isinstance(k, _SIMPLE) for k in obj):
+            raise TypeError(f"cache attribute {path} is a dict with non-simple keys")
+        return ("M", tuple((k, _encode(v, f"{path}.{k}", leaves, keys)) for k, v in obj.items()))
+    if isinstance(obj, torch.nn.Module) or not hasattr(obj, "__dict__"):
+        raise TypeError(f"cache attribute {path} holds a {type(obj).__name__}, which a cache pytree cannot carry")
+    attrs = tuple(
+        (name, _encode(value, f"{path}.{name}" if path else name, leaves, keys))
+        for name, value in sorted(vars(obj).items())
+    )
+    return ("O", _class_path(type(obj)), attrs)
+
+
+def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
+    tag = skeleton[0]
+    if tag == "T":
+        return leaves.pop()
+    if tag == "V":
+        return skeleton[1]
+    if tag == "D":
+        return torch.device(skeleton[1])
+    if tag == "Y":
+        return getattr(torch, skeleton[1])
+    if tag == "C":
+        return _load_class(skeleton[1])
+    if tag in ("L", "U"):
+        items = [_decode(s, leaves) for s in skeleton[1]]
+        return items if tag == "L" else tuple(items)
+    if tag == "M":
+        return {k: _decode(s, leaves) for k, s in skeleton[1]}
+    cls = _load_class(skeleton[1])
+    obj = cls.__new__(cls)
+    for name, sub in skeleton[2]:
+        object.__setattr__(obj, name, _decode(sub, leaves))
+    return obj
+
+
+def flatten_cache(cache: Any) -> tuple[list[torch.Tensor], Skeleton]:
+    leaves: list[torch.Tensor] = []
+    skeleton = _encode(cache, "", leaves, [])
+    return leaves, skeleton
+
+
+def _flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, torch.Tensor]], Skeleton]:
+    leaves: list[torch.Tensor] = []
+    keys: list[str] = []
+    skeleton = _encode(cache, "", leaves, keys)
+    return [(pytree.GetAttrKey(k.replace(".", "_")), v) for k, v in zip(keys, leaves, strict=True)], skeleton
+
+
+def unflatten_cache(values: Any, skeleton: Skeleton) -> Any:
+    # _decode pops from the end, so hand it the leaves reversed.
+    return _decode(skeleton, list(values)[::-1])
+
+
+def _to_jsonable(skeleton: Any) -> Any:
+    if isinstance(skeleton, tuple):
+        return {"t": [_to_jsonable(s) for s in skeleton]}
+    return skeleton
+
+
+def _from_jsonable(data: Any) -> Any:
+    if isinstance(data, dict):
+        return tuple(_from_jsonable(s) for s in data["t"])
+    return data
+
+
+def _dump_context(skeleton: Skeleton) -> str:
+    return json.dumps(_to_jsonable(skeleton))
+
+
+def _load_context(text: str) -> Skeleton:
+    return _from_jsonable(json.loads(text))
+
+
+def register_pytree_node(cls: type) -> bool:
+    """Register a `Cache` subclass as a pytree node (idempotent). Returns True when newly registered.
+
+    Call it before `torch.export.load` of a program that takes a cache input, e.g.
+    `register_pytree_node(StaticCache)`.
+    """
+    if cls in pytree.SUPPORTED_NODES:
+        return False
+    pytree.register_pytree_node(
+        cls,
+        flatten_cache,
+        unflatten_cache,
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        to_dumpable_context=_dump_context,
+        from_dumpable_context=_load_context,
+        flatten_with_keys_fn=_flatten_with_keys,
+    )
+    return True
+
+
+def register_cache_pytrees(*extra: type) -> list[type]:
+    """Register every imported `Cache` subclass (and `extra` classes); return the ones newly registered."""
+    from transformers.cache_utils import Cache
+
+    seen: list[type] = []
+    stack: list[type] = [Cache, *extra]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return [cls for cls in seen if register_pytree_node(cls)]
+
+
+def cache_dynamic_shapes(cache: Any, dim_for_tensor: Any) -> list[Any]:
+    """The `dynamic_shapes` entry for a cache input: one spec per tensor leaf, in flatten order."""
+    leaves, _ = flatten_cache(cache)
+    return [dim_for_tensor(t) for t in leaves]

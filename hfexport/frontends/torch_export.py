@@ -1,0 +1,217 @@
+"""Capture a model with `torch.export.export`.
+
+The steps, in order: validate the sample inputs and dynamic shapes (before touching the model), register
+cache pytrees, derive dynamic shapes, prepare the model for the trace (eval mode, an exportable attention
+implementation, stateful caches cleared, an explicit forward signature), install the `patch` rules, trace,
+undo everything, and run the `fx` rules on the program. The caller's model and inputs are never changed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfexport.errors import HfExportError, InputError
+from hfexport.frontends.cache_pytree import cache_dynamic_shapes, register_cache_pytrees
+from hfexport.rewrites import engine
+from hfexport.rewrites.engine import RewriteContext
+
+logger = logging.getLogger(__name__)
+
+# Attention implementations that torch.export can trace as they are, and those switched to SDPA for the
+# trace because their kernels are not exportable on any backend.
+_EXPORTABLE_ATTENTION = ("eager", "sdpa")
+_SWITCHED_ATTENTION = re.compile(r"^(flash_attention_\d|flex_attention|kernels-community/.*flash.*)$")
+# Module attributes that memoise a tensor from an earlier eager call (e.g. `cached_rotary_positional_embedding`):
+# a real tensor captured into the trace would be baked in as a constant, and a FakeTensor left behind would
+# break the next eager call.
+_STATEFUL_ATTRIBUTE = re.compile(r"(^|_)cached(_|$)")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    dynamic: bool = False
+    dynamic_shapes: Mapping[str, Any] | None = None
+    strict: bool = False
+    prefer_deferred_runtime_asserts_over_guards: bool = False
+
+
+def _is_cache(value: Any) -> bool:
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # pragma: no cover - transformers is a hard dependency
+        return False
+    return isinstance(value, Cache)
+
+
+def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check inputs and dynamic shapes before any tracing; return a shallow copy of the inputs."""
+    if not isinstance(sample_inputs, Mapping) or isinstance(sample_inputs, torch.Tensor):
+        raise InputError(
+            f"sample_inputs must be a mapping of forward argument names to tensors (e.g. a tokenizer's "
+            f"BatchEncoding), got {type(sample_inputs).__name__}"
+        )
+    if not sample_inputs:
+        raise InputError("sample_inputs is empty: pass the forward kwargs of one real call, e.g. input_ids")
+    inputs = dict(sample_inputs)
+    for name, value in inputs.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InputError(f"sample input name {name!r} is not a valid forward argument name")
+        if not (isinstance(value, (torch.Tensor, bool, int, float, type(None))) or _is_cache(value)):
+            raise InputError(
+                f"sample input {name!r} is a {type(value).__name__}; export takes tensors, transformers "
+                "Cache objects, or Python scalars/None (constants). Tokenize text with return_tensors='pt'."
+            )
+    if dynamic_shapes is not None:
+        if not isinstance(dynamic_shapes, Mapping):
+            raise InputError("dynamic_shapes must be a dict keyed by sample input name")
+        unknown = sorted(set(dynamic_shapes) - set(inputs))
+        if unknown:
+            raise InputError(
+                f"dynamic_shapes names {unknown}, which are not sample inputs; the sample inputs are {sorted(inputs)}"
+            )
+        for name, spec in dynamic_shapes.items():
+            _validate_dim_spec(name, spec, inputs[name])
+    return inputs
+
+
+def _validate_dim_spec(name: str, spec: Any, value: Any) -> None:
+    if spec is None or not isinstance(value, torch.Tensor):
+        return
+    if isinstance(spec, Mapping):
+        dims = spec
+    elif isinstance(spec, (list, tuple)):
+        dims = dict(enumerate(spec))
+    else:
+        raise InputError(f"dynamic_shapes[{name!r}] must be a dict {{axis: Dim}} or a list per axis")
+    for axis, dim in dims.items():
+        if not isinstance(axis, int) or not -value.ndim <= axis < value.ndim:
+            raise InputError(f"dynamic_shapes[{name!r}] names axis {axis!r}, but the input has {value.ndim} axes")
+        low, high = getattr(dim, "min", None), getattr(dim, "max", None)
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            raise InputError(f"dynamic_shapes[{name!r}][{axis}]: Dim min {low} is greater than max {high}")
+
+
+def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Mark every axis of every tensor and cache leaf `Dim.AUTO` (torch.export infers the relations)."""
+
+    def every_axis(tensor: torch.Tensor) -> dict[int, Any]:
+        return {axis: torch.export.Dim.AUTO for axis in range(tensor.ndim)}
+
+    shapes: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            shapes[name] = every_axis(value)
+        elif _is_cache(value):
+            shapes[name] = cache_dynamic_shapes(value, every_axis)
+        else:
+            shapes[name] = None
+    return shapes
+
+
+def _flat_forward(forward: Any, names: list[str]) -> Any:
+    """A forward whose explicit signature is the sample input names, in order.
+
+    transformers forwards take **kwargs; torch.export would fold those into one argument that a
+    per-input dynamic_shapes dict cannot address.
+    """
+
+    def forward_with_explicit_signature(*args: Any, **kwargs: Any) -> Any:
+        kwargs.update(zip(names, args, strict=False))
+        return forward(**kwargs)
+
+    forward_with_explicit_signature.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    )
+    return forward_with_explicit_signature
+
+
+def _prepare_model(model: torch.nn.Module, session: Any, warnings_out: list[str]) -> None:
+    if model.training:
+        warnings_out.append("the model was in training mode; it was exported in eval mode (dropout off)")
+        for module in model.modules():
+            session.setattr(module, "training", False)
+    seen: set[int] = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None or id(config) in seen or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        seen.add(id(config))
+        impl = config._attn_implementation_internal
+        if isinstance(impl, str) and _SWITCHED_ATTENTION.match(impl):
+            warnings_out.append(f"attn_implementation {impl!r} is not exportable; traced with 'sdpa' instead")
+            session.setattr(config, "_attn_implementation_internal", "sdpa")
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if _STATEFUL_ATTRIBUTE.search(name) and isinstance(value, (torch.Tensor, tuple)):
+                session.setattr(module, name, None)
+
+
+def check_attention_implementation(model: torch.nn.Module) -> None:
+    """Refuse, before tracing, an attention implementation that cannot be traced or switched."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        impl = getattr(config, "_attn_implementation_internal", None)
+        if isinstance(impl, str) and impl not in _EXPORTABLE_ATTENTION and not _SWITCHED_ATTENTION.match(impl):
+            raise InputError(
+                f"{type(module).__name__} uses attn_implementation={impl!r}, which cannot be exported; "
+                "load the model with attn_implementation='sdpa' (or 'eager') or call "
+                "model.set_attn_implementation('sdpa') first"
+            )
+
+
+def capture(
+    model: torch.nn.Module,
+    sample_inputs: Mapping[str, Any],
+    options: CaptureOptions,
+    context: RewriteContext,
+    warnings_out: list[str] | None = None,
+) -> torch.export.ExportedProgram:
+    """Export `model` on `sample_inputs` with the `patch` and `fx` stages applied."""
+    warnings_out = warnings_out if warnings_out is not None else []
+    inputs = validate_inputs(sample_inputs, options.dynamic_shapes)
+    check_attention_implementation(model)
+    register_cache_pytrees(*(type(v) for v in inputs.values() if _is_cache(v)))
+
+    if options.dynamic_shapes is not None:
+        dynamic_shapes: dict[str, Any] | None = dict(options.dynamic_shapes)
+    elif options.dynamic:
+        dynamic_shapes = auto_dynamic_shapes(inputs)
+    else:
+        dynamic_shapes = None
+
+    model_name = type(model).__name__
+    with engine.patched(model, context) as session:
+        _prepare_model(model, session, warnings_out)
+        # After the patches, so a patch of the top-level forward sits under the explicit signature.
+        session.setattr(model, "forward", _flat_forward(model.forward, list(inputs)))
+        context.current_stage = "trace"
+        start = time.perf_counter()
+        try:
+            with session.active():
+                program = torch.export.export(
+                    model,
+                    (),
+                    inputs,
+                    dynamic_shapes=dynamic_shapes,
+                    strict=options.strict,
+                    prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
+                )
+        except Exception as exc:
+            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="trace", model=model_name) from exc
+        finally:
+            context.stage_seconds["trace"] = time.perf_counter() - start
+    try:
+        engine.apply("fx", program, context)
+    except Exception as exc:
+        raise HfExportError(
+            f"{type(exc).__name__}: {exc}", stage="fx", rule_id=context.current_rule, model=model_name
+        ) from exc
+    return program

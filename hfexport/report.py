@@ -1,0 +1,90 @@
+"""ExportReport: what one export did — rules fired per stage, rules skipped and why, timings, warnings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfexport.rewrites.engine import RewriteContext, RuleOutcome
+from hfexport.rewrites.rule import STAGES
+
+
+@dataclass
+class ExportReport:
+    export_format: str
+    model_class: str
+    model_type: str | None = None
+    component: str | None = None
+    rules: list[RuleOutcome] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    total_seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    parity: dict[str, float] | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_context(cls, context: RewriteContext, **kwargs: Any) -> ExportReport:
+        order = {s: i for i, s in enumerate(STAGES)}
+        outcomes = sorted(context.outcomes.values(), key=lambda o: order.get(o.stage, len(order)))
+        return cls(rules=outcomes, stage_seconds=dict(context.stage_seconds), **kwargs)
+
+    @property
+    def hits(self) -> dict[str, dict[str, int]]:
+        """Rules that fired, by stage: {stage: {rule id: hits}}."""
+        by_stage: dict[str, dict[str, int]] = {}
+        for outcome in self.rules:
+            if outcome.hits:
+                by_stage.setdefault(outcome.stage, {})[outcome.id] = outcome.hits
+        return by_stage
+
+    @property
+    def fired(self) -> list[str]:
+        return [o.id for o in self.rules if o.hits]
+
+    @property
+    def not_applicable(self) -> dict[str, str]:
+        return {o.id: o.reason for o in self.rules if o.status == "not-applicable"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "export_format": self.export_format,
+            "model_class": self.model_class,
+            "model_type": self.model_type,
+            "component": self.component,
+            "hits": self.hits,
+            "rules": [o.to_dict() for o in self.rules],
+            "stage_seconds": {k: round(v, 4) for k, v in self.stage_seconds.items()},
+            "total_seconds": round(self.total_seconds, 4),
+            "warnings": list(self.warnings),
+            "parity": self.parity,
+            "versions": dict(self.versions),
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    def __str__(self) -> str:
+        title = f"{self.model_class} -> {self.export_format}"
+        if self.component:
+            title += f" [{self.component}]"
+        lines = [f"{title} in {self.total_seconds:.2f}s"]
+        rows = [("stage", "rule", "kind", "hits", "status")]
+        rows += [
+            (o.stage, o.id, o.kind, str(o.hits), o.status + (f": {o.reason}" if o.reason else "")) for o in self.rules
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for row in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+        if self.stage_seconds:
+            lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
+        lines += [f"warning: {w}" for w in self.warnings]
+        if self.parity:
+            lines.append("parity (max abs diff): " + ", ".join(f"{k} {v:.3g}" for k, v in self.parity.items()))
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The rule engine and the rules. See DESIGN.md, "The rule model", and docs/rules.md."""

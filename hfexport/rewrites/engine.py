@@ -1,0 +1,214 @@
+"""The rule engine: registry, selection, application per stage, and hit counting.
+
+Rule bodies never count. The engine wraps every rule it runs and records, per export, how often each
+rule fired, which rules did not apply and why, and how long each stage took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfexport.rewrites.rule import STAGES, Rule, RuleDefinitionError, RuleSelection
+
+
+@dataclass
+class RuleOutcome:
+    """What one rule did in one export."""
+
+    id: str
+    stage: str
+    kind: str
+    hits: int = 0
+    # fired | no-match | not-applicable | disabled | other-backend
+    status: str = "no-match"
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason")}
+
+
+@dataclass
+class RewriteContext:
+    """Per-export state the engine owns: the backend, the selection, and what fired."""
+
+    backend: str
+    selection: RuleSelection = field(default_factory=RuleSelection)
+    hits: Counter[str] = field(default_factory=Counter)
+    outcomes: dict[str, RuleOutcome] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Set by the stage that is running, so a failure can name it.
+    current_stage: str | None = None
+    current_rule: str | None = None
+
+    def hit(self, rule_id: str) -> None:
+        self.hits[rule_id] += 1
+
+    def _outcome(self, rule: Rule) -> RuleOutcome:
+        if rule.id not in self.outcomes:
+            self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
+        return self.outcomes[rule.id]
+
+    def finish(self, rule: Rule) -> None:
+        outcome = self._outcome(rule)
+        outcome.hits = self.hits[rule.id]
+        if outcome.hits:
+            outcome.status, outcome.reason = "fired", ""
+
+    def skip(self, rule: Rule, status: str, reason: str) -> None:
+        outcome = self._outcome(rule)
+        outcome.status, outcome.reason = status, reason
+
+
+class RuleRegistry:
+    """Rules by stage, in registration order (the order they run in)."""
+
+    def __init__(self) -> None:
+        self._by_stage: dict[str, list[Rule]] = {stage: [] for stage in STAGES}
+        self._by_id: dict[str, Rule] = {}
+
+    def register(self, rule: Rule) -> Rule:
+        from hfexport.rewrites.examples import Match, NoMatch
+
+        if not isinstance(rule, Rule):
+            raise RuleDefinitionError(f"not a rule: {rule!r}")
+        if rule.id in self._by_id:
+            raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
+        examples = rule.meta.examples
+        if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
+            raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
+        self._by_stage[rule.stage].append(rule)
+        self._by_id[rule.id] = rule
+        return rule
+
+    def rules(self, stage: str | None = None) -> list[Rule]:
+        if stage is None:
+            return [r for s in STAGES for r in self._by_stage[s]]
+        return list(self._by_stage[stage])
+
+    def get(self, rule_id: str) -> Rule:
+        try:
+            return self._by_id[rule_id]
+        except KeyError:
+            raise KeyError(f"no rule {rule_id!r}; `hfexport rules list` shows the registered ids") from None
+
+    def ids(self) -> list[str]:
+        return list(self._by_id)
+
+    def validate_selection(self, selection: RuleSelection) -> None:
+        unknown = selection.unknown_patterns(self.ids())
+        if unknown:
+            raise ValueError(
+                f"rule selection names no registered rule: {unknown}; use an id or an id prefix such as "
+                "'fx/' or 'patch/sdpa' (`hfexport rules list` shows them)"
+            )
+
+    def selected(self, stage: str, context: RewriteContext) -> list[Rule]:
+        """The rules of `stage` that run for this context; the others are recorded as skipped."""
+        chosen = []
+        for rule in self._by_stage[stage]:
+            if not rule.applies_to(context.backend):
+                context.skip(rule, "other-backend", f"only for {', '.join(rule.meta.backends)}")
+            elif not context.selection.is_enabled(rule.meta):
+                context.skip(rule, "disabled", "disabled by the rule selection")
+            else:
+                chosen.append(rule)
+        return chosen
+
+
+@contextmanager
+def _timed(context: RewriteContext, stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    context.current_stage = stage
+    try:
+        yield
+    finally:
+        context.stage_seconds[stage] = context.stage_seconds.get(stage, 0.0) + time.perf_counter() - start
+        context.current_rule = None
+
+
+@contextmanager
+def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None = None) -> Iterator[Any]:
+    """Install the selected `patch` rules on `model` for the body only; always restored.
+
+    Yields the `PatchSession`; the caller enters `session.active()` around the trace itself so the
+    torch-function and module-function patches are visible to that code alone.
+    """
+    from hfexport.rewrites.patching import PatchSession
+
+    registry = registry or default_registry()
+    rules = registry.selected("patch", context)
+    session = PatchSession(context.hit)
+    # The stage time is install + restore; the trace in between is timed by the caller.
+    start = installed = time.perf_counter()
+    try:
+        for rule in rules:
+            context.current_rule = rule.id
+            reason = session.install(rule, model)
+            if reason is not None:
+                context.skip(rule, "not-applicable", reason)
+        context.current_rule = None
+        installed = time.perf_counter()
+        yield session
+    finally:
+        resumed = time.perf_counter()
+        try:
+            session.restore()
+        finally:
+            for rule in rules:
+                context.finish(rule)
+            spent = (installed - start) + (time.perf_counter() - resumed)
+            context.stage_seconds["patch"] = context.stage_seconds.get("patch", 0.0) + spent
+
+
+def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegistry | None = None) -> dict[str, int]:
+    """Run the selected rules of a transform stage on `target` (in place); return hits per rule id."""
+    registry = registry or default_registry()
+    applier = _APPLIERS.get(stage)
+    if applier is None:
+        raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_APPLIERS)} (patch uses `patched`)")
+    hits: dict[str, int] = {}
+    with _timed(context, stage):
+        for rule in registry.selected(stage, context):
+            context.current_rule = rule.id
+            count = applier(rule, target)
+            if count:
+                context.hits[rule.id] += count
+            context.finish(rule)
+            hits[rule.id] = count
+    return hits
+
+
+def _apply_fx(rule: Rule, target: Any) -> int:
+    from hfexport.rewrites.graph import apply_fx_rule
+
+    gm = target.graph_module if hasattr(target, "graph_module") else target
+    return apply_fx_rule(rule, gm)
+
+
+# One applier per transform stage; later stages (aten, onnx, executorch, openvino) add theirs here.
+_APPLIERS = {"fx": _apply_fx}
+
+
+def register_applier(stage: str, applier: Any) -> None:
+    """Let a lowering add the applier of its own stage when its packages are imported."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}")
+    _APPLIERS[stage] = applier
+
+
+_DEFAULT: RuleRegistry | None = None
+
+
+def default_registry() -> RuleRegistry:
+    """The process-wide registry, filled on first use from the ordered lists in `registry.py`."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        from hfexport.rewrites.registry import build_registry
+
+        _DEFAULT = build_registry()
+    return _DEFAULT

@@ -1,0 +1,3 @@
+"""FX graph fixes (stage `fx`), in the order they run."""
+
+RULES: list = []

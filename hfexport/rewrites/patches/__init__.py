@@ -1,0 +1,3 @@
+"""Model patches (stage `patch`), in the order they are installed."""
+
+RULES: list = []

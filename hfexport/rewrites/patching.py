@@ -1,0 +1,295 @@
+"""Model patches and the reversible context that installs them for one trace.
+
+Three forms, each scoped so that nothing outside the export ever sees a patch (DESIGN.md):
+
+- `MethodPatch`: a replacement bound on the model's own module instances (an instance attribute that
+  shadows the class method), never on the class, so other models of the same class are untouched.
+- `TorchFunctionPatch`: intercepts a torch function through a `TorchFunctionMode`, which is
+  thread-local and active only inside the trace.
+- `ModuleFunctionPatch`: replaces a module-level function by a gate that calls the replacement only in
+  the context that installed it (a `ContextVar`); every other thread keeps the original behaviour.
+
+Every replacement receives the original callable first and may return `NOT_APPLICABLE` to decline a
+call; only calls it accepts are counted as hits. Counting is done here, never in rule bodies.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import threading
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from hfexport.rewrites.rule import Rule
+
+
+class _NotApplicable:
+    _instance: _NotApplicable | None = None
+
+    def __new__(cls) -> _NotApplicable:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_APPLICABLE"
+
+
+NOT_APPLICABLE = _NotApplicable()
+"""Returned by a replacement to decline one call: the original runs and no hit is counted."""
+
+HitCallback = Callable[[str], None]
+
+
+@dataclass
+class MethodPatch(Rule):
+    """Replace `Class.method` on the matching module instances of the model being exported.
+
+    `target` is a dotted path `"package.module.Class.method"`, or a predicate over modules together
+    with `method`. `replacement(original, self, *args, **kwargs)`.
+    """
+
+    target: str | Callable[[torch.nn.Module], bool] = ""
+    replacement: Callable[..., Any] | None = None
+    method: str | None = None
+    stage: str = field(init=False, default="patch")
+
+
+@dataclass
+class TorchFunctionPatch(Rule):
+    """Intercept calls of a torch function during the trace: `handler(original, *args, **kwargs)`."""
+
+    function: Callable[..., Any] | None = None
+    handler: Callable[..., Any] | None = None
+    stage: str = field(init=False, default="patch")
+
+
+@dataclass
+class ModuleFunctionPatch(Rule):
+    """Gate a module-level function `"package.module.function"`: `replacement(original, *args, **kwargs)`.
+
+    Patch the module where the caller looks the name up (a `from x import f` copy is a separate name).
+    """
+
+    target: str = ""
+    replacement: Callable[..., Any] | None = None
+    stage: str = field(init=False, default="patch")
+
+
+PatchRule = MethodPatch | TorchFunctionPatch | ModuleFunctionPatch
+
+
+def resolve(path: str) -> tuple[Any, str] | str:
+    """Resolve a dotted path to (owner object, attribute name), or return why it cannot be resolved."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:-1]:
+            owner = getattr(owner, name, None)
+            if owner is None:
+                return f"{'.'.join(parts[: split + 1])} does not exist in the installed packages"
+        if not hasattr(owner, parts[-1]):
+            return f"{path} does not exist in the installed packages"
+        return owner, parts[-1]
+    return f"no module of {path} is importable"
+
+
+# --- module-level gates: one gate per (module, name) for the whole process, refcounted -------------
+_GATES_LOCK = threading.Lock()
+_GATES: dict[tuple[int, str], _Gate] = {}
+_ACTIVE: contextvars.ContextVar[dict[tuple[int, str], tuple[tuple[str, Callable[..., Any], HitCallback], ...]]] = (
+    contextvars.ContextVar("hfexport_active_module_patches", default={})  # noqa: B039 - never mutated
+)
+
+
+@dataclass
+class _Gate:
+    owner: Any
+    name: str
+    original: Callable[..., Any]
+    users: int = 0
+
+
+def _make_gate(key: tuple[int, str], original: Callable[..., Any]) -> Callable[..., Any]:
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        for rule_id, replacement, on_hit in _ACTIVE.get().get(key, ()):
+            result = replacement(original, *args, **kwargs)
+            if result is not NOT_APPLICABLE:
+                on_hit(rule_id)
+                return result
+        return original(*args, **kwargs)
+
+    gate.__wrapped__ = original  # type: ignore[attr-defined]
+    gate.__name__ = getattr(original, "__name__", "gate")
+    return gate
+
+
+class _RuleTorchFunctionMode(TorchFunctionMode):
+    def __init__(self, handlers: dict[Any, list[tuple[str, Callable[..., Any]]]], on_hit: HitCallback) -> None:
+        super().__init__()
+        self._handlers = handlers
+        self._on_hit = on_hit
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for rule_id, handler in self._handlers.get(func, ()):
+            result = handler(func, *args, **kwargs)
+            if result is not NOT_APPLICABLE:
+                self._on_hit(rule_id)
+                return result
+        return func(*args, **kwargs)
+
+
+class PatchSession:
+    """Installs patches and attribute overrides, and undoes all of them, in reverse order, on exit.
+
+    Restoration runs even when the body raises, and every undo step runs even if an earlier one fails.
+    """
+
+    def __init__(self, on_hit: HitCallback) -> None:
+        self._on_hit = on_hit
+        self._undo: list[Callable[[], None]] = []
+        self._torch_handlers: dict[Any, list[tuple[str, Callable[..., Any]]]] = {}
+        self._module_handlers: dict[tuple[int, str], list[tuple[str, Callable[..., Any], HitCallback]]] = {}
+
+    # -- generic reversible attribute override, also used by the frontend for model state ---------
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        store = obj.__dict__ if hasattr(obj, "__dict__") else {}
+        had_own, previous = name in store, store.get(name)
+
+        def undo() -> None:
+            if had_own:
+                setattr(obj, name, previous)
+            elif name in obj.__dict__:
+                delattr(obj, name)
+
+        setattr(obj, name, value)
+        self._undo.append(undo)
+
+    def call_on_exit(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    # -- installing rules: each returns None when installed, or why the rule does not apply -------
+    def install(self, rule: PatchRule, model: torch.nn.Module) -> str | None:
+        if isinstance(rule, MethodPatch):
+            return self._install_method(rule, model)
+        if isinstance(rule, TorchFunctionPatch):
+            self._torch_handlers.setdefault(rule.function, []).append((rule.id, rule.handler))
+            return None
+        if isinstance(rule, ModuleFunctionPatch):
+            return self._install_module_function(rule)
+        raise TypeError(f"not a patch rule: {rule!r}")
+
+    def _install_method(self, rule: MethodPatch, model: torch.nn.Module) -> str | None:
+        if callable(rule.target):
+            predicate, method = rule.target, rule.method
+            described = f"modules matching {getattr(rule.target, '__name__', 'predicate')}"
+        else:
+            resolved = resolve(rule.target)
+            if isinstance(resolved, str):
+                return resolved
+            cls, method = resolved
+            if not isinstance(cls, type):
+                return f"{rule.target}: owner is not a class"
+            class_function = cls.__dict__.get(method)
+            if not isinstance(class_function, types.FunctionType):
+                return f"{rule.target} is not a plain method"
+
+            # Subclasses that override the method keep their own code; patch only inheritors.
+            def predicate(module: torch.nn.Module, _cls=cls, _fn=class_function) -> bool:
+                return isinstance(module, _cls) and getattr(type(module), method, None) is _fn
+
+            described = f"instances of {cls.__qualname__}"
+        assert method is not None, f"rule {rule.id}: a predicate target needs `method`"
+        matched = [m for m in model.modules() if predicate(m)]
+        if not matched:
+            return f"the model has no {described}"
+        for module in matched:
+            original = getattr(module, method)
+            self.setattr(module, method, types.MethodType(self._method_wrapper(rule, original), module))
+        return None
+
+    def _method_wrapper(self, rule: MethodPatch, original: Callable[..., Any]) -> Callable[..., Any]:
+        replacement, on_hit, rule_id = rule.replacement, self._on_hit, rule.id
+
+        def patched(module_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            result = replacement(original, module_self, *args, **kwargs)
+            if result is NOT_APPLICABLE:
+                return original(*args, **kwargs)
+            on_hit(rule_id)
+            return result
+
+        return patched
+
+    def _install_module_function(self, rule: ModuleFunctionPatch) -> str | None:
+        resolved = resolve(rule.target)
+        if isinstance(resolved, str):
+            return resolved
+        owner, name = resolved
+        key = (id(owner), name)
+        with _GATES_LOCK:
+            gate = _GATES.get(key)
+            if gate is None:
+                gate = _Gate(owner, name, getattr(owner, name))
+                setattr(owner, name, _make_gate(key, gate.original))
+                _GATES[key] = gate
+            gate.users += 1
+        self._module_handlers.setdefault(key, []).append((rule.id, rule.replacement, self._on_hit))
+        self._undo.append(lambda: _release_gate(key))
+        return None
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Make the torch-function and module-function patches visible, in this context only."""
+        token = _ACTIVE.set({**_ACTIVE.get(), **{k: tuple(v) for k, v in self._module_handlers.items()}})
+        try:
+            if self._torch_handlers:
+                with _RuleTorchFunctionMode(self._torch_handlers, self._on_hit):
+                    yield
+            else:
+                yield
+        finally:
+            _ACTIVE.reset(token)
+
+    def restore(self) -> None:
+        errors: list[BaseException] = []
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except BaseException as exc:
+                errors.append(exc)
+        self._torch_handlers.clear()
+        self._module_handlers.clear()
+        if errors:
+            raise RuntimeError(f"hfexport failed to restore {len(errors)} patch(es)") from errors[0]
+
+    def __enter__(self) -> PatchSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+
+
+def _release_gate(key: tuple[int, str]) -> None:
+    with _GATES_LOCK:
+        gate = _GATES[key]
+        gate.users -= 1
+        if gate.users == 0:
+            setattr(gate.owner, gate.name, gate.original)
+            del _GATES[key]
+
+
+def installed_gates() -> list[str]:
+    """Module functions currently gated (for leak checks in tests and the audit)."""
+    with _GATES_LOCK:
+        return [f"{getattr(g.owner, '__name__', g.owner)}.{g.name}" for g in _GATES.values()]

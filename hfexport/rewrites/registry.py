@@ -1,0 +1,26 @@
+"""Explicit registration: each stage package exposes `RULES`, an ordered list; this module loads them.
+
+Order matters within a stage (a later rule sees what an earlier one produced) and is reviewed in diffs.
+Adding a stage means adding its package here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hfexport.rewrites.engine import RuleRegistry
+
+STAGE_PACKAGES: dict[str, str] = {
+    "patch": "hfexport.rewrites.patches",
+    "fx": "hfexport.rewrites.fx",
+}
+
+
+def build_registry() -> RuleRegistry:
+    registry = RuleRegistry()
+    for stage, package in STAGE_PACKAGES.items():
+        for rule in importlib.import_module(package).RULES:
+            if rule.stage != stage:
+                raise ValueError(f"{package} lists {rule.id}, which belongs to stage {rule.stage!r}")
+            registry.register(rule)
+    return registry

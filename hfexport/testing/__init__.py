@@ -1,0 +1,1 @@
+"""Test support: tiny real-architecture models and their sample inputs, shared by tests and tools."""

@@ -1,0 +1,155 @@
+"""Load the tiny-model corpus (``tests/fixtures/corpus``) and materialise its models and inputs.
+
+Each entry is a JSON file holding a small, valid config of a real transformers architecture plus a
+declarative description of its sample inputs. Building models and inputs from seeds (instead of
+storing weights or tensors) keeps the fixtures small and diff-able, and makes every run reproducible.
+The format is described in the corpus README; the fixtures are copies so that the project never reads
+outside its own tree when it runs or tests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CorpusEntry", "default_root", "load_corpus", "load_entry"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def _dtype(name: str) -> torch.dtype:
+    """Map a spec dtype name to torch; unknown names fail loudly rather than silently defaulting."""
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r} in corpus tensor spec")
+    return _DTYPES[name]
+
+
+@dataclass
+class CorpusEntry:
+    """One architecture of the corpus: how to build the model and how to feed it."""
+
+    model_type: str
+    family: str
+    auto_class: str
+    model_class: str
+    config: dict[str, Any]
+    sample: dict[str, Any]
+    output: str
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        """A stable id (``family/model_type``), handy for test ids and reports."""
+        return f"{self.family}/{self.model_type}"
+
+    def build_model(self, seed: int = 0) -> torch.nn.Module:
+        """Build the model with random weights; the seed makes the weights, hence the outputs, reproducible."""
+        import transformers
+        from transformers import CONFIG_MAPPING
+
+        cfg = CONFIG_MAPPING[self.model_type].from_dict(self.config)
+        torch.manual_seed(seed)
+        model = getattr(transformers, self.auto_class).from_config(cfg)
+        return model.eval()
+
+    def _text_ids(self, shape: list[int], gen: torch.Generator) -> torch.Tensor:
+        """Draw token ids from ``text_range`` minus ``avoid_ids``, so no special/image token sneaks in."""
+        lo, hi = self.sample["text_range"]
+        avoid = set(self.sample.get("avoid_ids", []))
+        allowed = torch.tensor([i for i in range(lo, hi) if i not in avoid], dtype=torch.int64)
+        return allowed[torch.randint(len(allowed), tuple(shape), generator=gen)]
+
+    def _make(self, spec: dict[str, Any], gen: torch.Generator) -> torch.Tensor:
+        """Materialise one tensor spec."""
+        dtype = _dtype(spec["dtype"])
+        if "values" in spec:
+            return torch.tensor(spec["values"], dtype=dtype)
+        shape, init = tuple(spec["shape"]), spec["init"]
+        if init == "randint":
+            return torch.randint(spec["low"], spec["high"], shape, generator=gen).to(dtype)
+        if init == "text":
+            return self._text_ids(list(shape), gen).to(dtype)
+        if init == "rand":
+            return torch.rand(shape, generator=gen).to(dtype)
+        if init == "randn":
+            return torch.randn(shape, generator=gen).to(dtype)
+        if init == "full":
+            return torch.full(shape, spec["value"], dtype=dtype)
+        raise ValueError(f"unknown tensor spec init {init!r} in {self.name}")
+
+    def sample_inputs(self, seed: int = 0) -> dict[str, torch.Tensor]:
+        """The reference inputs, in spec order (order matters for positional export signatures)."""
+        gen = torch.Generator().manual_seed(seed)
+        return {name: self._make(spec, gen) for name, spec in self.sample["inputs"].items()}
+
+    def _grow(self, tensor: torch.Tensor, spec: dict[str, Any], gen: torch.Generator) -> torch.Tensor:
+        """Append ``by`` elements along ``axis``; the new block shares every other dim with ``tensor``."""
+        axis, fill = spec["axis"], spec["fill"]
+        shape = list(tensor.shape)
+        shape[axis] = spec["by"]
+        if fill == "text":
+            extra = self._text_ids(shape, gen).to(tensor.dtype)
+        elif fill == "rand":
+            extra = torch.rand(shape, generator=gen).to(tensor.dtype)
+        elif fill == "randn":
+            extra = torch.randn(shape, generator=gen).to(tensor.dtype)
+        elif isinstance(fill, (int, float, bool)):
+            extra = torch.full(shape, fill, dtype=tensor.dtype)
+        else:
+            raise ValueError(f"unknown grow fill {fill!r} in {self.name}")
+        return torch.cat([tensor, extra], dim=axis)
+
+    def grown_inputs(self, seed: int = 1) -> dict[str, torch.Tensor]:
+        """A longer input for the dynamic-shape check; inputs without a grow spec stay as sampled.
+
+        The base is the seed-0 sample, so the grown input extends the reference one; ``seed`` only
+        drives the appended elements.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        grow = self.sample.get("grow") or {}
+        return {name: self._grow(t, grow[name], gen) if name in grow else t for name, t in self.sample_inputs().items()}
+
+
+def load_entry(path: Path | str) -> CorpusEntry:
+    """Read one JSON entry; the whole dict is kept in ``raw`` for fields the dataclass does not name."""
+    raw = json.loads(Path(path).read_text())
+    return CorpusEntry(
+        model_type=raw["model_type"],
+        family=raw["family"],
+        auto_class=raw["auto_class"],
+        model_class=raw.get("model_class", ""),
+        config=raw["config"],
+        sample=raw["sample"],
+        output=raw.get("output", "logits"),
+        raw=raw,
+    )
+
+
+def default_root() -> Path:
+    """The repo's ``tests/fixtures/corpus``, found from this file so it works from any cwd."""
+    return Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "corpus"
+
+
+def load_corpus(root: Path | None = None, family: str | None = None) -> list[CorpusEntry]:
+    """All entries under ``root`` (optionally one family), sorted by family then model type."""
+    root = Path(root) if root is not None else default_root()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"corpus fixtures not found at {root}; pass root= or copy entries to tests/fixtures/corpus"
+        )
+    pattern = f"{family}/*.json" if family else "*/*.json"
+    entries = [load_entry(p) for p in sorted(root.glob(pattern))]
+    if family and not entries:
+        raise FileNotFoundError(f"no corpus entries for family {family!r} under {root}")
+    return entries

@@ -1,0 +1,263 @@
+"""The rule engine: metadata validation, registration, selection, exact hit counts, reversible patches."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hfexport.rewrites import engine
+from hfexport.rewrites.engine import RewriteContext, RuleRegistry
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.graph import FxNodeRule
+from hfexport.rewrites.patching import (
+    NOT_APPLICABLE,
+    MethodPatch,
+    ModuleFunctionPatch,
+    PatchSession,
+    TorchFunctionPatch,
+    installed_gates,
+)
+from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta, RuleSelection
+from tests.rewrites import toy_module
+
+
+class Doubler(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return toy_module.scale(x) + x
+
+
+def _examples() -> tuple:
+    build = lambda: (Doubler(), {"x": torch.randn(2, 3)})  # noqa: E731
+    return (Match(build), NoMatch(build))
+
+
+def _meta(rule_id: str, **kwargs) -> RuleMeta:
+    return RuleMeta(id=rule_id, why="test", upstream="none", examples=_examples(), **kwargs)
+
+
+# -- metadata and registration --------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["Patch/x", "patch/Under_score", "nostage/x", "patch/", "patch/a--b", "fx"])
+def test_rule_id_grammar_is_enforced(bad: str) -> None:
+    with pytest.raises(RuleDefinitionError, match="rule id"):
+        _meta(bad)
+
+
+def test_fix_needs_upstream_and_backends_are_checked() -> None:
+    with pytest.raises(RuleDefinitionError, match="upstream"):
+        RuleMeta(id="fx/a", why="w", upstream="", examples=_examples())
+    with pytest.raises(RuleDefinitionError, match="backends"):
+        _meta("fx/a", backends=("tensorrt",))
+    # an optimization may omit upstream: it is not a workaround
+    assert RuleMeta(id="fx/a", why="w", upstream="", kind="optimization").kind == "optimization"
+
+
+def test_registration_refuses_missing_examples_and_duplicates() -> None:
+    registry = RuleRegistry()
+    pred, rewrite = (lambda n: False), (lambda gm, n: None)
+    only_match = RuleMeta(id="fx/a", why="w", upstream="u", examples=(_examples()[0],))
+    with pytest.raises(RuleDefinitionError, match="Match and one NoMatch"):
+        registry.register(FxNodeRule(only_match, predicate=pred, rewrite=rewrite))
+    registry.register(FxNodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
+    with pytest.raises(RuleDefinitionError, match="duplicate"):
+        registry.register(FxNodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
+
+
+def test_rule_kind_must_match_id_stage() -> None:
+    with pytest.raises(RuleDefinitionError, match="does not match"):
+        FxNodeRule(_meta("patch/a"), predicate=lambda n: False, rewrite=lambda gm, n: None)
+
+
+# -- selection -------------------------------------------------------------------------------------
+def test_selection_by_id_and_prefix() -> None:
+    a, b, c = _meta("fx/drop-assert"), _meta("fx/drop-assert-async"), _meta("patch/sdpa-math")
+    opt_in = _meta("fx/slow-thing", enabled_by_default=False)
+    default = RuleSelection()
+    assert default.is_enabled(a) and not default.is_enabled(opt_in)
+    assert not RuleSelection(disable=("fx",)).is_enabled(a)
+    assert RuleSelection(disable=("fx",)).is_enabled(c)
+    # prefixes stop at id boundaries: "fx/drop-assert" also selects "fx/drop-assert-async"
+    sel = RuleSelection(disable=("fx/drop-assert",))
+    assert not sel.is_enabled(a) and not sel.is_enabled(b)
+    assert RuleSelection(disable=("fx/dro",)).is_enabled(a)
+    # the most specific pattern wins; a tie goes to disable
+    assert RuleSelection(enable=("fx/drop-assert-async",), disable=("fx/",)).is_enabled(b)
+    assert not RuleSelection(enable=("fx/",), disable=("fx/",)).is_enabled(a)
+    assert RuleSelection(enable=("fx/slow-thing",)).is_enabled(opt_in)
+
+
+def test_unknown_selection_patterns_are_reported() -> None:
+    ids = ["fx/drop-assert", "patch/sdpa-math"]
+    assert RuleSelection(enable=("fx/nope",), disable=("patch",)).unknown_patterns(ids) == ["fx/nope"]
+
+
+# -- exact hit counts on a hand-made graph ----------------------------------------------------------
+class ThreeRelus(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.relu(x) + 1) - torch.relu(x * 2) + torch.sigmoid(x)
+
+
+def test_fx_hit_counts_are_exact() -> None:
+    def relu_to_clamp(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        with gm.graph.inserting_after(node):
+            clamp = gm.graph.call_function(torch.ops.aten.clamp_min.default, (node.args[0], 0.0))
+        node.replace_all_uses_with(clamp)
+        gm.graph.erase_node(node)
+
+    rule = FxNodeRule(
+        _meta("fx/relu-to-clamp"),
+        predicate=lambda n: n.target is torch.ops.aten.relu.default,
+        rewrite=relu_to_clamp,
+    )
+    registry = RuleRegistry()
+    registry.register(rule)
+    x = torch.randn(4, 5)
+    program = torch.export.export(ThreeRelus(), (x,))
+    context = RewriteContext(backend="dynamo")
+    hits = engine.apply("fx", program, context, registry)
+    assert hits == {"fx/relu-to-clamp": 3}
+    assert context.outcomes["fx/relu-to-clamp"].status == "fired"
+    torch.testing.assert_close(program.module()(x), ThreeRelus()(x))
+    # disabled: zero hits and recorded as disabled
+    context = RewriteContext(backend="dynamo", selection=RuleSelection(disable=("fx/relu-to-clamp",)))
+    program = torch.export.export(ThreeRelus(), (x,))
+    assert engine.apply("fx", program, context, registry) == {}
+    assert context.outcomes["fx/relu-to-clamp"].status == "disabled"
+    # other backend: skipped with the reason
+    onnx_only = FxNodeRule(_meta("fx/onnx-only", backends=("onnx",)), predicate=lambda n: True, rewrite=None)
+    registry.register(onnx_only)
+    context = RewriteContext(backend="dynamo")
+    engine.apply("fx", torch.export.export(ThreeRelus(), (x,)), context, registry)
+    assert context.outcomes["fx/onnx-only"].status == "other-backend"
+
+
+# -- reversible, scoped patches ----------------------------------------------------------------------
+def _scale_by_three(original, x):
+    return x * 3
+
+
+def _patch_rules() -> RuleRegistry:
+    registry = RuleRegistry()
+    registry.register(
+        MethodPatch(
+            _meta("patch/doubler-forward"),
+            target="tests.rewrites.test_engine.Doubler.forward",
+            replacement=lambda original, self, x: x * 10,
+        )
+    )
+    registry.register(
+        ModuleFunctionPatch(
+            _meta("patch/toy-scale"), target="tests.rewrites.toy_module.scale", replacement=_scale_by_three
+        )
+    )
+    registry.register(
+        TorchFunctionPatch(
+            _meta("patch/sigmoid-declines-ints"),
+            function=torch.sigmoid,
+            handler=lambda original, x: NOT_APPLICABLE if not x.is_floating_point() else original(x) * 0 + 0.5,
+        )
+    )
+    return registry
+
+
+def test_patches_are_restored_when_the_trace_raises() -> None:
+    model = Doubler()
+    original_scale = toy_module.scale
+    context = RewriteContext(backend="dynamo")
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        engine.patched(model, context, _patch_rules()) as session,
+        session.active(),
+    ):
+        assert "forward" in vars(model)
+        assert toy_module.scale is not original_scale
+        raise RuntimeError("boom")
+    assert "forward" not in vars(model)
+    assert toy_module.scale is original_scale
+    assert installed_gates() == []
+    x = torch.randn(3)
+    torch.testing.assert_close(model(x), x * 2)
+
+
+def test_patch_hits_count_accepted_calls_only() -> None:
+    model = Doubler()
+    context = RewriteContext(backend="dynamo")
+    with engine.patched(model, context, _patch_rules()) as session, session.active():
+        model(torch.randn(2))
+        model(torch.randn(2))
+        toy_module.scale(torch.randn(2))
+        torch.sigmoid(torch.randn(2))
+        torch.sigmoid(torch.randn(2).double())
+    assert context.hits["patch/doubler-forward"] == 2
+    assert context.hits["patch/toy-scale"] == 1
+    assert context.hits["patch/sigmoid-declines-ints"] == 2
+
+
+def test_method_patch_binds_on_instances_not_the_class() -> None:
+    exported, bystander = Doubler(), Doubler()
+    x = torch.randn(3)
+    with engine.patched(exported, RewriteContext(backend="dynamo"), _patch_rules()):
+        torch.testing.assert_close(exported(x), x * 10)
+        torch.testing.assert_close(bystander(x), x * 2)
+        assert Doubler.forward.__name__ == "forward"
+
+
+def test_missing_target_is_not_applicable() -> None:
+    registry = RuleRegistry()
+    registry.register(
+        MethodPatch(
+            _meta("patch/ghost"), target="transformers.models.nope.modeling_nope.Nope.forward", replacement=None
+        )
+    )
+    context = RewriteContext(backend="dynamo")
+    with engine.patched(Doubler(), context, registry):
+        pass
+    assert context.outcomes["patch/ghost"].status == "not-applicable"
+    assert "importable" in context.outcomes["patch/ghost"].reason or "exist" in context.outcomes["patch/ghost"].reason
+
+
+def test_other_threads_never_see_torch_or_module_patches() -> None:
+    seen: dict[str, object] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def bystander() -> None:
+        ready.wait()
+        x = torch.full((2,), 2.0)
+        seen["scale"] = toy_module.scale(x)
+        seen["sigmoid"] = torch.sigmoid(torch.zeros(1))
+        done.set()
+
+    thread = threading.Thread(target=bystander)
+    thread.start()
+    context = RewriteContext(backend="dynamo")
+    with engine.patched(Doubler(), context, _patch_rules()) as session, session.active():
+        torch.testing.assert_close(toy_module.scale(torch.full((2,), 2.0)), torch.full((2,), 6.0))
+        ready.set()
+        done.wait(10)
+    thread.join()
+    torch.testing.assert_close(seen["scale"], torch.full((2,), 2.0))
+    torch.testing.assert_close(seen["sigmoid"], torch.full((1,), 0.5))
+    assert context.hits["patch/toy-scale"] == 1
+
+
+def test_patches_are_active_inside_torch_export() -> None:
+    model = Doubler()
+    x = torch.randn(2, 3)
+    context = RewriteContext(backend="dynamo")
+    with engine.patched(model, context, _patch_rules()) as session, session.active():
+        program = torch.export.export(model, (x,), strict=False)
+    torch.testing.assert_close(program.module()(x), x * 10)
+    assert "forward" not in vars(model)
+
+
+def test_session_setattr_restores_previous_instance_values() -> None:
+    model = Doubler()
+    model.flag = 1
+    with PatchSession(lambda rule_id: None) as session:
+        session.setattr(model, "flag", 2)
+        session.setattr(model, "new_attr", 3)
+        session.setattr(F, "relu", None)
+    assert model.flag == 1 and not hasattr(model, "new_attr")
+    assert F.relu is not None
