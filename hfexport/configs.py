@@ -38,7 +38,8 @@ def _dim_to_json(dim: Any) -> Any:
     if dim is torch.export.Dim.DYNAMIC:
         return "DYNAMIC"
     name = getattr(dim, "__name__", None)
-    if name is None:
+    # A derived dim (`2 * batch`) has a name like "2*batch" that `Dim()` rejects on load: refuse it here.
+    if name is None or not name.isidentifier():
         raise ConfigError(f"cannot serialise dynamic shape entry {dim!r}")
     low, high = getattr(dim, "min", None), getattr(dim, "max", None)
     return {"dim": name, "min": low, "max": high if isinstance(high, int) else None}
@@ -76,7 +77,8 @@ def dynamic_shapes_from_json(data: dict[str, Any] | None) -> dict[str, Any] | No
 
     def restore(spec: Any) -> Any:
         if isinstance(spec, dict) and "dim" not in spec:
-            return {int(axis): restore(v) for axis, v in spec.items()}
+            # Axis keys come back from JSON as "0", "1"; keys of a nested dict input stay strings.
+            return {int(a) if isinstance(a, str) and a.isdigit() else a: restore(v) for a, v in spec.items()}
         if isinstance(spec, list):
             return [restore(v) for v in spec]
         return _dim_from_json(spec)

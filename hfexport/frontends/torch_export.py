@@ -150,8 +150,11 @@ def _prepare_model(model: torch.nn.Module, session: Any, warnings_out: list[str]
             session.setattr(config, "_attn_implementation_internal", "sdpa")
     for module in model.modules():
         for name, value in list(vars(module).items()):
-            if _STATEFUL_ATTRIBUTE.search(name) and isinstance(value, (torch.Tensor, tuple)):
-                session.setattr(module, name, None)
+            if not _STATEFUL_ATTRIBUTE.search(name) or isinstance(value, torch.nn.Module):
+                continue
+            # Tensors are cleared for the trace; every other value is re-set to itself so that whatever the
+            # trace assigns (a FakeTensor, a SymInt) is replaced by the eager value afterwards.
+            session.setattr(module, name, None if isinstance(value, (torch.Tensor, tuple)) else value)
 
 
 def check_attention_implementation(model: torch.nn.Module) -> None:
