@@ -52,7 +52,7 @@ def install_hint(package: str, version: str | None = None) -> str:
     return f'pip install "{pinned}"'
 
 
-
+@functools.cache
 def _warn_drift(package: str, installed: str, tested: str) -> None:
     # functools.cache makes this fire once per process for each (package, installed, tested).
     logger.warning(
