@@ -34,7 +34,9 @@ def _load_class(path: str) -> type:
 
 
 def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) -> Skeleton:
-    if isinstance(obj, torch.Tensor):
+    # A SymInt appears when a layer keeps a Python int counter (e.g. `cumulative_length` of sliding-window
+    # layers) that the trace made symbolic: it must be an output of the graph, not a baked-in constant.
+    if isinstance(obj, (torch.Tensor, torch.SymInt)):
         leaves.append(obj)
         keys.append(path)
         return ("T",)
