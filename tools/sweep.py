@@ -1,0 +1,120 @@
+"""Architecture sweep: export every corpus entry with an hfexport exporter and check parity with eager.
+
+    python tools/sweep.py --format dynamo --family causal_lm --jobs 2 --out sweep.md
+
+Each model runs in its own subprocess (one hang or crash cannot stop the sweep). For each: export with
+`dynamic=True`, compare the first output with eager on the sample and on the grown input (tolerance
+1e-4 x max(1, max|ref|)), and list the rules that fired. Prints a markdown table and a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+_CHILD = r"""
+import json, sys, time, warnings
+warnings.filterwarnings("ignore")
+import torch
+from hfexport import AutoExportConfig, AutoHfExporter
+from hfexport.testing.corpus import load_entry
+
+entry = load_entry(sys.argv[1])
+row = {"model": entry.model_type, "status": "eager-error"}
+try:
+    model = entry.build_model()
+    inputs, grown = entry.sample_inputs(), entry.grown_inputs()
+    def first(out):
+        return out[entry.output] if hasattr(out, "keys") else out[0]
+    with torch.no_grad():
+        expected = [first(model(**inputs)), first(model(**grown))]
+    row["status"] = "export-error"
+    config = AutoExportConfig.from_dict({"export_format": sys.argv[2], "dynamic": True})
+    exporter = AutoHfExporter.from_config(config)
+    start = time.perf_counter()
+    program = exporter.export(model, inputs, config=config)
+    row["export_s"] = round(time.perf_counter() - start, 2)
+    row["rules"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
+    module = program.module()
+    for what, feed, ref in (("sample", inputs, expected[0]), ("grown", grown, expected[1])):
+        row["status"] = f"{what}-error"
+        with torch.no_grad():
+            actual = first(module(**feed))
+        diff = (ref - actual).abs().max().item()
+        row[f"{what}_diff"] = diff
+        if diff > 1e-4 * max(1.0, ref.abs().max().item()):
+            row["status"] = f"{what}-mismatch"
+            raise SystemExit(0)
+    row["status"] = "ok"
+except SystemExit:
+    pass
+except BaseException as exc:
+    row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+finally:
+    print("ROW " + json.dumps(row))
+"""
+
+
+def run_one(path: Path, export_format: str, timeout: int) -> dict:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(path), export_format],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"model": path.stem, "status": "timeout", "error": f">{timeout}s"}
+    rows = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    row = json.loads(rows[-1]) if rows else {"model": path.stem, "status": "crash", "error": proc.stderr[-300:]}
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", default="dynamo")
+    parser.add_argument("--family", default="causal_lm")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/corpus")
+    parser.add_argument("--only", help="comma-separated model types")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+
+    paths = sorted((args.root / args.family).glob("*.json"))
+    if args.only:
+        wanted = set(args.only.split(","))
+        paths = [p for p in paths if p.stem in wanted]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda p: run_one(p, args.format, args.timeout), paths))
+
+    lines = [
+        "| model | status | export s | sample diff | grown diff | rules fired | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rules = ", ".join(f"{k}×{v}" for k, v in r.get("rules", {}).items())
+        diffs = [f"{r[k]:.2g}" if k in r else "" for k in ("sample_diff", "grown_diff")]
+        cells = [r["model"], r["status"], str(r.get("export_s", "")), *diffs, rules, r.get("error", "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    ok = sum(r["status"] == "ok" for r in rows)
+    summary = f"{args.format} {args.family}: {ok}/{len(rows)} ok ({100 * ok / max(1, len(rows)):.0f}%)"
+    table = "\n".join([*lines, "", summary])
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
