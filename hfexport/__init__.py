@@ -22,6 +22,7 @@ _EXPORTS = {
     "register_export_config": "hfexport.auto",
     "register_pytree_node": "hfexport.frontends.cache_pytree",
     "ExportReport": "hfexport.report",
+    "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
     "HfExportError": "hfexport.errors",
     "InputError": "hfexport.errors",

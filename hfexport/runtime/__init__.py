@@ -1,0 +1,1 @@
+"""Runtimes: load and run exported artifacts like the source model."""
