@@ -198,7 +198,9 @@ def capture(
         context.current_stage = "trace"
         start = time.perf_counter()
         try:
-            with session.active():
+            # Inference export: under no_grad, modules that toggle grad mode internally (e.g. rotary
+            # embeddings decorated with @torch.no_grad) leave no set_grad_enabled wrappers in the graph.
+            with session.active(), torch.no_grad():
                 program = torch.export.export(
                     model,
                     (),

@@ -25,6 +25,9 @@ class Match:
     description: str = ""
     atol: float = 1e-5
     rtol: float = 1e-5
+    # Export with every tensor axis dynamic, and also check the program on `other_inputs()` (e.g. another
+    # sequence length) against eager: the proof for rules whose point is a symbolic shape.
+    other_inputs: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,23 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [x.detach() for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def _export(module: torch.nn.Module, inputs: dict[str, Any]) -> torch.export.ExportedProgram:
-    return torch.export.export(module, (), dict(inputs), strict=False)
+def _export(module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool = False) -> torch.export.ExportedProgram:
+    shapes = None
+    if dynamic:
+        auto = torch.export.Dim.AUTO
+        shapes = {
+            k: {i: auto for i in range(v.ndim)} if isinstance(v, torch.Tensor) else None for k, v in inputs.items()
+        }
+    return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+
+
+def _check_other_inputs(rule: Any, example: Match, module: torch.nn.Module, program: Any) -> None:
+    if example.other_inputs is None:
+        return
+    other = example.other_inputs()
+    with torch.no_grad():
+        expected = module(**other)
+    assert_same_outputs(expected, program.module()(**other), example.atol, example.rtol, f"{rule.id} (other inputs)")
 
 
 def check_example(rule: Any, example: Example) -> int:
@@ -90,7 +108,7 @@ def _check_patch(rule: Any, example: Example) -> int:
             if isinstance(example, Match):
                 if reason is not None:
                     raise ExampleFailure(f"{rule.id}: Match example not applicable: {reason}")
-                program = _export(module, inputs)
+                program = _export(module, inputs, dynamic=example.other_inputs is not None)
             else:
                 actual = module(**inputs)
     hits = context.hits[rule.id]
@@ -98,6 +116,7 @@ def _check_patch(rule: Any, example: Example) -> int:
         if hits == 0:
             raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
         assert_same_outputs(expected, program.module()(**inputs), example.atol, example.rtol, rule.id)
+        _check_other_inputs(rule, example, module, program)
     else:
         if hits:
             raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} fired {hits} time(s)")
@@ -112,13 +131,14 @@ def _check_fx(rule: Any, example: Example) -> int:
     module.eval()
     with torch.no_grad():
         expected = module(**inputs)
-    program = _export(module, inputs)
+    program = _export(module, inputs, dynamic=isinstance(example, Match) and example.other_inputs is not None)
     before = program.graph_module.code
     hits = apply_fx_rule(rule, program.graph_module)
     if isinstance(example, Match):
         if hits == 0:
             raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
         assert_same_outputs(expected, program.module()(**inputs), example.atol, example.rtol, rule.id)
+        _check_other_inputs(rule, example, module, program)
     else:
         if hits or program.graph_module.code != before:
             raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} changed the graph")

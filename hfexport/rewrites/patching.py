@@ -75,11 +75,16 @@ class TorchFunctionPatch(Rule):
 class ModuleFunctionPatch(Rule):
     """Gate a module-level function `"package.module.function"`: `replacement(original, *args, **kwargs)`.
 
-    Patch the module where the caller looks the name up (a `from x import f` copy is a separate name).
+    `target` may name several copies of one function (transformers copies code across model families);
+    each is gated only when the model being exported has a submodule defined in that module. Patch the
+    module where the caller looks the name up (a `from x import f` copy is a separate name).
     """
 
-    target: str = ""
+    target: str | tuple[str, ...] = ""
     replacement: Callable[..., Any] | None = None
+    # For shared helpers (e.g. transformers.integrations) that no model class is defined next to: says
+    # whether the model uses the function, instead of the module-of-a-submodule check.
+    applies: Callable[[torch.nn.Module], bool] | None = None
     stage: str = field(init=False, default="patch")
 
 
@@ -187,7 +192,7 @@ class PatchSession:
             self._torch_handlers.setdefault(rule.function, []).append((rule.id, rule.handler))
             return None
         if isinstance(rule, ModuleFunctionPatch):
-            return self._install_module_function(rule)
+            return self._install_module_function(rule, model)
         raise TypeError(f"not a patch rule: {rule!r}")
 
     def _install_method(self, rule: MethodPatch, model: torch.nn.Module) -> str | None:
@@ -231,11 +236,27 @@ class PatchSession:
 
         return patched
 
-    def _install_module_function(self, rule: ModuleFunctionPatch) -> str | None:
-        resolved = resolve(rule.target)
-        if isinstance(resolved, str):
-            return resolved
-        owner, name = resolved
+    def _install_module_function(self, rule: ModuleFunctionPatch, model: torch.nn.Module) -> str | None:
+        targets = (rule.target,) if isinstance(rule.target, str) else rule.target
+        used_modules = {type(m).__module__ for m in model.modules()}
+        reasons = []
+        for target in targets:
+            resolved = resolve(target)
+            if isinstance(resolved, str):
+                reasons.append(resolved)
+                continue
+            owner, name = resolved
+            if rule.applies is not None:
+                if not rule.applies(model):
+                    reasons.append(f"the model does not use {target}")
+                    continue
+            elif isinstance(owner, types.ModuleType) and owner.__name__ not in used_modules:
+                reasons.append(f"the model uses no module of {owner.__name__}")
+                continue
+            self._gate(owner, name, rule)
+        return None if len(reasons) < len(targets) else "; ".join(reasons)
+
+    def _gate(self, owner: Any, name: str, rule: ModuleFunctionPatch) -> None:
         key = (id(owner), name)
         with _GATES_LOCK:
             gate = _GATES.get(key)
@@ -246,7 +267,6 @@ class PatchSession:
             gate.users += 1
         self._module_handlers.setdefault(key, []).append((rule.id, rule.replacement, self._on_hit))
         self._undo.append(lambda: _release_gate(key))
-        return None
 
     @contextmanager
     def active(self) -> Iterator[None]:

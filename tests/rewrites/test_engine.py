@@ -22,11 +22,7 @@ from hfexport.rewrites.patching import (
 )
 from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta, RuleSelection
 from tests.rewrites import toy_module
-
-
-class Doubler(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return toy_module.scale(x) + x
+from tests.rewrites.toy_module import Doubler
 
 
 def _examples() -> tuple:
@@ -143,7 +139,7 @@ def _patch_rules() -> RuleRegistry:
     registry.register(
         MethodPatch(
             _meta("patch/doubler-forward"),
-            target="tests.rewrites.test_engine.Doubler.forward",
+            target="tests.rewrites.toy_module.Doubler.forward",
             replacement=lambda original, self, x: x * 10,
         )
     )
@@ -261,3 +257,11 @@ def test_session_setattr_restores_previous_instance_values() -> None:
         session.setattr(F, "relu", None)
     assert model.flag == 1 and not hasattr(model, "new_attr")
     assert F.relu is not None
+
+
+def test_module_function_patch_applies_only_to_models_using_that_module() -> None:
+    context = RewriteContext(backend="dynamo")
+    with engine.patched(ThreeRelus(), context, _patch_rules()):
+        assert toy_module.scale.__name__ == "scale" and not installed_gates()
+    assert context.outcomes["patch/toy-scale"].status == "not-applicable"
+    assert "uses no module of tests.rewrites.toy_module" in context.outcomes["patch/toy-scale"].reason

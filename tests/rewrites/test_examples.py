@@ -67,5 +67,5 @@ def test_every_rule_module_is_imported_and_every_rule_registered(stage: str) -> 
     assert defined <= registered, f"rules defined but missing from RULES: {sorted(defined - registered)}"
 
 
-def test_there_are_rules_for_the_spine_stages() -> None:
-    assert REGISTRY.rules("patch") and REGISTRY.rules("fx")
+def test_there_are_patch_rules() -> None:
+    assert REGISTRY.rules("patch")
