@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import subprocess
@@ -31,14 +32,13 @@ sys.path.insert(0, str(REPO))
 
 
 def _last_line(exc: BaseException) -> str:
-    """The last non-boilerplate line of the message: torch puts its hints and URLs at the end."""
+    """The headline of the message (first non-boilerplate line); torch appends hints and URLs after it."""
     skip = (
         "For more information",
         "For C++ stack trace",
         "https://",
         "(Refer to",
         "User Stack",
-        "",
     )
     lines = [ln.strip() for ln in str(exc).splitlines()]
     meaningful = [ln for ln in lines if ln and not ln.startswith(skip)]
@@ -72,17 +72,60 @@ def _first(out: Any, name: str) -> Any:
     return out[name] if isinstance(out, dict) or hasattr(out, "keys") else out[0]
 
 
-def _static_dims(ep: Any, sample: dict[str, Any]) -> dict[str, list[int]]:
+def _static_dims(ep: Any) -> dict[str, list[int]]:
     """Input dims that Dim.AUTO left static: the usual reason a grown input is refused."""
-    import torch
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-    metas = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    user = [m for m in metas if isinstance(m, torch.Tensor)][-len(sample) :]
+    names = set(ep.graph_signature.user_inputs)
+    shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder" and n.name in names}
     return {
-        name: [i for i, d in enumerate(m.shape) if isinstance(d, int)]
-        for name, m in zip(sample, user, strict=False)
-        if any(isinstance(d, int) for d in m.shape)
+        name: [i for i, d in enumerate(shape) if is_concrete_int(d)]
+        for name, shape in shapes.items()
+        if any(is_concrete_int(d) for d in shape)
     }
+
+
+class _GuardLog(logging.Handler):
+    """Collect shape guards added from transformers code: their source line is the cause to fix.
+
+    A guard like ``Eq(s53, 8)`` or ``s53 <= 11`` silently turns a Dim.AUTO dim static or bounded; the
+    exported program then refuses the grown input with a bare "Guard failed" that names no source line.
+    """
+
+    pattern = re.compile(r"eval (.+?) \[guard added\].*?\((?:.*?)(transformers/[\w/]+\.py:\d+ in \w+)\)")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.hits: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self.pattern.search(record.getMessage())
+        # Only guards that pin a symbol to a number matter here; symbol-symbol equalities are benign.
+        if match and re.search(r"\bs\d+\b.*?[=<>,] ?-?\d+\)?$", match.group(1)):
+            hit = f"{match.group(1)} @ {match.group(2)}"
+            if hit not in self.hits:
+                self.hits.append(hit)
+
+
+_NOTABLE_ATEN = ("nonzero", "histc", "_local_scalar_dense", "item", "bincount", "index_put", "unique")
+
+
+def _ops_of_note(ep: Any) -> list[str]:
+    """Ops that export accepts but a portable runtime may not: custom ops, higher-order ops, data-dependent.
+
+    ``ep.module()`` runs them eagerly, so "ok" here does not mean ONNX/ExecuTorch/OpenVINO can lower them.
+    """
+    found = set()
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target)
+        if name.startswith("aten."):
+            if name.split(".")[1] in _NOTABLE_ATEN:
+                found.add(name)
+        elif not name.startswith(("<built-in", "prims.", "_operator.")) and "sym_" not in name:
+            found.add(name)
+    return sorted(found)
 
 
 def run_one(path: Path, use_cache: bool, log_dir: Path) -> dict[str, Any]:
@@ -105,28 +148,36 @@ def run_one(path: Path, use_cache: bool, log_dir: Path) -> dict[str, Any]:
     try:
         model = entry.build_model()
         sample, grown = entry.sample_inputs(), entry.grown_inputs()
-        extra = {} if use_cache else {"use_cache": False}
+        # Through the config, not a kwarg: a forward(**kwargs) signature would make a ``use_cache``
+        # key in dynamic_shapes invalid (its top-level keys must be the signature's arg names).
+        model.config.use_cache = use_cache
         with torch.no_grad():
-            ref = _first(model(**sample, **extra), entry.output)
-            ref_grown = _first(model(**grown, **extra), entry.output)
+            ref = _first(model(**sample), entry.output)
+            ref_grown = _first(model(**grown), entry.output)
         stage = "export"
         dyn = {k: {i: Dim.AUTO for i in range(v.dim())} for k, v in sample.items()}
-        dyn.update({k: None for k in extra})
+        guards = _GuardLog()
+        torch._logging.set_logs(dynamic=logging.INFO)
+        logging.getLogger("torch.fx.experimental.symbolic_shapes").addHandler(guards)
         t0 = time.perf_counter()
-        ep = torch.export.export(model, (), kwargs={**sample, **extra}, dynamic_shapes=dyn, strict=False)
+        with torch.no_grad():  # as an exporter would: no set_grad_enabled wrappers left in the graph
+            ep = torch.export.export(model, (), kwargs=sample, dynamic_shapes=dyn, strict=False)
         row["export_s"] = round(time.perf_counter() - t0, 2)
-        row["static_dims"] = _static_dims(ep, sample)
+        row["static_dims"] = _static_dims(ep)
+        row["guards"] = guards.hits[:8]
+        row["ops_of_note"] = _ops_of_note(ep)
+        row["ranges"] = {str(k): str(v) for k, v in ep.range_constraints.items()}
         stage = "run"
         mod = ep.module()
-        ok, row["diff"], row["tol"] = _compare(ref, _first(mod(**sample, **extra), entry.output))
+        ok, row["diff"], row["tol"] = _compare(ref, _first(mod(**sample), entry.output))
         if not ok:
             row["status"] = "mismatch"
             return row
         stage = "grown"
-        ok, row["grown_diff"], _ = _compare(ref_grown, _first(mod(**grown, **extra), entry.output))
+        ok, row["grown_diff"], _ = _compare(ref_grown, _first(mod(**grown), entry.output))
         if not ok:
             row["status"] = "grown-mismatch"
-    except Exception as exc:  # noqa: BLE001 - the survey records every failure
+    except Exception as exc:  # the survey records every failure
         text = "".join(traceback.format_exception(exc))
         (log_dir / f"{entry.model_type}.txt").write_text(text)
         statuses = {
@@ -140,6 +191,8 @@ def run_one(path: Path, use_cache: bool, log_dir: Path) -> dict[str, Any]:
             message=_last_line(exc),
             where=_where(exc, text),
         )
+        if stage == "grown" and row.get("guards"):
+            row["where"] = row["guards"][0].split(" @ ")[1]
     return row
 
 
@@ -177,12 +230,20 @@ def _spawn(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def _short(op: str) -> str:
+    """``aten.histc.default`` -> ``histc``; names without an overload stay as they are."""
+    parts = op.split(".")
+    return parts[-2] if len(parts) >= 2 else op
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     """Markdown table, one row per model."""
-    head = "| model | status | export s | error | where | message |\n|---|---|---|---|---|---|\n"
+    head = "| model | status | export s | error | where | message | ops of note |\n"
+    head += "|---|---|---|---|---|---|---|\n"
     body = "".join(
         f"| {r['model']} | {r['status']} | {r.get('export_s', '')} | {r.get('error', '')} | "
-        f"{r.get('where', '')} | {r.get('message', '').replace('|', '/')[:160]} |\n"
+        f"{r.get('where', '')} | {r.get('message', '').replace('|', '/')[:160]} | "
+        f"{', '.join(_short(o) for o in r.get('ops_of_note', []))} |\n"
         for r in rows
     )
     return head + body
@@ -201,10 +262,14 @@ def main() -> None:
         help="leave use_cache on (DynamicCache output)",
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/survey"))
+    ap.add_argument("--table", action="store_true", help="only rebuild table.md from OUT/survey.json")
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     (args.out / "rows").mkdir(parents=True, exist_ok=True)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    if args.table:
+        (args.out / "table.md").write_text(_table(json.loads((args.out / "survey.json").read_text())))
+        return
     if args.one:
         row = run_one(args.one, args.use_cache, args.out / "logs")
         (args.out / "rows" / f"{args.one.stem}.json").write_text(json.dumps(row, indent=1))
@@ -217,7 +282,12 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(lambda p: _spawn(p, args), paths))
-    (args.out / "survey.json").write_text(json.dumps(rows, indent=1))
+    summary = args.out / "survey.json"
+    if args.only and summary.exists():  # a partial rerun updates the rows it ran, keeps the others
+        merged = {r["model"]: r for r in json.loads(summary.read_text())}
+        merged.update({r["model"]: r for r in rows})
+        rows = [merged[k] for k in sorted(merged)]
+    summary.write_text(json.dumps(rows, indent=1))
     (args.out / "table.md").write_text(_table(rows))
     counts: dict[str, int] = {}
     for r in rows:
