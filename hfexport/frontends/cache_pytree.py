@@ -57,9 +57,10 @@ def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) ->
         return ("M", tuple((k, _encode(v, f"{path}.{k}", leaves, keys)) for k, v in obj.items()))
     if isinstance(obj, torch.nn.Module) or not hasattr(obj, "__dict__"):
         raise TypeError(f"cache attribute {path} holds a {type(obj).__name__}, which a cache pytree cannot carry")
+    # Sort the names only: TorchDynamo (strict export) cannot sort pairs that hold tensors.
+    state = vars(obj)
     attrs = tuple(
-        (name, _encode(value, f"{path}.{name}" if path else name, leaves, keys))
-        for name, value in sorted(vars(obj).items())
+        (name, _encode(state[name], f"{path}.{name}" if path else name, leaves, keys)) for name in sorted(state)
     )
     return ("O", _class_path(type(obj)), attrs)
 

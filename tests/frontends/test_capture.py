@@ -210,3 +210,25 @@ def test_static_cache_input_round_trips_through_save_and_load(tmp_path: Path) ->
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "shape (2, 3, 128)" in result.stdout
+
+
+def test_strict_and_deferred_asserts_reach_torch_export(tiny_llama) -> None:
+    model, inputs = tiny_llama
+    # strict=True traces with TorchDynamo: the graph is the same model, so outputs still match eager
+    program = DynamoExporter().export(model, inputs, DynamoConfig(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(**inputs).logits, model(**inputs).logits)
+    # with explicit bounds and deferred asserts the program covers the whole range
+    seq = Dim("seq", min=2, max=32)
+    config = DynamoConfig(
+        dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}},
+        prefer_deferred_runtime_asserts_over_guards=True,
+    )
+    program = DynamoExporter().export(model, inputs, config)
+    ids = torch.randint(3, 128, (2, 31))
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(program.module()(input_ids=ids, attention_mask=torch.ones_like(ids)).logits, expected)
+    with pytest.raises(Exception, match=r"(?i)range|guard|<= 32|constraint"):
+        too_long = torch.randint(3, 128, (2, 40))
+        program.module()(input_ids=too_long, attention_mask=torch.ones_like(too_long))
