@@ -187,6 +187,14 @@ def capture(
         dynamic_shapes: dict[str, Any] | None = dict(options.dynamic_shapes)
     elif options.dynamic:
         dynamic_shapes = auto_dynamic_shapes(inputs)
+        for name, value in inputs.items():
+            ones = [axis for axis, size in enumerate(getattr(value, "shape", ())) if size == 1]
+            if ones:
+                # torch.export specialises a size-1 sample axis (0/1 specialisation) even under Dim.AUTO.
+                warnings_out.append(
+                    f"{name} has size 1 on axis {ones} in the sample: that axis is exported static; "
+                    "trace with a sample of size >= 2 there to keep it dynamic"
+                )
     else:
         dynamic_shapes = None
 

@@ -232,3 +232,13 @@ def test_strict_and_deferred_asserts_reach_torch_export(tiny_llama) -> None:
     with pytest.raises(Exception, match=r"(?i)range|guard|<= 32|constraint"):
         too_long = torch.randint(3, 128, (2, 40))
         program.module()(input_ids=too_long, attention_mask=torch.ones_like(too_long))
+
+
+def test_size_one_sample_axis_is_reported() -> None:
+    tiny = get_tiny_model("tiny-llama")
+    ids = torch.randint(3, 128, (1, 6))
+    exporter = DynamoExporter()
+    exporter.export(
+        tiny.build(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, DynamoConfig(dynamic=True)
+    )
+    assert any("input_ids has size 1 on axis [0]" in w for w in exporter.report.warnings)
