@@ -3,10 +3,12 @@
 The patches below touch disjoint functions, so their order does not matter yet.
 """
 
-from hfexport.rewrites.patches import cpmant, moe, ssm_scan
+from hfexport.rewrites.patches import cpmant, gated_delta, mamba2_chunk, moe, ssm_scan
 
 RULES: list = [
     ssm_scan.mamba_selective_scan,
+    mamba2_chunk.mamba2_symbolic_chunks,
+    gated_delta.gated_delta_chunk_scan,
     moe.portable_grouped_mm,
     cpmant.cpmant_mask_arange,
 ]
