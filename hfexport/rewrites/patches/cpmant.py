@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.patching import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -54,14 +55,6 @@ def _cpmant(padded: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
     return CpmAntModel(config).eval(), {"input_ids": ids, "use_cache": False}
 
 
-def _gpt2() -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import GPT2Config, GPT2Model
-
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)
-    return GPT2Model(config).eval(), {"input_ids": torch.randint(0, 64, (2, 5))}
-
-
 cpmant_mask_arange = MethodPatch(
     RuleMeta(
         id="patch/cpmant-mask-arange",
@@ -79,7 +72,7 @@ cpmant_mask_arange = MethodPatch(
                 },
             ),
             Match(lambda: _cpmant(padded=True), "a left-padded row"),
-            NoMatch(_gpt2, "another architecture"),
+            NoMatch(dense_decoder, "another architecture"),
         ),
     ),
     target="transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask",

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hfexport.rewrites.example_models import dense_decoder, token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.patching import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -174,26 +175,6 @@ def _qwen3_5(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return Qwen3_5TextModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
-def _ids(batch: int, tokens: int) -> dict[str, Any]:
-    generator = torch.Generator().manual_seed(1)
-    return {"input_ids": torch.randint(0, 64, (batch, tokens), generator=generator), "use_cache": False}
-
-
-def _llama_like() -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    return LlamaModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, 5)), "use_cache": False}
-
-
 gated_delta_chunk_scan = ModuleFunctionPatch(
     RuleMeta(
         id="patch/gated-delta-chunk-scan-hop",
@@ -208,14 +189,14 @@ gated_delta_chunk_scan = ModuleFunctionPatch(
             Match(
                 lambda: _qwen3_next(8),
                 "qwen3_next from 8 tokens (one chunk), then 2*64+3 tokens and another batch",
-                other_inputs=lambda: _ids(3, 2 * 64 + 3),
+                other_inputs=lambda: token_inputs(3, 2 * 64 + 3),
             ),
             Match(
                 lambda: _qwen3_5(8),
                 "qwen3_5 from 8 tokens, then exactly two chunks (128 tokens)",
-                other_inputs=lambda: _ids(2, 128),
+                other_inputs=lambda: token_inputs(2, 128),
             ),
-            NoMatch(_llama_like, "a model without linear-attention layers"),
+            NoMatch(dense_decoder, "a model without linear-attention layers"),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.torch_chunk_gated_delta_rule" for f in _FAMILIES),

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hfexport.rewrites.example_models import dense_decoder, token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.patching import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -163,26 +164,6 @@ def _mamba2(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return Mamba2Model(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
-def _ids(batch: int, tokens: int) -> dict[str, Any]:
-    generator = torch.Generator().manual_seed(1)
-    return {"input_ids": torch.randint(0, 64, (batch, tokens), generator=generator), "use_cache": False}
-
-
-def _llama_like() -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    return LlamaModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, 5)), "use_cache": False}
-
-
 mamba2_symbolic_chunks = ModuleFunctionPatch(
     RuleMeta(
         id="patch/mamba2-chunk-scan-symbolic",
@@ -197,14 +178,14 @@ mamba2_symbolic_chunks = ModuleFunctionPatch(
             Match(
                 lambda: _bamba(8),
                 "bamba from 8 tokens (half a chunk), then 2*16+3 tokens and another batch",
-                other_inputs=lambda: _ids(3, 2 * 16 + 3),
+                other_inputs=lambda: token_inputs(3, 2 * 16 + 3),
             ),
             Match(
                 lambda: _mamba2(5),
                 "mamba2 with grouped B/C from 5 tokens, then exactly two chunks (32 tokens)",
-                other_inputs=lambda: _ids(2, 32),
+                other_inputs=lambda: token_inputs(2, 32),
             ),
-            NoMatch(_llama_like, "a model without Mamba-2 mixers"),
+            NoMatch(dense_decoder, "a model without Mamba-2 mixers"),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba2_chunk_scan" for f in _FAMILIES),

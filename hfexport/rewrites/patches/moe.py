@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.patching import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -54,22 +55,6 @@ def _moe_model(tokens: int, experts: int = 4) -> tuple[torch.nn.Module, dict[str
     return Qwen3MoeModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
-def _dense_model() -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import Qwen3Config, Qwen3Model
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    return Qwen3Model(config).eval(), {"input_ids": torch.randint(0, 64, (2, 5)), "use_cache": False}
-
-
 portable_grouped_mm = ModuleFunctionPatch(
     RuleMeta(
         id="patch/moe-grouped-mm-portable",
@@ -86,7 +71,7 @@ portable_grouped_mm = ModuleFunctionPatch(
                 other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 4)), "use_cache": False},
             ),
             Match(lambda: _moe_model(1, experts=8), "a single token: most experts get no rows"),
-            NoMatch(_dense_model, "a dense model"),
+            NoMatch(dense_decoder, "a dense model"),
         ),
     ),
     target="transformers.integrations.moe._grouped_mm",

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.patching import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -82,21 +83,6 @@ def _falcon_mamba(seq_len: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return model, {"input_ids": ids, "use_cache": False}
 
 
-def _llama_like() -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    return LlamaModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, 5)), "use_cache": False}
-
-
 mamba_selective_scan = ModuleFunctionPatch(
     RuleMeta(
         id="patch/mamba-selective-scan-hop",
@@ -115,7 +101,7 @@ mamba_selective_scan = ModuleFunctionPatch(
                 other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
             ),
             Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
-            NoMatch(_llama_like, "a model without Mamba mixers"),
+            NoMatch(dense_decoder, "a model without Mamba mixers"),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba_selective_scan" for f in _FAMILIES),

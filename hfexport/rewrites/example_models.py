@@ -1,0 +1,39 @@
+"""Tiny models for rule examples, built from config with fixed seeds (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfexport.rewrites.examples import Built
+
+
+def token_inputs(batch: int, tokens: int, vocab: int = 64, seed: int = 1) -> dict[str, Any]:
+    """Forward kwargs of a batch of random token ids, without a cache (rules are about one forward)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, vocab, (batch, tokens), generator=generator), "use_cache": False}
+
+
+def tiny_model(config_class: str, model_class: str, tokens: int, batch: int = 2, **config: Any) -> Built:
+    """`transformers.<model_class>(transformers.<config_class>(**config))` in eval mode, with token inputs."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config)).eval()
+    return model, token_inputs(batch, tokens, vocab=config.get("vocab_size", 64), seed=0)
+
+
+def dense_decoder() -> Built:
+    """A one-layer Llama: the usual NoMatch model for rules about other architectures."""
+    return tiny_model(
+        "LlamaConfig",
+        "LlamaModel",
+        tokens=5,
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
