@@ -200,6 +200,13 @@ def capture(
 
     model_name = type(model).__name__
     with engine.patched(model, context) as session:
+        if options.strict and session.gated_rule_ids:
+            # TorchDynamo cannot trace the ContextVar that keeps these patches invisible to other threads.
+            raise InputError(
+                f"strict=True cannot trace the module-function patches {session.gated_rule_ids} that this model "
+                "needs; export with strict=False (the default), or disable those rules with "
+                "RuleSelection(disable=...) if the model exports without them"
+            )
         _prepare_model(model, session, warnings_out)
         # After the patches, so a patch of the top-level forward sits under the explicit signature.
         session.setattr(model, "forward", _flat_forward(model.forward, list(inputs)))

@@ -268,6 +268,11 @@ class PatchSession:
         self._module_handlers.setdefault(key, []).append((rule.id, rule.replacement, self._on_hit))
         self._undo.append(lambda: _release_gate(key))
 
+    @property
+    def gated_rule_ids(self) -> list[str]:
+        """Ids of the installed module-function patches (their gates read a ContextVar)."""
+        return sorted({rule_id for handlers in self._module_handlers.values() for rule_id, _, _ in handlers})
+
     @contextmanager
     def active(self) -> Iterator[None]:
         """Make the torch-function and module-function patches visible, in this context only."""

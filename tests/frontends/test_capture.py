@@ -242,3 +242,11 @@ def test_size_one_sample_axis_is_reported() -> None:
         tiny.build(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, DynamoConfig(dynamic=True)
     )
     assert any("input_ids has size 1 on axis [0]" in w for w in exporter.report.warnings)
+
+
+def test_strict_export_refuses_gated_patches_before_tracing() -> None:
+    tiny = get_tiny_model("tiny-qwen3-moe")
+    model = tiny.build()
+    with pytest.raises(InputError, match="patch/moe-grouped-mm-portable"):
+        DynamoExporter().export(model, tiny.sample_inputs(), DynamoConfig(strict=True))
+    assert "forward" not in vars(model)
