@@ -13,9 +13,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DynamoExporter": "hfexport.exporters",
     "HfExporter": "hfexport.exporters",
+    "OnnxExporter": "hfexport.exporters",
     "DynamoConfig": "hfexport.configs",
     "ExportConfigMixin": "hfexport.configs",
     "ExportFormat": "hfexport.configs",
+    "OnnxConfig": "hfexport.configs",
     "AutoHfExporter": "hfexport.auto",
     "AutoExportConfig": "hfexport.auto",
     "register_exporter": "hfexport.auto",

@@ -8,15 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat
+from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat, OnnxConfig
 from hfexport.errors import ConfigError
-from hfexport.exporters import DynamoExporter, HfExporter
+from hfexport.exporters import DynamoExporter, HfExporter, OnnxExporter
 
 E = TypeVar("E", bound=type[HfExporter])
 C = TypeVar("C", bound=type[ExportConfigMixin])
 
-AUTO_EXPORTER_MAPPING: dict[str, type[HfExporter]] = {ExportFormat.DYNAMO.value: DynamoExporter}
-AUTO_CONFIG_MAPPING: dict[str, type[ExportConfigMixin]] = {ExportFormat.DYNAMO.value: DynamoConfig}
+AUTO_EXPORTER_MAPPING: dict[str, type[HfExporter]] = {
+    ExportFormat.DYNAMO.value: DynamoExporter,
+    ExportFormat.ONNX.value: OnnxExporter,
+}
+AUTO_CONFIG_MAPPING: dict[str, type[ExportConfigMixin]] = {
+    ExportFormat.DYNAMO.value: DynamoConfig,
+    ExportFormat.ONNX.value: OnnxConfig,
+}
 
 
 def _format_name(name: str | ExportFormat) -> str:

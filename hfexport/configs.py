@@ -154,3 +154,35 @@ class DynamoConfig(ExportConfigMixin):
             self.rules = RuleSelection(**self.rules)
         if not isinstance(self.rules, RuleSelection):
             raise ConfigError(f"rules must be a RuleSelection, got {type(self.rules).__name__}")
+
+
+@dataclass
+class OnnxConfig(DynamoConfig):
+    """Options of the ONNX lowering, on top of the capture options of `DynamoConfig`.
+
+    output_path: where to save the `.onnx` file (None keeps the `ONNXProgram` in memory only).
+    opset_version: the ONNX opset of the model; None takes the newest the installed onnxscript converts to.
+    external_data: save the weights in a `.onnx.data` side file, so models over protobuf's 2 GB limit work.
+    optimize: run the onnxscript optimizer (constant folding, dead code); turn it off to work around an
+        optimizer bug or to inspect the translated graph.
+    export_params: False gives a graph without weights (no initializers).
+    keep_initializers_as_inputs: also list the weights as graph inputs (runtimes of opset < 9 need it).
+    """
+
+    export_format: ClassVar[str] = ExportFormat.ONNX.value
+
+    output_path: str | None = None
+    opset_version: int | None = None
+    external_data: bool = True
+    optimize: bool = True
+    export_params: bool = True
+    keep_initializers_as_inputs: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.output_path is not None:
+            # A Path from the caller is fine, but the config must round-trip through JSON.
+            self.output_path = str(self.output_path)
+        if self.opset_version is not None and (not isinstance(self.opset_version, int) or self.opset_version < 18):
+            # torchlib implements opset 18 and up; older opsets go through a lossy version conversion.
+            raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat
+from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat, OnnxConfig
 from hfexport.errors import ConfigError, InputError
 from hfexport.report import ExportReport
 from hfexport.versions import check_packages
@@ -107,3 +107,30 @@ class DynamoExporter(HfExporter):
                 versions=versions,
             )
         return result
+
+
+class OnnxExporter(DynamoExporter):
+    """Export to a `torch.onnx.ONNXProgram` (callable, `.save("model.onnx")`, run by ONNX Runtime)."""
+
+    export_format: ClassVar[str] = ExportFormat.ONNX.value
+    config_class: ClassVar[type[ExportConfigMixin]] = OnnxConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "onnx", "onnxscript")
+    tested_versions: ClassVar[dict[str, str]] = {
+        **HfExporter.tested_versions,
+        "onnx": "1.23.2",
+        "onnxscript": "0.7.2",
+        "onnx-ir": "1.1.0",
+        "onnxruntime": "1.32.0",
+    }
+
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        return self._capture_and_lower(model, sample_inputs, config)
+
+    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        # Imported here: `import hfexport` must not import onnx or onnxscript.
+        from hfexport.lowerings.onnx import lower
+
+        assert isinstance(config, OnnxConfig)
+        return lower(program, config, context)

@@ -13,6 +13,8 @@ from hfexport.rewrites.engine import RuleRegistry
 STAGE_PACKAGES: dict[str, str] = {
     "patch": "hfexport.rewrites.patches",
     "fx": "hfexport.rewrites.fx",
+    "aten": "hfexport.rewrites.aten",
+    "onnx": "hfexport.rewrites.onnx",
 }
 
 

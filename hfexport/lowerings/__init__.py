@@ -1,0 +1,1 @@
+"""Lowerings: from a captured ExportedProgram to each backend's native program."""

@@ -1,0 +1,10 @@
+"""ATen -> ONNX translation overrides (stage `aten`), in registration order.
+
+Two overrides of one op overload: the later one wins, so keep at most one per overload.
+"""
+
+from hfexport.rewrites.aten import attention
+
+RULES: list = [
+    attention.sdpa_masked_rows,
+]

@@ -1,0 +1,75 @@
+"""OnnxExporter parity in ONNX Runtime on tiny random models of real architectures (tests/fixtures/corpus).
+
+Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession`
+must match eager on the sample inputs and on a longer (grown) input. A few representative architectures
+run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import onnxruntime as ort
+
+from hfexport import OnnxConfig, OnnxExporter
+from hfexport.lowerings.onnx import onnx_feed
+from hfexport.testing.corpus import CorpusEntry, load_corpus
+
+# One per family of ONNX problems, kept small: the default tier must stay within minutes on 2 cores.
+FAST = {"llama", "gpt2", "qwen3_moe"}
+# Architectures that do not export to ONNX yet; kept in the slow tier as expected failures with the reason.
+KNOWN_FAILURES: dict[str, str] = {
+    "afmoe": "ORT logits differ from eager by 0.06 on the sample input (not investigated yet)",
+    "axk2": "ORT matches on the sample input but differs by 0.034 on the grown one (not investigated yet)",
+    "deepseek_v2": "torch.onnx fails to translate the decomposed program (ConversionError, step 3/3)",
+    "doge": "torch.onnx's run_decompositions fails (ConversionError, step 2/3)",
+    "zamba": "ORT fails on the grown input: a Mul broadcast in the graph keeps a sample-length axis",
+    "falcon_mamba": "torch.onnx's run_decompositions specializes the sequence axis to the sample length (8) "
+    "around the selective-scan loop (patch/mamba-selective-scan), so ORT rejects the grown input",
+}
+
+CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
+
+
+def _params() -> list:
+    params = []
+    for entry in CORPUS:
+        marks = [] if entry.model_type in FAST and entry.family == "causal_lm" else [pytest.mark.slow]
+        if entry.model_type in KNOWN_FAILURES:
+            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=False))
+        params.append(pytest.param(entry, id=entry.name, marks=marks))
+    return params
+
+
+def _first_output(outputs: object, name: str) -> torch.Tensor:
+    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
+        return outputs[name]
+    return outputs[0]
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_path: Path) -> None:
+    model = entry.build_model()
+    inputs = entry.sample_inputs()
+    path = tmp_path / "model.onnx"
+    exporter = OnnxExporter()
+    exporter.export(model, inputs, OnnxConfig(dynamic=True, output_path=str(path)))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    input_names = [i.name for i in session.get_inputs()]
+    output_names = [o.name for o in session.get_outputs()]
+    assert entry.output in output_names, output_names
+    for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
+        with torch.no_grad():
+            expected = _first_output(model(**feed), entry.output)
+        actual = torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])
+        assert actual.shape == expected.shape, what
+        tolerance = 1e-4 * max(1.0, expected.abs().max().item())
+        diff = (expected - actual).abs().max().item()
+        assert diff <= tolerance, f"{entry.model_type} {what}: max abs diff {diff:.3g} > {tolerance:.3g}"
+    assert all(count > 0 for stage in exporter.report.hits.values() for count in stage.values())
