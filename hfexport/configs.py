@@ -167,6 +167,8 @@ class OnnxConfig(DynamoConfig):
         optimizer bug or to inspect the translated graph.
     export_params: False gives a graph without weights (no initializers).
     keep_initializers_as_inputs: also list the weights as graph inputs (runtimes of opset < 9 need it).
+    fusions: the ONNX Runtime fusions to apply (the `onnx` rules of kind "optimization", run after the
+        optimizer): "cpu" (RMSNorm -> SimplifiedLayerNormalization, ...) or None for a plain ONNX graph.
     """
 
     export_format: ClassVar[str] = ExportFormat.ONNX.value
@@ -177,6 +179,7 @@ class OnnxConfig(DynamoConfig):
     optimize: bool = True
     export_params: bool = True
     keep_initializers_as_inputs: bool = False
+    fusions: str | None = "cpu"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -186,3 +189,5 @@ class OnnxConfig(DynamoConfig):
         if self.opset_version is not None and (not isinstance(self.opset_version, int) or self.opset_version < 18):
             # torchlib implements opset 18 and up; older opsets go through a lossy version conversion.
             raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")
+        if self.fusions not in (None, "cpu"):
+            raise ConfigError(f"fusions must be 'cpu' or None, got {self.fusions!r}")

@@ -182,3 +182,45 @@ def test_auto_classes_pick_onnx_and_the_config_round_trips() -> None:
     assert OnnxConfig.from_json(config.to_json()) == config
     with pytest.raises(ConfigError, match="opset_version"):
         OnnxConfig(opset_version=9)
+
+
+def _op_count(program: Any, op_type: str) -> int:
+    return sum(node.op_type == op_type for node in program.model.graph)
+
+
+def test_cpu_fusions_turn_every_rms_norm_into_simplified_layer_normalization(llama_export: dict[str, Any]) -> None:
+    program, model, report = llama_export["program"], llama_export["model"], llama_export["report"]
+    norms = 2 * model.config.num_hidden_layers + 1  # input and post-attention norm per layer, final norm
+    assert OnnxConfig().fusions == "cpu"
+    assert _op_count(program, "SimplifiedLayerNormalization") == norms
+    assert _op_count(program, "Pow") == 0, "no unfused RMSNorm left"
+    assert report.hits["onnx"]["onnx/rms-norm-fusion"] == norms
+    assert "onnx/rms-norm-core-fusion" not in report.hits["onnx"], "float32: the weight is fused too"
+    fused = [n for n in program.model.graph if n.op_type == "SimplifiedLayerNormalization"]
+    assert all(n.metadata_props["hfexport.rule"] == "onnx/rms-norm-fusion" for n in fused)
+    assert all(n.attributes["epsilon"].value == pytest.approx(model.config.rms_norm_eps) for n in fused)
+    # parity on a second shape, through the saved file (left padding included)
+    ids = torch.randint(3, 128, (3, 11), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    (logits, *_) = _session(llama_export["path"]).run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    _assert_close(logits, expected, "fused, shape (3, 11)")
+
+
+def test_fusions_none_leaves_the_rms_norms_alone() -> None:
+    model, inputs = TINY.build(), TINY.sample_inputs()
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, config=OnnxConfig(dynamic=True, fusions=None))
+    assert _op_count(program, "SimplifiedLayerNormalization") == 0
+    assert _op_count(program, "Pow") == 2 * model.config.num_hidden_layers + 1
+    assert "onnx" not in exporter.report.hits
+    outcomes = {o.id: o for o in exporter.report.rules}
+    assert outcomes["onnx/rms-norm-fusion"].status == "disabled"
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    _assert_close(program(**inputs)[0].numpy(), expected, "unfused")
+    assert OnnxConfig.from_json(OnnxConfig(fusions=None).to_json()).fusions is None
+    with pytest.raises(ConfigError, match="fusions"):
+        OnnxConfig(fusions="gpu")

@@ -1,8 +1,9 @@
 """Lower a captured `ExportedProgram` to ONNX: `torch.onnx.ONNXProgram`.
 
 Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custom_translation_table=...)`
--> stage `onnx` (IR post-fixes, then fusions) -> onnxscript optimizer -> flat, named inputs and outputs
--> weights (`export_params`, `keep_initializers_as_inputs`) -> save when `output_path` is set.
+-> stage `onnx` IR post-fixes -> onnxscript optimizer -> stage `onnx` fusions (`OnnxConfig.fusions`)
+-> flat, named inputs and outputs -> weights (`export_params`, `keep_initializers_as_inputs`) -> save when
+`output_path` is set.
 
 Naming: every graph input and output is named after its place in the forward kwargs / model output
 (`input_ids`, `logits`, `cache.layers_0_keys`). A name that is both an input and an output (a cache the
@@ -135,6 +136,15 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
         graph.initializers.clear()
 
 
+def _onnx_rules(kind: str) -> engine.RuleRegistry:
+    """The registered `onnx` rules of one kind ("fix" or "optimization"), in their order."""
+    registry = engine.RuleRegistry()
+    for rule in engine.default_registry().rules("onnx"):
+        if rule.meta.kind == kind:
+            registry.register(rule)
+    return registry
+
+
 def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: RewriteContext) -> Any:
     """Lower `program` to a `torch.onnx.ONNXProgram` with the `aten` and `onnx` stages applied."""
     import onnxscript
@@ -163,7 +173,7 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
         context.stage_seconds["translate"] = time.perf_counter() - start
 
     try:
-        engine.apply("onnx", onnx_program.model, context)
+        engine.apply("onnx", onnx_program.model, context, _onnx_rules("fix"))
     except Exception as exc:
         raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
 
@@ -171,6 +181,18 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
         start = time.perf_counter()
         onnx_program.model = onnxscript.optimizer.optimize(onnx_program.model)
         context.stage_seconds["optimize"] = time.perf_counter() - start
+
+    # Fusions match the optimized graph (constants folded, no-op casts gone) and their contrib ops stay out
+    # of the optimizer's way.
+    fusions = _onnx_rules("optimization")
+    if config.fusions is None:
+        for rule in fusions.rules("onnx"):
+            context.skip(rule, "disabled", "OnnxConfig.fusions is None")
+    else:
+        try:
+            engine.apply("onnx", onnx_program.model, context, fusions)
+        except Exception as exc:
+            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
 
     input_names, output_names = _user_input_names(program), _user_output_names(program)
     graph = onnx_program.model.graph
