@@ -3,7 +3,7 @@
 The patches below touch disjoint functions, so their order does not matter yet.
 """
 
-from hfexport.rewrites.patches import cpmant, gated_delta, mamba2_chunk, moe, ssm_scan
+from hfexport.rewrites.patches import cpmant, gated_delta, mamba2_chunk, moe, onnx_ssm_scan, ssm_scan
 
 RULES: list = [
     ssm_scan.mamba_selective_scan,
@@ -11,4 +11,5 @@ RULES: list = [
     gated_delta.gated_delta_chunk_scan,
     moe.portable_grouped_mm,
     cpmant.cpmant_mask_arange,
+    onnx_ssm_scan.mamba_selective_scan_onnx,
 ]
