@@ -60,14 +60,12 @@ finally:
 """
 
 
-def run_one(path: Path, export_format: str, timeout: int) -> dict:
+def run_one(path: Path, child: str, child_args: list[str], timeout: int) -> dict:
+    """Run the `child` script on one corpus entry in a subprocess; return its ROW (or why there is none)."""
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(path), export_format],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            [sys.executable, "-c", child, str(path), *child_args], capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return {"model": path.stem, "status": "timeout", "error": f">{timeout}s"}
@@ -77,9 +75,11 @@ def run_one(path: Path, export_format: str, timeout: int) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_sweep(argv: list[str] | None, child: str, label: str, with_format: bool = True) -> int:
+    """Shared command line of the sweep tools: select entries, run `child` on each, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--format", default="dynamo")
+    if with_format:
+        parser.add_argument("--format", default="dynamo")
     parser.add_argument("--family", default="causal_lm")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/corpus")
     parser.add_argument("--only", help="comma-separated model types")
@@ -88,13 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
+    child_args = [args.format] if with_format else []
+    label = f"{args.format}" if with_format else label
 
     paths = sorted((args.root / args.family).glob("*.json"))
     if args.only:
         wanted = set(args.only.split(","))
         paths = [p for p in paths if p.stem in wanted]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda p: run_one(p, args.format, args.timeout), paths))
+        rows = list(pool.map(lambda p: run_one(p, child, child_args, args.timeout), paths))
 
     lines = [
         "| model | status | export s | sample diff | grown diff | rules fired | error |",
@@ -104,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         rules = ", ".join(f"{k}×{v}" for k, v in r.get("rules", {}).items())
         diffs = [f"{r[k]:.2g}" if k in r else "" for k in ("sample_diff", "grown_diff")]
         cells = [r["model"], r["status"], str(r.get("export_s", "")), *diffs, rules, r.get("error", "")]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     ok = sum(r["status"] == "ok" for r in rows)
-    summary = f"{args.format} {args.family}: {ok}/{len(rows)} ok ({100 * ok / max(1, len(rows)):.0f}%)"
+    summary = f"{label} {args.family}: {ok}/{len(rows)} ok ({100 * ok / max(1, len(rows)):.0f}%)"
     table = "\n".join([*lines, "", summary])
     print(table)
     if args.out:
@@ -114,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_sweep(argv, _CHILD, "dynamo")
 
 
 if __name__ == "__main__":

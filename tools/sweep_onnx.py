@@ -10,13 +10,7 @@ Lists the rules that fired per model, then a summary line.
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from sweep import run_sweep  # tools/ is on sys.path when this script runs
 
 _CHILD = r"""
 import json, os, sys, tempfile, time, warnings
@@ -78,56 +72,8 @@ finally:
 """
 
 
-def run_one(path: Path, timeout: int) -> dict:
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return {"model": path.stem, "status": "timeout", "error": f">{timeout}s"}
-    rows = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    row = json.loads(rows[-1]) if rows else {"model": path.stem, "status": "crash", "error": proc.stderr[-300:]}
-    row["wall_s"] = round(time.perf_counter() - start, 1)
-    return row
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="causal_lm")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/corpus")
-    parser.add_argument("--only", help="comma-separated model types")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=600)
-    parser.add_argument("--out", type=Path, help="also write the markdown table here")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    args = parser.parse_args(argv)
-
-    paths = sorted((args.root / args.family).glob("*.json"))
-    if args.only:
-        wanted = set(args.only.split(","))
-        paths = [p for p in paths if p.stem in wanted]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda p: run_one(p, args.timeout), paths))
-
-    lines = [
-        "| model | status | export s | sample diff | grown diff | rules fired | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        rules = ", ".join(f"{k}×{v}" for k, v in r.get("rules", {}).items())
-        diffs = [f"{r[k]:.2g}" if k in r else "" for k in ("sample_diff", "grown_diff")]
-        cells = [r["model"], r["status"], str(r.get("export_s", "")), *diffs, rules, r.get("error", "")]
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    ok = sum(r["status"] == "ok" for r in rows)
-    summary = f"onnx (ORT) {args.family}: {ok}/{len(rows)} ok ({100 * ok / max(1, len(rows)):.0f}%)"
-    table = "\n".join([*lines, "", summary])
-    print(table)
-    if args.out:
-        args.out.write_text(table + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    return 0
+    return run_sweep(argv, _CHILD, "onnx (ORT)", with_format=False)
 
 
 if __name__ == "__main__":
