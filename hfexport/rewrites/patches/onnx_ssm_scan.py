@@ -13,9 +13,7 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
-from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.patches.ssm_scan import _falcon_mamba, scan_selective
+from hfexport.rewrites.patches.ssm_scan import EXAMPLES, scan_selective
 from hfexport.rewrites.patching import ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
 
@@ -48,17 +46,7 @@ mamba_selective_scan_onnx = ModuleFunctionPatch(
         "transformers 5.24 mamba_selective_scan",
         backends=("onnx",),
         models=_VERIFIED,
-        examples=(
-            Match(
-                lambda: _falcon_mamba(7),
-                "falcon_mamba, odd length, then a longer input through the same program",
-                atol=1e-6,
-                rtol=1e-6,
-                other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
-            ),
-            Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
-            NoMatch(dense_decoder, "a model without Mamba mixers"),
-        ),
+        examples=EXAMPLES,
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba_selective_scan" for f in _VERIFIED),
     replacement=scan_selective_detached,

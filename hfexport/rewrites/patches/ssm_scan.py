@@ -83,6 +83,19 @@ def _falcon_mamba(seq_len: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return model, {"input_ids": ids, "use_cache": False}
 
 
+# Shared with the ONNX variant of this rule (patches/onnx_ssm_scan.py): same model, same proof.
+EXAMPLES = (
+    Match(
+        lambda: _falcon_mamba(7),
+        "falcon_mamba, odd length, then a longer input through the same program",
+        atol=1e-6,
+        rtol=1e-6,
+        other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
+    ),
+    Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
+    NoMatch(dense_decoder, "a model without Mamba mixers"),
+)
+
 mamba_selective_scan = ModuleFunctionPatch(
     RuleMeta(
         id="patch/mamba-selective-scan-hop",
@@ -92,17 +105,7 @@ mamba_selective_scan = ModuleFunctionPatch(
         "under export); torch._higher_order_ops.scan",
         backends=("dynamo",),
         models=_FAMILIES,
-        examples=(
-            Match(
-                lambda: _falcon_mamba(7),
-                "falcon_mamba, odd length, then a longer input through the same program",
-                atol=1e-6,
-                rtol=1e-6,
-                other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
-            ),
-            Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
-            NoMatch(dense_decoder, "a model without Mamba mixers"),
-        ),
+        examples=EXAMPLES,
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba_selective_scan" for f in _FAMILIES),
     replacement=scan_selective,
