@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat, OnnxConfig
+from hfexport.configs import DynamoConfig, ExecutorchConfig, ExportConfigMixin, ExportFormat, OnnxConfig, OpenVINOConfig
 from hfexport.errors import ConfigError
-from hfexport.exporters import DynamoExporter, HfExporter, OnnxExporter
+from hfexport.exporters import DynamoExporter, ExecutorchExporter, HfExporter, OnnxExporter, OpenVINOExporter
 
 E = TypeVar("E", bound=type[HfExporter])
 C = TypeVar("C", bound=type[ExportConfigMixin])
@@ -18,10 +18,14 @@ C = TypeVar("C", bound=type[ExportConfigMixin])
 AUTO_EXPORTER_MAPPING: dict[str, type[HfExporter]] = {
     ExportFormat.DYNAMO.value: DynamoExporter,
     ExportFormat.ONNX.value: OnnxExporter,
+    ExportFormat.EXECUTORCH.value: ExecutorchExporter,
+    ExportFormat.OPENVINO.value: OpenVINOExporter,
 }
 AUTO_CONFIG_MAPPING: dict[str, type[ExportConfigMixin]] = {
     ExportFormat.DYNAMO.value: DynamoConfig,
     ExportFormat.ONNX.value: OnnxConfig,
+    ExportFormat.EXECUTORCH.value: ExecutorchConfig,
+    ExportFormat.OPENVINO.value: OpenVINOConfig,
 }
 
 

@@ -191,3 +191,52 @@ class OnnxConfig(DynamoConfig):
             raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")
         if self.fusions not in (None, "cpu"):
             raise ConfigError(f"fusions must be 'cpu' or None, got {self.fusions!r}")
+
+
+EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
+
+
+@dataclass
+class ExecutorchConfig(DynamoConfig):
+    """Options of the ExecuTorch lowering, on top of the capture options of `DynamoConfig`.
+
+    backend: "xnnpack" (CPU, the default) or "cuda" (needs a CUDA device; asking for it without one
+        raises `RuntimeError` before tracing).
+    alloc_graph_input / alloc_graph_output / alloc_mutable_buffers: whether memory planning gives graph
+        inputs, outputs and mutable buffers room in the program's own arena. Turn all three off so that
+        in-place writes (a static cache) land in caller-owned tensors (bound with
+        `Method::set_output_data_ptr` from C++).
+    """
+
+    export_format: ClassVar[str] = ExportFormat.EXECUTORCH.value
+
+    backend: str = "xnnpack"
+    alloc_graph_input: bool = True
+    alloc_graph_output: bool = True
+    alloc_mutable_buffers: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend not in EXECUTORCH_BACKENDS:
+            raise ConfigError(f"backend must be one of {EXECUTORCH_BACKENDS}, got {self.backend!r}")
+
+
+@dataclass
+class OpenVINOConfig(DynamoConfig):
+    """Options of the OpenVINO lowering, on top of the capture options of `DynamoConfig`.
+
+    output_path: where to save the model as OpenVINO IR (`model.xml` + `model.bin`); None keeps the
+        `openvino.Model` in memory only.
+    compress_to_fp16: when saving, store float weights as fp16 (OpenVINO's own default); compute
+        precision is chosen at compile time by the device's inference-precision hint.
+    """
+
+    export_format: ClassVar[str] = ExportFormat.OPENVINO.value
+
+    output_path: str | None = None
+    compress_to_fp16: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.output_path is not None:
+            self.output_path = str(self.output_path)

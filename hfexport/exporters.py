@@ -10,7 +10,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat, OnnxConfig
+from hfexport.configs import (
+    DynamoConfig,
+    ExecutorchConfig,
+    ExportConfigMixin,
+    ExportFormat,
+    OnnxConfig,
+    OpenVINOConfig,
+)
 from hfexport.errors import ConfigError, InputError
 from hfexport.report import ExportReport
 from hfexport.versions import check_packages
@@ -133,4 +140,49 @@ class OnnxExporter(DynamoExporter):
         from hfexport.lowerings.onnx import lower
 
         assert isinstance(config, OnnxConfig)
+        return lower(program, config, context)
+
+
+class ExecutorchExporter(DynamoExporter):
+    """Export to an `executorch.exir.ExecutorchProgramManager` (`.save("model.pte")`, ExecuTorch runtime)."""
+
+    export_format: ClassVar[str] = ExportFormat.EXECUTORCH.value
+    config_class: ClassVar[type[ExportConfigMixin]] = ExecutorchConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "executorch")
+    tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "executorch": "1.4.1"}
+
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        config = self.check_config(config)
+        assert isinstance(config, ExecutorchConfig)
+        from hfexport.lowerings.executorch import check_backend
+
+        check_backend(config)  # before tracing: a missing CUDA device fails in milliseconds, not minutes
+        return self._capture_and_lower(model, sample_inputs, config)
+
+    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        from hfexport.lowerings.executorch import lower
+
+        assert isinstance(config, ExecutorchConfig)
+        return lower(program, config, context)
+
+
+class OpenVINOExporter(DynamoExporter):
+    """Export to an `openvino.Model` (compile with `openvino.Core().compile_model(model, "CPU")`)."""
+
+    export_format: ClassVar[str] = ExportFormat.OPENVINO.value
+    config_class: ClassVar[type[ExportConfigMixin]] = OpenVINOConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
+    tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
+
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        return self._capture_and_lower(model, sample_inputs, config)
+
+    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        from hfexport.lowerings.openvino import lower
+
+        assert isinstance(config, OpenVINOConfig)
         return lower(program, config, context)

@@ -15,6 +15,8 @@ STAGE_PACKAGES: dict[str, str] = {
     "fx": "hfexport.rewrites.fx",
     "aten": "hfexport.rewrites.aten",
     "onnx": "hfexport.rewrites.onnx",
+    "executorch": "hfexport.rewrites.executorch",
+    "openvino": "hfexport.rewrites.openvino",
 }
 
 

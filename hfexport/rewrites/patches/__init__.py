@@ -3,7 +3,16 @@
 The patches below touch disjoint functions, so their order does not matter yet.
 """
 
-from hfexport.rewrites.patches import cpmant, gated_delta, mamba2_chunk, moe, onnx_ssm_scan, ssm_scan
+from hfexport.rewrites.patches import (
+    cpmant,
+    executorch_backend,
+    gated_delta,
+    mamba2_chunk,
+    moe,
+    onnx_ssm_scan,
+    openvino_backend,
+    ssm_scan,
+)
 
 RULES: list = [
     ssm_scan.mamba_selective_scan,
@@ -12,4 +21,7 @@ RULES: list = [
     moe.portable_grouped_mm,
     cpmant.cpmant_mask_arange,
     onnx_ssm_scan.mamba_selective_scan_onnx,
+    # Backend-scoped patches, each list owned by its backend's module.
+    *executorch_backend.RULES,
+    *openvino_backend.RULES,
 ]

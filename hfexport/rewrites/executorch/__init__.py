@@ -1,0 +1,3 @@
+"""ExecuTorch backend fixes (stage `executorch`), in the order they run on the program before lowering."""
+
+RULES: list = []

@@ -1,0 +1,3 @@
+"""OpenVINO backend fixes (stage `openvino`), in the order they run on the program before conversion."""
+
+RULES: list = []
