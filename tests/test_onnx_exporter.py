@@ -188,17 +188,32 @@ def _op_count(program: Any, op_type: str) -> int:
     return sum(node.op_type == op_type for node in program.model.graph)
 
 
-def test_cpu_fusions_turn_every_rms_norm_into_simplified_layer_normalization(llama_export: dict[str, Any]) -> None:
+def test_cpu_fusions_fuse_every_norm_residual_and_rotary(llama_export: dict[str, Any]) -> None:
     program, model, report = llama_export["program"], llama_export["model"], llama_export["report"]
-    norms = 2 * model.config.num_hidden_layers + 1  # input and post-attention norm per layer, final norm
+    layers = model.config.num_hidden_layers
+    norms = 2 * layers + 1  # input and post-attention norm per layer, final norm
     assert OnnxConfig().fusions == "cpu"
-    assert _op_count(program, "SimplifiedLayerNormalization") == norms
+    hits = report.hits["onnx"]
+    # Every RMSNorm is fused with its weight; all but the first (on the embeddings) then take in the
+    # residual Add before them.
+    assert hits["onnx/rms-norm-fusion"] == norms
+    assert "onnx/rms-norm-core-fusion" not in hits, "float32: the weight is fused too"
+    assert hits["onnx/skip-rms-norm-fusion"] == norms - 1
+    assert _op_count(program, "SimplifiedLayerNormalization") == 1
+    assert _op_count(program, "SkipSimplifiedLayerNormalization") == norms - 1
     assert _op_count(program, "Pow") == 0, "no unfused RMSNorm left"
-    assert report.hits["onnx"]["onnx/rms-norm-fusion"] == norms
-    assert "onnx/rms-norm-core-fusion" not in report.hits["onnx"], "float32: the weight is fused too"
-    fused = [n for n in program.model.graph if n.op_type == "SimplifiedLayerNormalization"]
-    assert all(n.metadata_props["hfexport.rule"] == "onnx/rms-norm-fusion" for n in fused)
-    assert all(n.attributes["epsilon"].value == pytest.approx(model.config.rms_norm_eps) for n in fused)
+    # Query and key rotation of every layer.
+    assert hits["onnx/rotary-embedding-fusion"] == _op_count(program, "RotaryEmbedding") == 2 * layers
+    assert _op_count(program, "Neg") == 0, "no rotate_half left"
+    for op_type, rule_id in (
+        ("SimplifiedLayerNormalization", "onnx/rms-norm-fusion"),
+        ("SkipSimplifiedLayerNormalization", "onnx/skip-rms-norm-fusion"),
+        ("RotaryEmbedding", "onnx/rotary-embedding-fusion"),
+    ):
+        fused = [n for n in program.model.graph if n.op_type == op_type]
+        assert all(n.metadata_props["hfexport.rule"] == rule_id for n in fused)
+    norm_nodes = [n for n in program.model.graph if n.op_type.endswith("SimplifiedLayerNormalization")]
+    assert all(n.attributes["epsilon"].value == pytest.approx(model.config.rms_norm_eps) for n in norm_nodes)
     # parity on a second shape, through the saved file (left padding included)
     ids = torch.randint(3, 128, (3, 11), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)

@@ -193,6 +193,13 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
             engine.apply("onnx", onnx_program.model, context, fusions)
         except Exception as exc:
             raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
+        # What the fused nodes replaced but other patterns shared (e.g. the Unsqueeze of cos feeding both
+        # the query and the key rotation), and constants only the old nodes read.
+        # Fused nodes built per site (the rotary caches of q and k) are computed once.
+        from onnx_ir.passes.common import CommonSubexpressionEliminationPass, RemoveUnusedNodesPass
+
+        RemoveUnusedNodesPass()(onnx_program.model)
+        CommonSubexpressionEliminationPass()(onnx_program.model)
 
     input_names, output_names = _user_input_names(program), _user_output_names(program)
     graph = onnx_program.model.graph

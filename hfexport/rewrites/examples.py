@@ -28,6 +28,9 @@ class Match:
     # Export with every tensor axis dynamic, and also check the program on `other_inputs()` (e.g. another
     # sequence length) against eager: the proof for rules whose point is a symbolic shape.
     other_inputs: Callable[[], dict[str, Any]] | None = None
+    # ONNX stages: the opset to export the example at (None: the checker's default); for rules whose
+    # rewrite depends on the opset.
+    opset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class NoMatch:
 
     build: Callable[[], Built]
     description: str = ""
+    opset: int | None = None
 
 
 Example = Match | NoMatch

@@ -50,6 +50,9 @@ class OnnxRewriteRule(Rule):
     """Rewrite the ONNX IR model with the onnxscript rewriter rule that `rewrite_rule()` returns."""
 
     rewrite_rule: Callable[[], Any] | None = None
+    # Rules that run before this one in the pipeline and produce what it matches (e.g. the RMSNorm fusion
+    # before the skip-norm fusion); the example checker applies them first. Order in RULES must agree.
+    prerequisites: tuple[OnnxRewriteRule, ...] = ()
     stage: str = field(init=False, default="onnx")
 
 
@@ -107,7 +110,11 @@ def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
     from onnxscript.rewriter import pattern
 
     before = {id(node) for node in model.graph.all_nodes()}
-    count = pattern.RewriteRuleSet([rule.rewrite_rule()]).apply_to_model(model)
+    built = rule.rewrite_rule()
+    # A factory returns one rewriter rule, or a RewriteRuleSet (e.g. with `commute=True` for patterns of
+    # commutative ops, whose operand order torch.onnx does not fix).
+    rule_set = built if isinstance(built, pattern.RewriteRuleSet) else pattern.RewriteRuleSet([built])
+    count = rule_set.apply_to_model(model)
     if count:
         for node in model.graph.all_nodes():
             if id(node) not in before:
@@ -241,7 +248,14 @@ def _check_onnx(rule: Any, example: Example) -> int:
         return hits
     module = built.eval()
     with torch.no_grad():
-        program = _export_module(module, inputs, False, {})
+        program = _export_module(module, inputs, False, {}, example.opset)
+    if rule.meta.kind == "optimization":
+        import onnxscript
+
+        # Fusions run after the optimizer in the lowering; their examples see the same folded graph.
+        program.model = onnxscript.optimizer.optimize(program.model)
+    for prerequisite in rule.prerequisites:
+        apply_onnx_rule(prerequisite, program.model)
     before = _graph_structure(program.model)
     hits = apply_onnx_rule(rule, program.model)
     if isinstance(example, Match):

@@ -5,10 +5,16 @@ Fusions (`kind="optimization"`) run after the onnxscript optimizer, and only whe
 is set.
 """
 
-from hfexport.rewrites.onnx import fusions_norm
+from hfexport.rewrites.onnx import fusions_gelu, fusions_gemm, fusions_norm, fusions_rotary, fusions_skip_norm
 
 RULES: list = [
     # RMSNorm: the whole norm first; the core rule takes what the weight-fused rule left.
     fusions_norm.rms_norm,
     fusions_norm.rms_norm_core,
+    # Residual adds into the norms above (and LayerNormalization).
+    fusions_skip_norm.skip_rms_norm,
+    fusions_skip_norm.skip_layer_norm,
+    fusions_gelu.gelu_tanh,
+    fusions_rotary.rotary,
+    fusions_gemm.matmul_add_to_gemm,
 ]
