@@ -1,3 +1,8 @@
 """Model patches scoped to the executorch backend (`backends=("executorch",)`); listed in the package's RULES."""
 
-RULES: list = []
+from hfexport.rewrites.patches import executorch_moe
+
+RULES: list = [
+    # Independent of patch/moe-grouped-mm-portable: experts run as batched_mm never call grouped_mm.
+    executorch_moe.executorch_batched_experts,
+]

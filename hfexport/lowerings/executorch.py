@@ -1,0 +1,286 @@
+"""Lower a captured `ExportedProgram` to ExecuTorch: `executorch.exir.ExecutorchProgramManager`.
+
+Order: stage `executorch` (fixes on the ATen program) -> `to_edge_transform_and_lower(partitioner)` (XNNPACK
+or CUDA delegation; stage time "edge") -> `to_executorch(ExecutorchBackendConfig)` (memory planning from the
+`alloc_*` flags; stage time "to_executorch").
+
+Bounds: ExecuTorch plans every tensor at its upper-bound size. A dynamic axis without an upper bound is
+planned at its size in the sample (executorch `eval_upper_bound` falls back to the trace hint), so a longer
+input fails at run time. `bounded_dynamic_shapes` gives every unbounded axis a cap before the trace: the
+batch axis `MAX_BATCH`, every other axis the model's `max_position_embeddings` (or the static cache
+length). Explicit bounds (`Dim("seq", max=...)`) are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.configs import ExecutorchConfig
+from hfexport.errors import HfExportError
+from hfexport.rewrites import engine
+from hfexport.rewrites.engine import RewriteContext
+
+logger = logging.getLogger("hfexport")
+
+# Batch cap for an unbounded batch axis (axis 0). Memory is planned for the cap, so it stays small:
+# on-device programs run one or a few sequences; pass `Dim("batch", max=...)` for more.
+MAX_BATCH = 8
+# Sequence cap when the model config names no maximum length (no max_position_embeddings or alias).
+FALLBACK_MAX_SEQUENCE = 2048
+# Config attributes that hold the longest sequence a model supports, by the names architectures use.
+_MAX_LENGTH_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx", "seq_length")
+
+
+def check_backend(config: ExecutorchConfig) -> None:
+    """Refuse, before tracing, a backend this machine cannot lower to."""
+    if config.backend != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "ExecutorchConfig(backend='cuda') needs a CUDA device, but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}); export with backend='xnnpack' on a CPU-only machine"
+        )
+    try:
+        from executorch.backends.cuda.cuda_partitioner import CudaPartitioner  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            f"ExecutorchConfig(backend='cuda') needs executorch's CUDA backend, which does not import: {exc}"
+        ) from exc
+
+
+def _partitioners(config: ExecutorchConfig) -> list[Any]:
+    if config.backend == "cuda":
+        # ExecuTorch's CUDA backend compiles the delegated graph with AOTInductor and moves the program to the
+        # device itself; the captured program (and the caller's model) stay on the CPU.
+        from executorch.backends.cuda.cuda_backend import CudaBackend
+        from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+
+        return [CudaPartitioner([CudaBackend.generate_method_name_compile_spec("forward")])]
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return [XnnpackPartitioner()]
+
+
+def backend_config(config: ExecutorchConfig) -> Any:
+    """The `ExecutorchBackendConfig` for `config`: memory planning from the `alloc_*` flags."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    planning = MemoryPlanningPass(
+        alloc_graph_input=config.alloc_graph_input,
+        alloc_graph_output=config.alloc_graph_output,
+        alloc_mutable_buffers=config.alloc_mutable_buffers,
+    )
+    # A mutable buffer left out of the plan is bound by name at run time, so its name must be in the program.
+    return ExecutorchBackendConfig(
+        memory_planning_pass=planning,
+        emit_mutable_buffer_names=not config.alloc_mutable_buffers,
+    )
+
+
+# -- bounds ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DimCaps:
+    """The caps given to unbounded dynamic axes: `batch` for axis 0, `sequence` for the others."""
+
+    batch: int
+    sequence: int
+    sequence_source: str
+
+
+def _is_cache(value: Any) -> bool:
+    from hfexport.frontends.torch_export import _is_cache as is_cache
+
+    return is_cache(value)
+
+
+def dim_caps(model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> DimCaps:
+    """The caps for `model`: the static cache length when an input is a `StaticCache`, else the config's
+    maximum length (`max_position_embeddings` or an alias), else `FALLBACK_MAX_SEQUENCE`."""
+    for name, value in sample_inputs.items():
+        # A fixed-size cache (StaticCache) reports its length; a growing one (DynamicCache) reports -1.
+        length = value.get_max_length() if _is_cache(value) and hasattr(value, "get_max_length") else None
+        if isinstance(length, int) and length > 0:
+            return DimCaps(MAX_BATCH, length, f"the static cache length of {name!r}")
+    config = getattr(model, "config", None)
+    configs = [config]
+    if config is not None and hasattr(config, "get_text_config"):
+        configs.insert(0, config.get_text_config(decoder=True))
+    for cfg in configs:
+        for attr in _MAX_LENGTH_ATTRIBUTES:
+            value = getattr(cfg, attr, None)
+            if isinstance(value, int) and value > 0:
+                return DimCaps(MAX_BATCH, value, f"config.{attr}")
+    return DimCaps(MAX_BATCH, FALLBACK_MAX_SEQUENCE, "the default cap: the model config names no maximum length")
+
+
+def _unbounded_max(value: Any) -> bool:
+    return value is None or not isinstance(value, int) or value >= 2**62
+
+
+def _cap_dim(dim: Any, cap: int, named: dict[str, Any]) -> tuple[Any, bool]:
+    """`dim` with an upper bound `cap` if it has none; return (dim, whether it was capped)."""
+    from torch.export.dynamic_shapes import _DerivedDim, _DimHint, _DimHintType
+
+    if isinstance(dim, _DimHint):
+        if dim.type == _DimHintType.STATIC or not _unbounded_max(dim.max):
+            return dim, False
+        return _DimHint(dim.type, min=dim.min, max=cap, _factory=False), True
+    if isinstance(dim, torch.export.Dim) and not isinstance(dim, _DerivedDim) and _unbounded_max(dim.max):
+        # One new Dim per name, so inputs that share a named axis still share it.
+        if dim.__name__ not in named:
+            low = dim.min if isinstance(dim.min, int) and dim.min > 0 else None
+            named[dim.__name__] = torch.export.Dim(dim.__name__, min=low, max=cap)
+        return named[dim.__name__], True
+    # None, ints, bounded Dims, derived Dims (`2 * seq`: their root carries the bound).
+    return dim, False
+
+
+def _cap_axes(spec: Any, shape: tuple[int, ...] | None, caps: DimCaps, named: dict[str, Any], out: list[str]) -> Any:
+    """Cap the axes of one tensor's spec (dict {axis: dim} or list per axis); recurse into containers."""
+
+    def cap_for(axis: int) -> int:
+        cap = caps.batch if axis == 0 else caps.sequence
+        # Never below the sample: the program must at least run on what it was traced with.
+        return max(cap, shape[axis]) if shape is not None and -len(shape) <= axis < len(shape) else cap
+
+    if isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec):
+        result = {}
+        for axis, dim in spec.items():
+            result[axis], capped = _cap_dim(dim, cap_for(axis), named)
+            if capped:
+                out.append(f"axis {axis} <= {cap_for(axis)}")
+        return result
+    if isinstance(spec, (list, tuple)) and all(not isinstance(d, (list, tuple, Mapping)) for d in spec):
+        dims = []
+        for axis, dim in enumerate(spec):
+            new, capped = _cap_dim(dim, cap_for(axis), named)
+            dims.append(new)
+            if capped:
+                out.append(f"axis {axis} <= {cap_for(axis)}")
+        return type(spec)(dims)
+    if isinstance(spec, Mapping):
+        return {k: _cap_axes(v, None, caps, named, out) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_cap_axes(v, None, caps, named, out) for v in spec)
+    return spec
+
+
+def bounded_dynamic_shapes(
+    model: torch.nn.Module,
+    sample_inputs: Mapping[str, Any],
+    config: ExecutorchConfig,
+    warnings_out: list[str] | None = None,
+) -> dict[str, Any] | None:
+    """The `dynamic_shapes` to capture `model` with for ExecuTorch: every axis bounded.
+
+    From `config.dynamic_shapes` when given, else every axis `Dim.AUTO` when `config.dynamic`, else None
+    (a static export). Each unbounded axis (`Dim.AUTO`, `Dim.DYNAMIC`, `Dim("x")` without `max`) gets a cap
+    (`dim_caps`); explicit bounds are kept. One warning (appended to `warnings_out`, else logged) lists the
+    caps and how to pass explicit `Dim(min, max)` bounds instead.
+    """
+    from hfexport.frontends.torch_export import auto_dynamic_shapes
+
+    if config.dynamic_shapes is not None:
+        shapes = dict(config.dynamic_shapes)
+    elif config.dynamic:
+        shapes = auto_dynamic_shapes(sample_inputs)
+    else:
+        return None
+    caps = dim_caps(model, sample_inputs)
+    named: dict[str, Any] = {}
+    capped: list[str] = []
+    bounded: dict[str, Any] = {}
+    for name, spec in shapes.items():
+        value = sample_inputs.get(name)
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+        axes: list[str] = []
+        bounded[name] = _cap_axes(spec, shape, caps, named, axes)
+        capped += [f"{name} {a}" for a in dict.fromkeys(axes)]
+    if capped:
+        message = (
+            "ExecuTorch plans memory for the largest shape an input may take, so unbounded dynamic axes were "
+            f"capped: batch axes at {caps.batch} (hfexport.lowerings.executorch.MAX_BATCH), the others at "
+            f"{caps.sequence} ({caps.sequence_source}): {', '.join(capped)}. For other bounds pass them "
+            "explicitly, e.g. ExecutorchConfig(dynamic_shapes={'input_ids': {0: Dim('batch', min=1, max=4), "
+            "1: Dim('seq', min=1, max=1024)}, 'attention_mask': {0: Dim('batch', min=1, max=4), "
+            "1: Dim('seq', min=1, max=1024)}})"
+        )
+        if warnings_out is not None:
+            warnings_out.append(message)
+        else:
+            logger.warning("%s", message)
+    return bounded
+
+
+def unbounded_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """User inputs of `program` with an axis that has no upper bound, as "name axis i"."""
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.numbers import int_oo
+
+    user = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    found = []
+    for node in program.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" and node.name in user else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        for axis, size in enumerate(value.shape):
+            if isinstance(size, torch.SymInt):
+                upper = program.range_constraints.get(size.node.expr)
+                if upper is None or upper.upper is int_oo:
+                    found.append(f"{node.name} axis {axis}")
+    return found
+
+
+# -- lowering -------------------------------------------------------------------------------------------
+
+
+def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, context: RewriteContext) -> Any:
+    """Lower `program` to an `ExecutorchProgramManager` with the `executorch` stage applied."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    import hfexport.rewrites.executorch_kinds  # noqa: F401 - registers the stage's applier
+
+    try:
+        engine.apply("executorch", program, context)
+    except Exception as exc:
+        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="executorch", rule_id=context.current_rule) from exc
+
+    unbounded = unbounded_inputs(program)
+    if unbounded:
+        logger.warning(
+            "ExecuTorch plans these dynamic axes at their sample size, since they have no upper bound: %s. "
+            "Capture with bounded dims, e.g. ExecutorchConfig(dynamic_shapes=bounded_dynamic_shapes(model, "
+            "inputs, config)) from hfexport.lowerings.executorch, or Dim(name, min, max) per axis",
+            ", ".join(unbounded),
+        )
+
+    compile_config = None
+    if config.backend == "cuda":
+        # As executorch's CUDA examples do: the AOTInductor delegate takes ATen ops beyond the edge dialect.
+        compile_config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
+    context.current_stage = "edge"
+    start = time.perf_counter()
+    try:
+        edge = to_edge_transform_and_lower(program, partitioner=_partitioners(config), compile_config=compile_config)
+    except Exception as exc:
+        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="edge") from exc
+    finally:
+        context.stage_seconds["edge"] = time.perf_counter() - start
+
+    context.current_stage = "to_executorch"
+    start = time.perf_counter()
+    try:
+        return edge.to_executorch(backend_config(config))
+    except Exception as exc:
+        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="to_executorch") from exc
+    finally:
+        context.stage_seconds["to_executorch"] = time.perf_counter() - start

@@ -1,0 +1,106 @@
+"""Rule kind of the ExecuTorch lowering (stage `executorch`): fixes of the ATen program before `to_edge`.
+
+- `ExecutorchNodeRule`: a node predicate plus a rewrite of that one node of the captured program's graph,
+  run before `to_edge_transform_and_lower`, for ops that the edge dialect, XNNPACK or the portable kernels
+  cannot take as they are. One rewritten node is one hit.
+
+The example checker lowers each example with XNNPACK and runs the program in the ExecuTorch runtime: a
+`Match` must fire and match eager (and on `other_inputs()` too, with bounded dynamic axes); a `NoMatch`
+must fire zero times and leave the graph as it was. Building the registry never imports executorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from hfexport.rewrites import engine, examples
+from hfexport.rewrites.examples import Example, ExampleFailure, Match, assert_same_outputs
+from hfexport.rewrites.rule import Rule
+
+
+@dataclass
+class ExecutorchNodeRule(Rule):
+    """Rewrite each node of the program graph for which `predicate(node)` holds with `rewrite(gm, node)`."""
+
+    predicate: Callable[[fx.Node], bool] | None = None
+    rewrite: Callable[[fx.GraphModule, fx.Node], None] | None = None
+    stage: str = field(init=False, default="executorch")
+
+
+def apply_executorch_rule(rule: ExecutorchNodeRule, program: torch.export.ExportedProgram) -> int:
+    """Apply one rule to `program`'s graph in place; return how many nodes it rewrote."""
+    gm = program.graph_module
+    hits = 0
+    for node in list(gm.graph.nodes):
+        if node.graph is gm.graph and rule.predicate(node):
+            rule.rewrite(gm, node)
+            hits += 1
+    if hits:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return hits
+
+
+def _apply(rule: Rule, target: Any) -> int:
+    assert isinstance(rule, ExecutorchNodeRule)
+    return apply_executorch_rule(rule, target)
+
+
+engine.register_applier("executorch", _apply)
+
+
+# -- example checker -----------------------------------------------------------------------------------
+
+
+def _bounded_export(module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool) -> torch.export.ExportedProgram:
+    shapes = None
+    if dynamic:
+        # Bounded, as the lowering needs them for memory planning; 64 covers every example's other_inputs.
+        auto = torch.export.Dim.AUTO(max=64)
+        shapes = {
+            k: {i: auto for i in range(v.ndim)} if isinstance(v, torch.Tensor) else None for k, v in inputs.items()
+        }
+    with torch.no_grad():
+        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+
+
+def _run_in_executorch(program: torch.export.ExportedProgram, inputs: dict[str, Any]) -> list[torch.Tensor]:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from hfexport.runtime.executorch import executorch_feed
+
+    manager = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    return list(method.execute(executorch_feed(inputs)))
+
+
+def _check(rule: Any, example: Example) -> int:
+    module, inputs = example.build()
+    module.eval()
+    dynamic = isinstance(example, Match) and example.other_inputs is not None
+    program = _bounded_export(module, inputs, dynamic)
+    before = program.graph_module.code
+    hits = apply_executorch_rule(rule, program)
+    if isinstance(example, Match):
+        if hits == 0:
+            raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
+        runs = [inputs] + ([example.other_inputs()] if example.other_inputs is not None else [])
+        for feed in runs:
+            with torch.no_grad():
+                expected = module(**feed)
+            actual = _run_in_executorch(program, feed)
+            assert_same_outputs(expected, actual, example.atol, example.rtol, rule.id)
+    elif hits or program.graph_module.code != before:
+        raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} changed the graph")
+    return hits
+
+
+examples.register_checker("executorch", _check)

@@ -1,0 +1,162 @@
+"""Run an ExecuTorch program (`.pte`) with a model's forward kwargs, checking shapes before `execute`.
+
+`executorch_feed(inputs)` flattens forward kwargs into the method's input list: the same pytree order
+the capture used (caches flattened to their tensors), with Python constants (`use_cache=False`, None)
+kept in place, since ExecuTorch keeps them as program inputs. `ExecutorchProgram` loads a program,
+checks each tensor input against what the program was planned for (rank, dtype, and every axis against
+its upper bound) and raises `InputError` naming the input and axis, instead of the runtime's opaque error
+code (or a failure deep inside a kernel, when the total size still fits the planned buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfexport.errors import InputError
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def executorch_named_feed(inputs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """`(name, value)` for each method input of forward kwargs `inputs`, in the program's order."""
+    from hfexport.frontends.cache_pytree import register_cache_pytrees
+
+    register_cache_pytrees()
+    leaves, _ = pytree.tree_flatten_with_path(dict(inputs))
+    return [(_leaf_name(path), leaf.detach() if isinstance(leaf, torch.Tensor) else leaf) for path, leaf in leaves]
+
+
+def executorch_feed(inputs: Mapping[str, Any]) -> list[Any]:
+    """The input list of `Method.execute` for forward kwargs `inputs` (as the model's forward takes them)."""
+    return [value for _, value in executorch_named_feed(inputs)]
+
+
+@dataclass(frozen=True)
+class InputSlot:
+    """What the program was planned for at one tensor input: the upper bound of each axis, and the dtype."""
+
+    index: int
+    max_sizes: tuple[int, ...]
+    dtype: torch.dtype | None
+
+
+# ExecuTorch's ScalarType codes (c10's numbering) of the dtypes a method input can have.
+_SCALAR_TYPES = {
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    11: torch.bool,
+    15: torch.bfloat16,
+}
+
+
+def _slots(method: Any) -> dict[int, InputSlot]:
+    meta = method.metadata
+    slots = {}
+    for index in range(meta.num_inputs()):
+        try:
+            info = meta.input_tensor_meta(index)
+        except (IndexError, RuntimeError):  # a non-tensor input (bool, int, None)
+            continue
+        slots[index] = InputSlot(index, tuple(int(s) for s in info.sizes()), _SCALAR_TYPES.get(int(info.dtype())))
+    return slots
+
+
+def check_feed(slots: Mapping[int, InputSlot], named_feed: list[tuple[str, Any]]) -> None:
+    """Raise `InputError` when a tensor input does not fit the program's planned shapes or dtypes."""
+    if len(named_feed) != len(slots) and max(slots, default=-1) >= len(named_feed):
+        raise InputError(f"the program takes more inputs than the {len(named_feed)} given")
+    for index, (name, value) in enumerate(named_feed):
+        slot = slots.get(index)
+        if slot is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"input {index} ({name!r}) must be a tensor, got {type(value).__name__}")
+        if value.ndim != len(slot.max_sizes):
+            bound = list(slot.max_sizes)
+            raise InputError(f"input {name!r} has {value.ndim} axes, the program takes {len(bound)} ({bound})")
+        if slot.dtype is not None and value.dtype != slot.dtype:
+            raise InputError(f"input {name!r} is {value.dtype}, the program takes {slot.dtype}")
+        for axis, (size, bound) in enumerate(zip(value.shape, slot.max_sizes, strict=True)):
+            if size > bound:
+                raise InputError(
+                    f"input {name!r} has size {size} on axis {axis}, but the program was planned for at most "
+                    f"{bound} there (shape bound {list(slot.max_sizes)}); re-export with a larger bound, e.g. "
+                    f"dynamic_shapes={{{name.split('.')[0]!r}: {{{axis}: Dim('d{axis}', min=1, max={size})}}}}"
+                )
+
+
+def manager_input_names(manager: Any, method: str = "forward") -> list[str] | None:
+    """The forward kwarg names, in the program's order, of an `ExecutorchProgramManager`'s method."""
+    try:
+        spec = manager.exported_program(method).call_spec.in_spec
+        kwargs_spec = spec.child(1) if hasattr(spec, "child") else spec.children_specs[1]
+        return [str(name) for name in kwargs_spec.context]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+
+
+class ExecutorchProgram:
+    """A loaded ExecuTorch program whose `forward` runs on forward kwargs and checks them first.
+
+    `source` is a `.pte` path, the program bytes, or an `ExecutorchProgramManager`. A `.pte` does not keep
+    the forward argument names: kwargs are fed in the order given, which must be the sample inputs' order,
+    unless `input_names` (known from a manager) puts them in order.
+    """
+
+    def __init__(
+        self, source: str | Path | bytes | Any, method: str = "forward", input_names: list[str] | None = None
+    ) -> None:
+        from executorch.runtime import Runtime
+
+        if isinstance(source, (str, Path)):
+            data: Any = Path(source)
+        elif isinstance(source, (bytes, bytearray)):
+            data = bytes(source)
+        else:  # an ExecutorchProgramManager
+            data = source.buffer
+            input_names = input_names or manager_input_names(source, method)
+        self.input_names = input_names
+        self.program = Runtime.get().load_program(data)
+        self.method = self.program.load_method(method)
+        self.slots = _slots(self.method)
+
+    def run(self, inputs: Mapping[str, Any]) -> list[Any]:
+        """Run on forward kwargs `inputs`; return the method's flat outputs."""
+        if self.input_names is not None:
+            missing = [n for n in self.input_names if n not in inputs]
+            unknown = sorted(set(inputs) - set(self.input_names))
+            if missing or unknown:
+                raise InputError(f"the program takes {self.input_names}; missing {missing}, unknown {unknown}")
+            inputs = {name: inputs[name] for name in self.input_names}
+        named = executorch_named_feed(inputs)
+        check_feed(self.slots, named)
+        return list(self.method.execute([value for _, value in named]))
+
+    __call__ = run
+
+
+def run_program(source: str | Path | bytes | Any, inputs: Mapping[str, Any]) -> list[Any]:
+    """Load `source` (a `.pte` path, bytes or manager) and run its `forward` on forward kwargs `inputs`."""
+    return ExecutorchProgram(source).run(inputs)

@@ -1,0 +1,126 @@
+"""ExecuTorch rules: the `executorch` stage's rule kind and checker, and the MoE experts patch end to end.
+
+The registered rules' own examples run in tests/rewrites/test_examples.py; here the MoE patch is also
+proven where it matters: without it the ExecuTorch lowering fails, with it the program runs in the
+ExecuTorch runtime and matches eager, and the engine counts one hit per experts layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("executorch")
+
+from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
+from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply
+from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
+from hfexport.rewrites.executorch_kinds import ExecutorchNodeRule
+from hfexport.rewrites.patches.executorch_moe import _qwen3_moe
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.runtime.executorch import ExecutorchProgram
+
+MOE_RULE = "patch/executorch-moe-batched-experts"
+
+
+class Residual(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x - y) * 2
+
+
+class Product(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * y)
+
+
+def _pair(module: torch.nn.Module, length: int = 5) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    return module, {"x": torch.randn(2, length, generator=generator), "y": torch.randn(2, length, generator=generator)}
+
+
+def _sub_as_add_of_neg(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    with gm.graph.inserting_before(node):
+        negated = gm.graph.call_function(torch.ops.aten.neg.default, (node.args[1],))
+        added = gm.graph.call_function(torch.ops.aten.add.Tensor, (node.args[0], negated))
+    added.meta = dict(node.meta)
+    node.replace_all_uses_with(added)
+    gm.graph.erase_node(node)
+
+
+def _toy_rule(rewrite=_sub_as_add_of_neg) -> ExecutorchNodeRule:
+    return ExecutorchNodeRule(
+        RuleMeta(
+            id="executorch/toy-sub-as-add",
+            why="test of the rule kind",
+            upstream="none: a test rule",
+            backends=("executorch",),
+            examples=(
+                Match(lambda: _pair(Residual()), "x - y", other_inputs=lambda: _pair(Residual(), 9)[1]),
+                NoMatch(lambda: _pair(Product()), "no subtraction"),
+            ),
+        ),
+        predicate=lambda node: node.target is torch.ops.aten.sub.Tensor,
+        rewrite=rewrite,
+    )
+
+
+def test_node_rule_examples_run_in_the_executorch_runtime() -> None:
+    rule = _toy_rule()
+    match, no_match = rule.meta.examples
+    assert check_example(rule, match) == 1
+    assert check_example(rule, no_match) == 0
+
+
+def test_a_rule_that_breaks_numerics_fails_its_match_example() -> None:
+    def wrong(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        with gm.graph.inserting_before(node):
+            added = gm.graph.call_function(torch.ops.aten.add.Tensor, node.args)
+        added.meta = dict(node.meta)
+        node.replace_all_uses_with(added)
+        gm.graph.erase_node(node)
+
+    rule = _toy_rule(wrong)
+    with pytest.raises(ExampleFailure, match="differs from eager"):
+        check_example(rule, rule.meta.examples[0])
+
+
+def test_the_engine_counts_executorch_stage_hits() -> None:
+    rule = _toy_rule()
+    registry = RuleRegistry()
+    registry.register(rule)
+    module, inputs = _pair(Residual())
+    program = torch.export.export(module, (), inputs)
+    context = RewriteContext(backend="executorch")
+    assert apply("executorch", program, context, registry) == {rule.id: 1}
+    assert context.outcomes[rule.id].status == "fired" and "executorch" in context.stage_seconds
+    other = RewriteContext(backend="onnx")
+    assert apply("executorch", program, other, registry) == {}
+    assert other.outcomes[rule.id].status == "other-backend"
+
+
+def _moe_inputs(batch: int, tokens: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + tokens)
+    return {"input_ids": torch.randint(0, 64, (batch, tokens), generator=generator)}
+
+
+def test_moe_experts_lower_to_xnnpack_only_with_the_batched_experts_patch() -> None:
+    model, _ = _qwen3_moe(6)
+    inputs = _moe_inputs(2, 6)
+    shapes = {name: {0: torch.export.Dim.AUTO(max=4), 1: torch.export.Dim.AUTO(max=32)} for name in inputs}
+
+    without = ExecutorchConfig(dynamic_shapes=shapes, rules=RuleSelection(disable=(MOE_RULE,)))
+    # transformers' grouped_mm experts forward: aten.histc for the expert offsets, refused by to_edge.
+    with pytest.raises(HfExportError, match=r"(?s)stage 'edge'.*histc"):
+        ExecutorchExporter().export(model, inputs, without)
+
+    exporter = ExecutorchExporter()
+    manager = exporter.export(model, inputs, ExecutorchConfig(dynamic_shapes=shapes))
+    assert exporter.report.hits["patch"][MOE_RULE] == model.config.num_hidden_layers
+    program = ExecutorchProgram(manager)
+    for feed in (inputs, _moe_inputs(3, 11), _moe_inputs(1, 1)):
+        with torch.no_grad():
+            expected = model(**feed).last_hidden_state
+        actual = program.run(feed)[0]
+        assert actual.shape == expected.shape
+        assert (actual - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
+    assert model.config._experts_implementation == "grouped_mm", "the caller's config is untouched"
