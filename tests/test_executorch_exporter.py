@@ -19,10 +19,12 @@ from executorch.runtime import Runtime
 
 from hfexport import AutoExportConfig, AutoHfExporter, ConfigError, DynamoConfig, ExecutorchConfig, ExecutorchExporter
 from hfexport.errors import InputError
+from hfexport.frontends.torch_export import capture
 from hfexport.lowerings.executorch import (
     FALLBACK_MAX_SEQUENCE,
     MAX_BATCH,
     bounded_dynamic_shapes,
+    capture_options,
     check_backend,
     lower,
     unbounded_inputs,
@@ -208,6 +210,22 @@ def test_the_sequence_cap_is_the_static_cache_length_or_a_documented_default() -
     shapes = bounded_dynamic_shapes(NoConfig(), big, ExecutorchConfig(dynamic=True), warnings)
     assert shapes["x"][1].max == FALLBACK_MAX_SEQUENCE + 10, "never below the sample"
     assert "names no maximum length" in warnings[0]
+
+
+def test_capture_options_give_a_capture_with_every_axis_bounded() -> None:
+    model, inputs = TINY.build(), TINY.sample_inputs()
+    config = ExecutorchConfig(dynamic=True, strict=False)
+    warnings: list[str] = []
+    options = capture_options(model, inputs, config, warnings)
+    assert options.dynamic and not options.strict and options.dynamic_shapes is not None
+    program = capture(model, inputs, options, RewriteContext(backend="executorch"))
+    assert unbounded_inputs(program) == []
+    uppers = sorted({int(r.upper) for r in program.range_constraints.values()})
+    assert uppers == [MAX_BATCH, model.config.max_position_embeddings]
+    assert len(warnings) == 1
+    one = {"input_ids": inputs["input_ids"][:1], "attention_mask": inputs["attention_mask"][:1]}
+    capture_options(model, one, config, warnings)
+    assert any("size 1 on axis [0]" in w for w in warnings), "the size-1 warning the capture gives for dynamic=True"
 
 
 def test_unbounded_capture_is_planned_at_the_sample_size_and_refused_beyond(caplog: pytest.LogCaptureFixture) -> None:

@@ -193,6 +193,14 @@ def bounded_dynamic_shapes(
         shapes = dict(config.dynamic_shapes)
     elif config.dynamic:
         shapes = auto_dynamic_shapes(sample_inputs)
+        for name, value in sample_inputs.items():
+            ones = [axis for axis, size in enumerate(getattr(value, "shape", ())) if size == 1]
+            if ones and warnings_out is not None:
+                # As the capture says for dynamic=True: torch.export specialises a size-1 sample axis.
+                warnings_out.append(
+                    f"{name} has size 1 on axis {ones} in the sample: that axis is exported static; "
+                    "trace with a sample of size >= 2 there to keep it dynamic"
+                )
     else:
         return None
     caps = dim_caps(model, sample_inputs)
@@ -219,6 +227,26 @@ def bounded_dynamic_shapes(
         else:
             logger.warning("%s", message)
     return bounded
+
+
+def capture_options(
+    model: torch.nn.Module,
+    sample_inputs: Mapping[str, Any],
+    config: ExecutorchConfig,
+    warnings_out: list[str] | None = None,
+) -> Any:
+    """The `CaptureOptions` of an ExecuTorch export: `config`'s, with `bounded_dynamic_shapes` as the shapes.
+
+    For `ExecutorchExporter` to override the capture options with (see docs/executorch.md).
+    """
+    from hfexport.frontends.torch_export import CaptureOptions
+
+    return CaptureOptions(
+        dynamic=config.dynamic,
+        dynamic_shapes=bounded_dynamic_shapes(model, sample_inputs, config, warnings_out),
+        strict=config.strict,
+        prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+    )
 
 
 def unbounded_inputs(program: torch.export.ExportedProgram) -> list[str]:
