@@ -95,8 +95,18 @@ def run_sweep(argv: list[str] | None, child: str, label: str, with_format: bool 
     if args.only:
         wanted = set(args.only.split(","))
         paths = [p for p in paths if p.stem in wanted]
+    done = 0
+
+    def one(path: Path) -> dict:
+        nonlocal done
+        row = run_one(path, child, child_args, args.timeout)
+        done += 1
+        # Progress on stderr: a sweep of the corpus takes minutes to hours.
+        print(f"[{done}/{len(paths)}] {row['model']}: {row['status']}", file=sys.stderr, flush=True)
+        return row
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda p: run_one(p, child, child_args, args.timeout), paths))
+        rows = list(pool.map(one, paths))
 
     lines = [
         "| model | status | export s | sample diff | grown diff | rules fired | error |",
