@@ -1,0 +1,163 @@
+"""The OpenVINO rule kinds, and proof that each OpenVINO rule is needed: without it OpenVINO fails or differs.
+
+The rules' own Match/NoMatch examples run in tests/rewrites/test_examples.py with every other rule's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+
+import openvino as ov
+
+from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter
+from hfexport.rewrites import examples
+from hfexport.rewrites.engine import RewriteContext, apply, default_registry
+from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
+from hfexport.rewrites.openvino import attention, concat, inputs
+from hfexport.rewrites.openvino_kinds import (
+    F32_HINT,
+    PROGRAM_RULES,
+    OpenVINOFxNodeRule,
+    OpenVINOModelRule,
+    apply_openvino_rule,
+    rules_of,
+)
+from hfexport.rewrites.patches import openvino_moe
+from hfexport.rewrites.rule import RuleMeta, RuleSelection
+
+
+def _compile_and_run(ov_model: Any, feed: dict[str, torch.Tensor]) -> np.ndarray:
+    compiled = ov.Core().compile_model(ov_model, "CPU", F32_HINT)
+    return compiled([t.numpy() for t in feed.values()])[0]
+
+
+def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
+    registry = default_registry()
+    ids = {rule.id for rule in registry.rules("openvino")}
+    assert ids == {
+        "openvino/cat-drop-legacy-empty",
+        "openvino/sdpa-fully-masked-rows",
+        "openvino/drop-constant-inputs",
+    }
+    assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
+    for rule in [*registry.rules("openvino"), openvino_moe.openvino_batched_experts]:
+        assert rule.meta.backends == ("openvino",), rule.id
+        assert rule.meta.upstream and rule.meta.why, rule.id
+    # the lowering runs the program rules before conversion and the model rules after, each in RULES order
+    assert [r.id for r in rules_of(PROGRAM_RULES).rules("openvino")] == [
+        "openvino/cat-drop-legacy-empty",
+        "openvino/sdpa-fully-masked-rows",
+    ]
+    assert [r.id for r in rules_of((OpenVINOModelRule,)).rules("openvino")] == ["openvino/drop-constant-inputs"]
+
+
+def test_without_the_cat_rule_conversion_fails() -> None:
+    module, feed = concat._cat_onto_empty()
+    program = examples._export(module, feed)
+    with pytest.raises(Exception, match=r"aten\.cat"):
+        ov.convert_model(program)
+    assert apply_openvino_rule(concat.drop_legacy_empty_cat_inputs, program) == 1
+    np.testing.assert_allclose(_compile_and_run(ov.convert_model(program), feed), module(**feed).numpy(), atol=1e-6)
+
+
+def test_without_the_sdpa_rule_fully_masked_rows_are_nan() -> None:
+    module, feed = attention._Attention(), attention._attention_inputs(2, 5, padded=3)
+    expected = module(**feed).numpy()
+    assert not np.isnan(expected).any() and (expected[0, :, :3] == 0).all(), "torch gives 0 on masked rows"
+    program = examples._export(module, feed, dynamic=True)
+    raw = _compile_and_run(ov.convert_model(program), feed)
+    assert np.isnan(raw[0, :, :3]).all() and not np.isnan(raw[1]).any()
+    assert apply_openvino_rule(attention.sdpa_fully_masked_rows, program) == 1
+    assert apply_openvino_rule(attention.sdpa_fully_masked_rows, program) == 0, "a rewritten node is left alone"
+    np.testing.assert_allclose(_compile_and_run(ov.convert_model(program), feed), expected, atol=1e-5)
+
+
+class _Flagged(torch.nn.Module):
+    def forward(self, x: torch.Tensor, double: bool = False) -> torch.Tensor:
+        return x * 2 if double else x + 1
+
+
+def test_without_the_constant_input_rule_compilation_fails() -> None:
+    program = examples._export(_Flagged(), {"x": torch.randn(2, 3), "double": True})
+    ov_model = ov.convert_model(program)
+    with pytest.raises(RuntimeError, match="dynamic rank"):
+        ov.Core().compile_model(ov_model, "CPU")
+    assert inputs.drop_constant_parameters(ov_model) == 1
+    assert [p.get_any_name() for p in ov_model.inputs] == ["x"]
+    x = torch.randn(4, 3)
+    np.testing.assert_allclose(_compile_and_run(ov_model, {"x": x}), (x * 2).numpy())
+
+
+def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> None:
+    model, feed = openvino_moe._moe(5)
+    config = OpenVINOConfig(rules=RuleSelection(disable=("patch/openvino-moe-batched-experts",)))
+    exporter = OpenVINOExporter()
+    with pytest.raises(HfExportError, match=r"aten\.histc") as failure:
+        exporter.export(model, feed, config=config)
+    assert failure.value.stage == "convert"
+    outcomes = {o.id: o.status for o in exporter.report.rules}
+    assert outcomes["patch/openvino-moe-batched-experts"] == "disabled"
+    assert outcomes["patch/moe-grouped-mm-portable"] == "fired", "grouped_mm ran: the histc offsets came along"
+
+
+def _mul_to_add_rule(examples_: tuple) -> OpenVINOFxNodeRule:
+    def rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        node.target = torch.ops.aten.add.Tensor
+
+    return OpenVINOFxNodeRule(
+        RuleMeta(id="openvino/test-wrong", why="test", upstream="test", backends=("openvino",), examples=examples_),
+        predicate=lambda node: node.target is torch.ops.aten.mul.Tensor,
+        rewrite=rewrite,
+    )
+
+
+class _Mul(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+
+def test_the_checker_catches_a_rule_that_changes_numerics_or_fires_on_a_nomatch() -> None:
+    match = Match(lambda: (_Mul(), {"x": torch.randn(3)}))
+    nomatch = NoMatch(lambda: (_Mul(), {"x": torch.randn(3)}))
+    rule = _mul_to_add_rule((match, nomatch))
+    with pytest.raises(ExampleFailure, match="differs from eager"):
+        check_example(rule, match)
+    with pytest.raises(ExampleFailure, match="changed the program"):
+        check_example(rule, nomatch)
+    with pytest.raises(ExampleFailure, match="did not fire"):
+        check_example(rule, Match(lambda: (attention._Attention(), attention._attention_inputs(1, 3, 0))))
+
+
+def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
+    meta = RuleMeta(
+        id="openvino/test-count",
+        why="test",
+        upstream="test",
+        backends=("openvino",),
+        examples=(Match(lambda: (_Mul(), {})), NoMatch(lambda: (_Mul(), {}))),
+    )
+    rule = OpenVINOModelRule(meta, transform=lambda model: len(model.get_parameters()))
+    program = examples._export(_Mul(), {"x": torch.randn(3)})
+    assert apply_openvino_rule(rule, program) == 0
+    registry = rules_of((OpenVINOModelRule,), registry=_registry_of(rule))
+    context = RewriteContext(backend="openvino")
+    assert apply("openvino", ov.convert_model(program), context, registry) == {"openvino/test-count": 1}
+    assert context.outcomes["openvino/test-count"].status == "fired" and "openvino" in context.stage_seconds
+    other = RewriteContext(backend="onnx")
+    assert apply("openvino", ov.convert_model(program), other, registry) == {}
+    assert other.outcomes["openvino/test-count"].status == "other-backend"
+
+
+def _registry_of(*rules: Any) -> Any:
+    from hfexport.rewrites.engine import RuleRegistry
+
+    registry = RuleRegistry()
+    for rule in rules:
+        registry.register(rule)
+    return registry
