@@ -29,7 +29,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "eager CPU topk (unstable nth_element) picks experts [2, 3], ONNX TopK the lowest indices [0, 1]",
     "axk2": "aten.topk tie order on the grown input: the indexer's top-8 scores tie at exactly 0.0 (and -inf); "
     "same selected values, different indices than eager CPU topk (ONNX TopK picks the lowest index)",
-    "deepseek_v2": "complex-valued rotary (torch.polar): torchlib has no complex aten.unsqueeze (step 3/3)",
     "doge": "torch.onnx's run_decompositions cannot view the transposed attention output (pytorch#141107)",
     "zamba": "ORT fails on the grown input: a Mul broadcast in the graph keeps a sample-length axis",
 }

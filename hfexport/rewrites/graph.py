@@ -1,11 +1,12 @@
 """FX rule kinds: rewrites of the ATen-level graph of an `ExportedProgram`.
 
-Two forms, after `torch.fx.subgraph_rewriter` and onnxscript's rewriter:
+Three forms, after `torch.fx.subgraph_rewriter` and onnxscript's rewriter:
 
 - `FxNodeRule`: a node predicate plus a rewrite of that one node (single-node fixes).
 - `FxPatternRule`: `pattern` and `replacement` written as plain torch functions, traced to ATen graphs
   with `make_fx` on `pattern_args()` (a plain Python callable does not match an exported graph), with
   an optional `check(match, graph_module)` that returns why a match must be left alone.
+- `FxGraphRule`: a transform of the whole graph, all or nothing (e.g. complex values lowered to real pairs).
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ class FxPatternRule(Rule):
     stage: str = field(init=False, default="fx")
 
 
-FxRule = FxNodeRule | FxPatternRule
+@dataclass
+class FxGraphRule(Rule):
+    """A whole-graph transform, for rewrites that must change a connected set of nodes together (e.g. every
+    complex-valued node at once): `transform(gm)` rewrites in place and returns the sites it changed, or
+    0 without touching the graph when it cannot rewrite all of them."""
+
+    transform: Callable[[fx.GraphModule], int] | None = None
+    stage: str = field(init=False, default="fx")
+
+
+FxRule = FxNodeRule | FxPatternRule | FxGraphRule
 
 
 def _aten_graph(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule:
@@ -47,7 +58,9 @@ def _aten_graph(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule
 
 def apply_fx_rule(rule: FxRule, gm: fx.GraphModule) -> int:
     """Apply one rule to `gm` in place and return how many sites it rewrote."""
-    if isinstance(rule, FxNodeRule):
+    if isinstance(rule, FxGraphRule):
+        hits = rule.transform(gm)
+    elif isinstance(rule, FxNodeRule):
         hits = 0
         for node in list(gm.graph.nodes):
             if node.graph is gm.graph and rule.predicate(node):

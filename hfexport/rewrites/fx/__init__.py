@@ -1,3 +1,7 @@
 """FX graph fixes (stage `fx`), in the order they run."""
 
-RULES: list = []
+from hfexport.rewrites.fx import complex_to_real
+
+RULES: list = [
+    complex_to_real.complex_to_real,
+]
