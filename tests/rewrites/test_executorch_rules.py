@@ -124,3 +124,17 @@ def test_moe_experts_lower_to_xnnpack_only_with_the_batched_experts_patch() -> N
         assert actual.shape == expected.shape
         assert (actual - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
     assert model.config._experts_implementation == "grouped_mm", "the caller's config is untouched"
+
+
+def test_the_sdpa_view_example_fails_to_lower_without_its_rule() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.rewrites.executorch.sdpa_strides import sdpa_output_contiguous_before_view as rule
+
+    module, inputs = rule.meta.examples[0].build()
+    shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
+    program = torch.export.export(module.eval(), (), inputs, dynamic_shapes=shapes)
+    # The view of the attention output was traced against the fused kernel's strides.
+    with pytest.raises(Exception, match="Cannot view a tensor"):
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
