@@ -33,8 +33,9 @@ from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]
 CACHE_NAMES = [f"cache.layers_{i}_{kv}" for i in range(2) for kv in ("keys", "values")]
-# Measured bound of the default hint where it is bf16 (docs/openvino.md): relative to max(1, max|eager|).
-LOW_PRECISION_TOLERANCE = 5e-2
+# Bound of the default hint where it is bf16/f16, relative to max(1, max|eager|): 2.5x the largest error of
+# the same models run in bf16 by torch (docs/openvino.md, "Precision"); no bf16 CPU was at hand to measure.
+LOW_PRECISION_TOLERANCE = 1e-2
 
 
 def _assert_close(actual: Any, expected: torch.Tensor, what: str, tol: float = 1e-4) -> None:

@@ -1,0 +1,67 @@
+"""OpenVINOExporter parity on the OpenVINO CPU plugin for tiny random models of real architectures.
+
+Every causal LM of tests/fixtures/corpus is exported once with `dynamic=True`; the `openvino.Model`, compiled
+with the f32 inference-precision hint, must match eager within 1e-4 x max(1, max|eager|) on the sample inputs
+and on a longer (grown) input, and keep its input axes dynamic. A few architectures run by default; the rest
+of the corpus runs with `-m slow` (and as `tools/sweep_openvino.py`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+
+from hfexport import OpenVINOConfig, OpenVINOExporter
+from hfexport.runtime.openvino import OpenVINORunner
+from hfexport.testing.corpus import CorpusEntry, load_corpus
+
+# One dense decoder by default (the MoE patch has its own examples and failure test in tests/rewrites): the
+# default tier must stay within minutes on 2 cores.
+FAST = {"llama"}
+# Architectures that do not convert or match yet (docs/openvino.md has the causes); expected failures, slow tier.
+KNOWN_FAILURES: dict[str, str] = {}
+
+CORPUS = load_corpus(family="causal_lm")
+
+
+def _params() -> list:
+    params = []
+    for entry in CORPUS:
+        marks = [] if entry.model_type in FAST else [pytest.mark.slow]
+        if entry.model_type in KNOWN_FAILURES:
+            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=True))
+        params.append(pytest.param(entry, id=entry.name, marks=marks))
+    return params
+
+
+def _first_output(outputs: object, name: str) -> torch.Tensor:
+    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
+        return outputs[name]
+    return outputs[0]
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_openvino_matches_eager_with_a_second_shape(entry: CorpusEntry) -> None:
+    model = entry.build_model()
+    inputs = entry.sample_inputs()
+    exporter = OpenVINOExporter()
+    ov_model = exporter.export(model, inputs, OpenVINOConfig(dynamic=True))
+    names = [p.get_any_name() for p in ov_model.inputs]
+    assert names == [n for n, v in inputs.items() if isinstance(v, torch.Tensor)], names
+    for port in ov_model.inputs:
+        grows = entry.sample.get("grow", {}).get(port.get_any_name())
+        if grows is not None:
+            assert port.get_partial_shape()[grows["axis"]].is_dynamic, f"{port.get_any_name()} grows but is static"
+    runner = OpenVINORunner(ov_model)
+    assert entry.output in runner.output_names, runner.output_names
+    for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
+        with torch.no_grad():
+            expected = _first_output(model(**feed), entry.output)
+        actual = runner(**feed)[entry.output]
+        assert actual.shape == expected.shape, what
+        tolerance = 1e-4 * max(1.0, expected.abs().max().item())
+        diff = (expected.float() - actual.float()).abs().max().item()
+        assert diff <= tolerance, f"{entry.model_type} {what}: max abs diff {diff:.3g} > {tolerance:.3g}"
+    assert all(count > 0 for stage in exporter.report.hits.values() for count in stage.values())
