@@ -72,14 +72,27 @@ class DynamoExporter(HfExporter):
     ) -> torch.export.ExportedProgram:
         return self._capture_and_lower(model, sample_inputs, config)
 
-    # -- shared pipeline; backends override `lower` ------------------------------------------------
+    # -- shared pipeline; backends override `capture_options` and `lower` ---------------------------
+    def capture_options(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
+    ) -> Any:
+        """How to trace: the config's capture fields. A backend may bound or narrow the shapes here."""
+        from hfexport.frontends.torch_export import CaptureOptions
+
+        return CaptureOptions(
+            dynamic=config.dynamic,
+            dynamic_shapes=config.dynamic_shapes,
+            strict=config.strict,
+            prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+        )
+
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         return program
 
     def _capture_and_lower(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None
     ) -> Any:
-        from hfexport.frontends.torch_export import CaptureOptions, capture, validate_inputs
+        from hfexport.frontends.torch_export import capture, validate_inputs
         from hfexport.rewrites.engine import RewriteContext, default_registry
 
         config = self.check_config(config)
@@ -90,15 +103,10 @@ class DynamoExporter(HfExporter):
         default_registry().validate_selection(config.rules)
 
         context = RewriteContext(backend=self.export_format, selection=config.rules)
-        options = CaptureOptions(
-            dynamic=config.dynamic,
-            dynamic_shapes=config.dynamic_shapes,
-            strict=config.strict,
-            prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
-        )
         warnings: list[str] = []
         start = time.perf_counter()
         try:
+            options = self.capture_options(model, sample_inputs, config, warnings)
             program = capture(model, sample_inputs, options, context, warnings)
             result = self.lower(program, config, context)
         finally:
@@ -160,6 +168,15 @@ class ExecutorchExporter(DynamoExporter):
 
         check_backend(config)  # before tracing: a missing CUDA device fails in milliseconds, not minutes
         return self._capture_and_lower(model, sample_inputs, config)
+
+    def capture_options(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
+    ) -> Any:
+        # Memory planning needs an upper bound on every dynamic axis: unbounded ones are capped (one warning).
+        from hfexport.lowerings.executorch import capture_options
+
+        assert isinstance(config, ExecutorchConfig)
+        return capture_options(model, sample_inputs, config, warnings)
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         from hfexport.lowerings.executorch import lower
