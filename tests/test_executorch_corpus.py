@@ -25,7 +25,14 @@ from hfexport.testing.corpus import CorpusEntry, load_corpus
 # One dense decoder in the default tier (tiny-llama and a tiny MoE run in the exporter and rule tests).
 FAST = {"gpt2"}
 # Architectures that do not lower to ExecuTorch yet, with the cause (docs/executorch.md has the sweep).
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    "axk2": "to_edge: bare AssertionError in the edge-dialect verifier (the check a SymFloat op trips; not traced)",
+    "cohere": "XNNPACK: reshape only supports 1 dynamic dimension (batch and sequence are both dynamic)",
+    "cohere2_moe": "XNNPACK: reshape only supports 1 dynamic dimension (batch and sequence are both dynamic)",
+    "deepseek_v2": "to_edge: view_as_complex_copy (complex rotary embedding) has no edge lowering",
+    "deepseek_v3": "the program is planned at the sample shape [2, 8]: the sequence axis came out static (not traced)",
+    "deepseek_v4": "to_edge: bare AssertionError in the edge-dialect verifier (as axk2; not traced)",
+}
 
 CORPUS = load_corpus(family="causal_lm")
 
