@@ -1,7 +1,13 @@
 """The `hfexport` command (also `python -m hfexport`).
 
-hfexport export --model tiny-llama --format dynamo --output out/
+hfexport export --model tiny-llama --format onnx --output out/ --validate
+hfexport audit --model tiny-qwen3-moe --format onnx [--json audit.json] [--explain] [--ablate [ID ...]]
 hfexport rules list [--stage fx] [--backend onnx]
+hfexport rules show patch/moe-grouped-mm-portable
+hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
+
+Progress goes to stderr, results to stdout. Exit codes: 0 success; 1 the artifact differs from eager beyond
+the tolerance (or an audited export failed); 2 the export failed.
 """
 
 from __future__ import annotations
@@ -12,6 +18,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from hfexport.rewrites.rule import BACKENDS, STAGES
+
+FORMATS = BACKENDS
+# Files an earlier `hfexport export` left in the output folder, replaced by --overwrite.
+_OWN_FILES = ("model.*", "manifest.json", "report.json")
 
 
 def _load_model(spec: str) -> tuple[Any, dict[str, Any]]:
@@ -37,47 +49,113 @@ def _step(message: str) -> float:
     return time.perf_counter()
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    import torch
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    """`--disable a,b --disable c` -> ("a", "b", "c")."""
+    return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
 
-    from hfexport.auto import AutoExportConfig, AutoHfExporter
+
+def _config(args: argparse.Namespace) -> Any:
+    from hfexport.auto import AutoExportConfig
+
+    data: dict[str, Any] = {"export_format": args.format, "dynamic": args.dynamic}
+    if args.config:
+        text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
+        extra = json.loads(text)
+        if not isinstance(extra, dict):
+            raise SystemExit("--config takes a JSON object, e.g. '{\"compress_to_fp16\": false}'")
+        data.update(extra)
+    if args.enable or args.disable:
+        data["rules"] = {"enable": list(_split(args.enable)), "disable": list(_split(args.disable))}
+    config = AutoExportConfig.from_dict(data)
+    from hfexport.rewrites.engine import default_registry
+
+    default_registry().validate_selection(config.rules)
+    return config
+
+
+def _default_rtol(config: Any) -> float:
+    # fp16 weights (OpenVINO's save default) are within ~1e-3 of f32 relative to the output's scale.
+    return 1e-2 if getattr(config, "compress_to_fp16", False) else 1e-3
+
+
+def _stage_times(report: Any) -> str:
+    return ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in report.stage_seconds.items())
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hfexport.artifacts import save_artifact, validate, write_manifest
+    from hfexport.auto import AutoHfExporter
+    from hfexport.errors import HfExportError
 
     output = Path(args.output)
     if output.exists() and any(output.iterdir()) and not args.overwrite:
         raise SystemExit(f"{output} exists and is not empty; pass --overwrite to replace its contents")
+    config = _config(args)
     start = _step(f"building {args.model}")
     model, inputs = _load_model(args.model)
-    config = AutoExportConfig.from_dict({"export_format": args.format, "dynamic": args.dynamic})
     exporter = AutoHfExporter.from_config(config)
-    _step(f"exporting {type(model).__name__} to {args.format} (dynamic={args.dynamic})")
-    program = exporter.export(model, inputs, config=config)
-    output.mkdir(parents=True, exist_ok=True)
-    _step(f"saving to {output}/")
-    artifact = output / "model.pt2"
-    torch.export.save(program, artifact)
-    exporter.report.save(output / "report.json")
-    manifest = {
-        "format": args.format,
-        "files": [artifact.name, "report.json"],
-        "inputs": list(inputs),
-        "config": config.to_dict(),
-        "versions": exporter.report.versions,
-    }
-    (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if args.validate:
-        with torch.no_grad():
-            expected = model(**inputs)[0]
-            actual = program.module()(**inputs)[0]
-        diff = (expected - actual).abs().max().item()
-        exporter.report.parity = {"output0": diff}
-        tolerance = 1e-3 * max(1.0, expected.abs().max().item())
-        if diff > tolerance:
+    _step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
+    try:
+        program = exporter.export(model, inputs, config=config)
+    except HfExportError as exc:
+        if exporter.report is not None:
             print(exporter.report)
-            print(f"validation failed: max abs diff {diff:.3g} > {tolerance:.3g}", file=sys.stderr)
-            return 1
-    print(exporter.report)
-    print(f"done in {time.perf_counter() - start:.1f}s: {artifact}")
-    return 0
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
+    report = exporter.report
+    _step(f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired")
+
+    if output.exists() and args.overwrite:
+        for pattern in _OWN_FILES:
+            for old in output.glob(pattern):
+                old.unlink()
+    t0 = _step(f"saving {args.format} artifact to {output}/")
+    artifact = save_artifact(program, args.format, output, config)
+    report.stage_seconds["save"] = time.perf_counter() - t0
+    write_manifest(artifact, config=config, report=report, model=args.model)
+
+    status = 0
+    if args.validate:
+        rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+        _step(f"validating {artifact.files[0]} in the {args.format} runtime against eager")
+        validation = validate(output, model, inputs, atol=args.atol, rtol=rtol)
+        report.parity = validation.max_abs_diff
+        extra = {"validation": validation.to_dict()}
+        write_manifest(artifact, config=config, report=report, model=args.model, extra=extra)
+        print(validation)
+        if not validation.ok:
+            print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
+            status = 1
+    print(report)
+    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {artifact.path}")
+    return status
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from hfexport.audit import run_audit
+
+    config = _config(args)
+    _step(f"building {args.model}")
+    model, inputs = _load_model(args.model)
+    ablate: bool | tuple[str, ...] = False
+    if args.ablate is not None:
+        ablate = _split(args.ablate) or True
+    rtol = args.rtol if args.rtol is not None else 1e-3
+    audit = run_audit(
+        model,
+        inputs,
+        config,
+        model_name=args.model,
+        ablate=ablate,
+        atol=args.atol,
+        rtol=rtol,
+        progress=lambda message: _step(message),
+    )
+    print(audit.render(explain=args.explain))
+    if args.json:
+        audit.save(args.json)
+        _step(f"wrote {args.json}")
+    return 0 if audit.exported and (audit.validation or {}).get("ok") else 1
 
 
 def cmd_rules_list(args: argparse.Namespace) -> int:
@@ -86,28 +164,124 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     rules = [r for r in default_registry().rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
     for rule in rules:
         meta = rule.meta
-        print(f"{meta.id:45s} {meta.kind:12s} {','.join(meta.backends):30s} {meta.why}")
+        expires = f" [expires {meta.expires}]" if meta.expires else ""
+        print(f"{meta.id:45s} {meta.kind:12s} {','.join(meta.backends):30s} {meta.why}{expires}")
     print(f"{len(rules)} rule(s)")
     return 0
 
 
+def cmd_rules_show(args: argparse.Namespace) -> int:
+    from hfexport.audit import expiry_status, rule_diff, rule_sources, rule_target
+    from hfexport.rewrites.engine import default_registry
+
+    try:
+        rule = default_registry().get(args.id)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0])) from None
+    meta = rule.meta
+    expired, expiry = expiry_status(meta)
+    expiry_text = "never (no expiry set)"
+    if meta.expires:
+        expiry_text = f"{meta.expires}: " + ("EXPIRED, " if expired else "") + expiry
+    print(f"{meta.id}  ({type(rule).__name__}, stage {rule.stage}, kind {meta.kind})")
+    fields = [
+        ("why", meta.why),
+        ("upstream", meta.upstream or "-"),
+        ("expires", expiry_text),
+        ("backends", ", ".join(meta.backends)),
+        ("models", ", ".join(meta.models) or "-"),
+        ("default", "on" if meta.enabled_by_default else "off (enable it with RuleSelection(enable=...))"),
+        ("target", rule_target(rule) or "-"),
+    ]
+    for name, value in fields:
+        print(f"{name + ':':10s} {value}")
+    print("examples:")
+    for example in meta.examples:
+        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}")
+    diff = rule_diff(rule)
+    if diff:
+        print("diff (patched source -> replacement):")
+        print(diff.rstrip())
+    else:
+        for name, source in rule_sources(rule).items():
+            print(f"{name}:")
+            print(source.rstrip())
+    return 0
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from hfexport.scan import scan
+
+    models = list(_split(args.models)) or None
+    try:
+        result = scan(models=models, paths=args.path, progress=lambda message: _step(message))
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(str(exc)) from None
+    print(result)
+    if args.json:
+        Path(args.json).write_text(result.to_json())
+        _step(f"wrote {args.json}")
+    return 0
+
+
+def _export_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
+    parser.add_argument("--format", default="dynamo", help=f"export format: {', '.join(FORMATS)} (default: dynamo)")
+    parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--config", help="extra config fields as JSON (or @file.json), e.g. '{\"compress_to_fp16\": false}'"
+    )
+    parser.add_argument("--enable", action="append", help="enable rules by id or prefix (comma-separated)")
+    parser.add_argument("--disable", action="append", help="disable rules by id or prefix (comma-separated)")
+    parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance against eager (1e-4)")
+    parser.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="tolerance relative to each output's largest eager value (1e-3; 1e-2 for fp16-compressed OpenVINO)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hfexport", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="hfexport", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    export = sub.add_parser("export", help="export a model and print the rule report")
-    export.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
-    export.add_argument("--format", default="dynamo", help="export format (default: dynamo)")
+
+    export = sub.add_parser("export", help="export a model, save the artifact with a manifest, optionally validate")
+    _export_options(export)
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
-    export.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True)
-    export.add_argument("--validate", action="store_true", help="compare the artifact with eager")
+    export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     export.set_defaults(func=cmd_export)
-    rules = sub.add_parser("rules", help="list the registered rewrite rules")
+
+    audit = sub.add_parser("audit", help="export and report what every rule did; optionally ablate fired rules")
+    _export_options(audit)
+    audit.add_argument("--json", help="also write the audit as JSON to this file")
+    audit.add_argument("--explain", action="store_true", help="say why each rule did or did not fire")
+    audit.add_argument(
+        "--ablate",
+        nargs="*",
+        metavar="ID",
+        help="re-export with each fired rule (or each ID given) disabled and report whether it is needed",
+    )
+    audit.set_defaults(func=cmd_audit)
+
+    rules = sub.add_parser("rules", help="the registered rewrite rules")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
-    listing = rules_sub.add_parser("list")
-    listing.add_argument("--stage")
-    listing.add_argument("--backend")
+    listing = rules_sub.add_parser("list", help="one line per rule")
+    listing.add_argument("--stage", choices=STAGES)
+    listing.add_argument("--backend", choices=BACKENDS)
     listing.set_defaults(func=cmd_rules_list)
+    show = rules_sub.add_parser("show", help="a rule's metadata, examples and source diff")
+    show.add_argument("id")
+    show.set_defaults(func=cmd_rules_show)
+
+    scan = sub.add_parser("scan", help="find export-breaking patterns in transformers' modeling sources")
+    scan.add_argument("--models", action="append", help="model types, comma-separated (default: every model)")
+    scan.add_argument("--path", action="append", help="scan this file or folder instead (repeatable)")
+    scan.add_argument("--json", help="also write the sites as JSON to this file")
+    scan.set_defaults(func=cmd_scan)
     return parser
 
 

@@ -1,8 +1,10 @@
-"""The `hfexport` command: the README's quick-start export, offline, with a manifest and a report."""
+"""The `hfexport` command end to end on the built-in tiny models: export + save + validate per format, rules."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,12 @@ import pytest
 
 from hfexport.cli import main
 
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=ENV)
+
 
 def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
@@ -18,10 +26,18 @@ def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path:
     assert {p.name for p in out.iterdir()} == {"model.pt2", "manifest.json", "report.json"}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "dynamo" and manifest["inputs"] == ["input_ids", "attention_mask"]
+    assert manifest["outputs"][0] == "logits" and "cache.layers_1_values" in manifest["outputs"]
+    assert manifest["files"] == ["model.pt2", "report.json"]
     assert manifest["config"]["export_format"] == "dynamo" and manifest["config"]["dynamic"] is True
+    assert manifest["report"]["model_class"] == "LlamaForCausalLM" and "torch" in manifest["versions"]
+    assert manifest["validation"]["ok"] is True and {o["name"] for o in manifest["validation"]["outputs"]} == set(
+        manifest["outputs"]
+    )
     report = json.loads((out / "report.json").read_text())
-    assert report["model_class"] == "LlamaForCausalLM"
-    assert "LlamaForCausalLM -> dynamo" in capsys.readouterr().out
+    assert report["model_class"] == "LlamaForCausalLM" and set(report["parity"]) == set(manifest["outputs"])
+    captured = capsys.readouterr()
+    assert "LlamaForCausalLM -> dynamo" in captured.out and "ok   logits [2, 8, 128]" in captured.out
+    assert "• saving dynamo artifact" in captured.err and "• validating model.pt2" in captured.err
     # the artifact loads in a fresh process and runs another shape
     script = f"""
 import torch
@@ -35,6 +51,56 @@ print(tuple(program.module()(input_ids=ids, attention_mask=torch.ones_like(ids))
     assert "(3, 5, 128)" in result.stdout
 
 
+def test_onnx_export_saves_model_and_weights_and_validates_in_onnx_runtime(tmp_path: Path) -> None:
+    out = tmp_path / "onnx"
+    result = _hfexport("export", "--model", "tiny-llama", "--format", "onnx", "--output", str(out), "--validate")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p.name for p in out.iterdir()} == {"model.onnx", "model.onnx.data", "manifest.json", "report.json"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"] == ["model.onnx", "model.onnx.data", "report.json"]
+    assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["outputs"][0] == "logits"
+    assert manifest["report"]["hits"]["onnx"]["onnx/rms-norm-fusion"] > 0
+    assert "ok   logits [2, 8, 128]" in result.stdout and "• exporting LlamaForCausalLM to onnx" in result.stderr
+    # the saved graph runs in ONNX Runtime on its own, on another shape (dynamic axes)
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == manifest["outputs"]
+    ids = np.random.default_rng(0).integers(3, 128, (3, 5))
+    logits = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    assert logits.shape == (3, 5, 128)
+
+
+def test_openvino_export_beyond_tolerance_exits_1_and_records_the_diffs(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "ov"
+    # OpenVINO saves fp16 weights by default: a 1e-9 tolerance cannot hold, so validation must fail.
+    args = ["export", "--model", "tiny-llama", "--format", "openvino", "--output", str(out), "--validate"]
+    assert main([*args, "--atol", "1e-9", "--rtol", "0"]) == 1
+    assert {p.name for p in out.iterdir()} == {"model.xml", "model.bin", "manifest.json", "report.json"}
+    captured = capsys.readouterr()
+    assert "FAIL logits [2, 8, 128]: max abs diff" in captured.out and "validation failed" in captured.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation"]["ok"] is False and manifest["config"]["compress_to_fp16"] is True
+    diffs = {o["name"]: o["max_abs_diff"] for o in manifest["validation"]["outputs"]}
+    assert 0 < diffs["logits"] < 1e-2 and manifest["report"]["parity"] == diffs
+    # the IR reads back with the signature names the manifest lists
+    import openvino
+
+    model = openvino.Core().read_model(str(out / "model.xml"))
+    assert [p.get_any_name() for p in model.inputs] == manifest["inputs"] == ["input_ids", "attention_mask"]
+
+
+@pytest.mark.slow
+def test_executorch_export_saves_a_pte_that_runs_in_the_executorch_runtime(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "et"
+    assert main(["export", "--model", "tiny-llama", "--format", "executorch", "--output", str(out), "--validate"]) == 0
+    assert {p.name for p in out.iterdir()} == {"model.pte", "manifest.json", "report.json"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["validation"]["ok"] is True
+    assert "ok   logits [2, 8, 128]" in capsys.readouterr().out
+
+
 def test_export_refuses_a_non_empty_output_without_overwrite(tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(SystemExit, match="--overwrite"):
@@ -42,14 +108,17 @@ def test_export_refuses_a_non_empty_output_without_overwrite(tmp_path: Path) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
-def test_unknown_model_and_format_are_clear_errors(tmp_path: Path) -> None:
+def test_unknown_model_format_and_rule_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="built-in"):
         main(["export", "--model", "no-such-model", "--output", str(tmp_path / "a")])
     with pytest.raises(ValueError, match="unknown export_format"):
         main(["export", "--model", "tiny-llama", "--format", "tflite", "--output", str(tmp_path / "b")])
+    with pytest.raises(ValueError, match="names no registered rule"):
+        main(["export", "--model", "tiny-llama", "--disable", "fx/no-such-rule", "--output", str(tmp_path / "c")])
+    assert not (tmp_path / "c").exists()
 
 
-def test_rules_list_prints_every_rule(capsys) -> None:
+def test_rules_list_prints_every_rule_and_filters(capsys) -> None:
     from hfexport.rewrites.engine import default_registry
 
     assert main(["rules", "list"]) == 0
@@ -57,3 +126,36 @@ def test_rules_list_prints_every_rule(capsys) -> None:
     for rule in default_registry().rules():
         assert rule.id in printed
     assert f"{len(default_registry().rules())} rule(s)" in printed
+    assert main(["rules", "list", "--stage", "onnx", "--backend", "onnx"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:-1]
+    assert lines and all(line.startswith("onnx/") for line in lines)
+    assert len(lines) == len(default_registry().rules("onnx"))
+
+
+def test_rules_show_prints_metadata_and_the_patch_diff_against_the_original_source() -> None:
+    from transformers.integrations import moe
+
+    from hfexport.rewrites.patches.moe import gathered_grouped_mm
+
+    result = _hfexport("rules", "show", "patch/moe-grouped-mm-portable")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert out.startswith("patch/moe-grouped-mm-portable  (ModuleFunctionPatch, stage patch, kind fix)")
+    assert "upstream:" in out and "pytorch/pytorch#172440" in out and "expires:   never" in out
+    assert "Match    a single token: most experts get no rows" in out and "NoMatch  a dense model" in out
+    diff = out.split("diff (patched source -> replacement):\n", 1)[1].splitlines()
+    assert diff[0] == "--- transformers.integrations.moe._grouped_mm" and diff[1] == "+++ gathered_grouped_mm"
+    original = inspect.getsource(moe._grouped_mm).splitlines()
+    replacement = inspect.getsource(gathered_grouped_mm).splitlines()
+    removed = [line[1:] for line in diff[2:] if line.startswith("-")]
+    added = [line[1:] for line in diff[2:] if line.startswith("+")]
+    assert removed and all(line in original for line in removed)
+    assert added and all(line in replacement for line in added)
+
+
+def test_rules_show_non_patch_rule_prints_its_body_and_unknown_ids_fail(capsys) -> None:
+    assert main(["rules", "show", "onnx/rms-norm-fusion"]) == 0
+    out = capsys.readouterr().out
+    assert "kind optimization" in out and "rewrite_rule:" in out and "def " in out
+    with pytest.raises(SystemExit, match="no rule 'fx/nope'"):
+        main(["rules", "show", "fx/nope"])

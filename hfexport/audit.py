@@ -1,0 +1,430 @@
+"""Audit rewrite rules: what each did in one export, whether it has expired, and whether it is still needed.
+
+`run_audit` exports a model once and lists every registered rule with its stage, kind, hits and status
+(fired, no match, not applicable and why, disabled, other backend), plus whether its `expires`
+requirement is met by the installed packages. With `ablate`, it re-exports once per fired rule with only
+that rule disabled (`RuleSelection(disable=(id,))` added to the config's selection), runs the saved
+artifact in its own runtime against eager, and calls the rule *needed* when the export then fails or no
+longer matches eager.
+
+The inspection helpers at the bottom (`expiry_status`, `rule_diff`, `rule_sources`) back `hfexport rules
+show` and the generated catalogue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import json
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfexport.rewrites.rule import STAGES, Rule, RuleMeta, RuleSelection
+
+# Which pipeline stages run for each format (the stages a rule of another backend would never reach).
+FORMAT_STAGES: dict[str, tuple[str, ...]] = {
+    "dynamo": ("patch", "fx"),
+    "onnx": ("patch", "fx", "aten", "onnx"),
+    "executorch": ("patch", "fx", "executorch"),
+    "openvino": ("patch", "fx", "openvino"),
+}
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Ablation:
+    """One re-export with a single rule disabled."""
+
+    rule_id: str
+    exported: bool
+    error: str = ""
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    matches: bool | None = None
+    seconds: float = 0.0
+
+    @property
+    def needed(self) -> bool:
+        return not self.exported or not self.matches
+
+    @property
+    def verdict(self) -> str:
+        if not self.exported:
+            return f"needed: without it the export fails ({self.error})"
+        worst = max(self.max_abs_diff.values(), default=0.0)
+        if not self.matches:
+            return f"needed: without it the artifact differs from eager ({self.error or f'max abs diff {worst:.3g}'})"
+        return f"not needed here: exports and matches eager without it (max abs diff {worst:.3g})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "needed": self.needed, "verdict": self.verdict}
+
+
+@dataclass
+class RuleAudit:
+    """One registered rule in one export."""
+
+    id: str
+    stage: str
+    kind: str
+    backends: list[str]
+    hits: int
+    status: str
+    reason: str = ""
+    expires: str | None = None
+    expired: bool = False
+    expiry: str = ""
+    explanation: str = ""
+    ablation: Ablation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["ablation"] = self.ablation.to_dict() if self.ablation else None
+        return data
+
+
+@dataclass
+class Audit:
+    """The audit of one model and format: rule rows, the export's own report, and the validation."""
+
+    model: str
+    model_class: str
+    export_format: str
+    exported: bool
+    error: str = ""
+    rules: list[RuleAudit] = field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def hits(self) -> dict[str, int]:
+        return {r.id: r.hits for r in self.rules if r.hits}
+
+    @property
+    def expired(self) -> list[str]:
+        return [r.id for r in self.rules if r.expired]
+
+    def rule(self, rule_id: str) -> RuleAudit:
+        return next(r for r in self.rules if r.id == rule_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "model_class": self.model_class,
+            "export_format": self.export_format,
+            "exported": self.exported,
+            "error": self.error,
+            "hits": self.hits,
+            "expired": self.expired,
+            "rules": [r.to_dict() for r in self.rules],
+            "validation": self.validation,
+            "report": self.report,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    def render(self, explain: bool = False) -> str:
+        """The table: one row per rule of this format (every rule with `explain`), then the verdicts."""
+        shown = [r for r in self.rules if explain or r.status != "other-backend"]
+        head = f"audit: {self.model} ({self.model_class}) -> {self.export_format}: "
+        head += "exported" if self.exported else f"export FAILED: {self.error}"
+        if self.validation is not None:
+            head += ", matches eager" if self.validation.get("ok") else ", DIFFERS from eager"
+        rows = [("stage", "rule", "kind", "hits", "status", "expiry")]
+        for r in shown:
+            status = r.status if not r.reason or explain else f"{r.status}: {_shorten(r.reason, 60)}"
+            rows.append((r.stage, r.id, r.kind, str(r.hits), status, "EXPIRED" if r.expired else (r.expires or "")))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = [head]
+        for row in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
+        hidden = len(self.rules) - len(shown)
+        if hidden:
+            lines.append(f"({hidden} rule(s) of other backends not shown; --explain lists them)")
+        if explain:
+            lines.append("")
+            lines.append("why rules did or did not fire:")
+            for r in shown:
+                lines.append(f"  {r.id}: {r.explanation}")
+        for r in self.rules:
+            if r.expired:
+                lines.append(f"expired: {r.id} ({r.expiry}); re-run with it disabled and remove it if not needed")
+        ablated = [r for r in self.rules if r.ablation is not None]
+        if ablated:
+            lines.append("")
+            lines.append("ablation (re-export with one rule disabled):")
+            for r in ablated:
+                assert r.ablation is not None
+                lines.append(f"  {r.id}: {r.ablation.verdict} [{r.ablation.seconds:.1f}s]")
+        lines.append(f"{len(self.hits)} rule(s) fired, {sum(self.hits.values())} hit(s), in {self.seconds:.1f}s")
+        return "\n".join(lines)
+
+    __str__ = render
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _error_text(exc: BaseException) -> str:
+    return _shorten(f"{type(exc).__name__}: {' '.join(str(exc).split())}", 300)
+
+
+def with_rule_disabled(config: Any, rule_id: str) -> Any:
+    """A copy of `config` whose rule selection also disables `rule_id`."""
+    rules: RuleSelection = config.rules
+    return dataclasses.replace(config, rules=RuleSelection(enable=rules.enable, disable=(*rules.disable, rule_id)))
+
+
+def _save_config(config: Any) -> Any:
+    # The audit compares against eager in f32: fp16 weight compression (OpenVINO's save default) is a storage
+    # choice, not something a rule changes, and would blur the comparison.
+    if hasattr(config, "compress_to_fp16"):
+        return dataclasses.replace(config, compress_to_fp16=False)
+    return config
+
+
+@dataclass
+class _Attempt:
+    exported: bool
+    error: str
+    report: Any
+    validation: Any
+
+
+def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, atol: float, rtol: float) -> _Attempt:
+    from hfexport.artifacts import save_artifact, validate, write_manifest
+    from hfexport.auto import AutoHfExporter
+
+    exporter = AutoHfExporter.from_config(config)
+    try:
+        program = exporter.export(model, inputs, config=config)
+    except Exception as exc:
+        return _Attempt(False, _error_text(exc), exporter.report, None)
+    with tempfile.TemporaryDirectory(prefix="hfexport-audit-") as tmp:
+        try:
+            artifact = save_artifact(program, config.export_format, tmp, _save_config(config))
+            write_manifest(artifact, config=config)
+            validation = validate(tmp, model, inputs, atol=atol, rtol=rtol)
+        except Exception as exc:
+            # Exported, but the artifact does not save or run in its runtime: as good as a failed export.
+            return _Attempt(False, f"the artifact does not run: {_error_text(exc)}", exporter.report, None)
+    return _Attempt(True, "", exporter.report, validation)
+
+
+def run_audit(
+    model: Any,
+    inputs: Mapping[str, Any],
+    config: Any,
+    *,
+    model_name: str = "",
+    ablate: bool | Sequence[str] = False,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    progress: Progress | None = None,
+) -> Audit:
+    """Export `model` with `config`, validate the artifact, list every rule; ablate fired rules when asked.
+
+    `ablate`: True ablates every rule that fired; a sequence ablates exactly those rule ids.
+    """
+    from hfexport.rewrites.engine import default_registry
+
+    say = progress or (lambda _message: None)
+    registry = default_registry()
+    registry.validate_selection(config.rules)
+    start = time.perf_counter()
+    say(f"exporting {type(model).__name__} to {config.export_format}")
+    base = _export_and_validate(model, inputs, config, atol, rtol)
+    report = base.report
+    outcomes = {o.id: o for o in (report.rules if report is not None else [])}
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    rows = [
+        _rule_row(rule, outcomes.get(rule.id), config.export_format, model_type, base.exported)
+        for rule in registry.rules()
+    ]
+
+    if ablate:
+        targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
+        for rule_id in targets:
+            registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
+        for i, rule_id in enumerate(targets, 1):
+            say(f"ablation {i}/{len(targets)}: exporting without {rule_id}")
+            t0 = time.perf_counter()
+            attempt = _export_and_validate(model, inputs, with_rule_disabled(config, rule_id), atol, rtol)
+            ablation = Ablation(rule_id, attempt.exported, attempt.error, seconds=time.perf_counter() - t0)
+            if attempt.validation is not None:
+                ablation.max_abs_diff = attempt.validation.max_abs_diff
+                ablation.matches = attempt.validation.ok
+                if not attempt.validation.ok:
+                    ablation.error = "; ".join(
+                        o.problem or f"{o.name} max abs diff {o.max_abs_diff:.3g} > {o.tolerance:.3g}"
+                        for o in attempt.validation.outputs
+                        if not o.ok
+                    )
+            next(r for r in rows if r.id == rule_id).ablation = ablation
+
+    return Audit(
+        model=model_name or type(model).__name__,
+        model_class=type(model).__name__,
+        export_format=config.export_format,
+        exported=base.exported,
+        error=base.error,
+        rules=rows,
+        validation=base.validation.to_dict() if base.validation is not None else None,
+        report=report.to_dict() if report is not None else {},
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _rule_row(rule: Rule, outcome: Any, export_format: str, model_type: str | None, exported: bool) -> RuleAudit:
+    meta = rule.meta
+    expired, expiry = expiry_status(meta)
+    if outcome is not None:
+        status, reason, hits = outcome.status, outcome.reason, outcome.hits
+    elif not rule.applies_to(export_format):
+        status, reason, hits = "other-backend", f"only for {', '.join(meta.backends)}", 0
+    elif rule.stage not in FORMAT_STAGES.get(export_format, STAGES):
+        status, reason, hits = "not-run", f"stage {rule.stage!r} does not run for {export_format}", 0
+    else:
+        why = "the export failed before it" if not exported else "this configuration does not run it"
+        status, reason, hits = "not-run", f"stage {rule.stage!r} did not run: {why}", 0
+    row = RuleAudit(
+        id=meta.id,
+        stage=rule.stage,
+        kind=meta.kind,
+        backends=list(meta.backends),
+        hits=hits,
+        status=status,
+        reason=reason,
+        expires=meta.expires,
+        expired=expired,
+        expiry=expiry,
+    )
+    row.explanation = _explain(row, meta, model_type)
+    return row
+
+
+def _explain(row: RuleAudit, meta: RuleMeta, model_type: str | None) -> str:
+    if row.status == "fired":
+        return f"fired {row.hits} time(s) in stage {row.stage!r}"
+    if row.status != "no-match":
+        return f"{row.status}: {row.reason}"
+    # The engine records no reason for a pattern that matched nothing: say what the rule looks for instead.
+    matches = [e.description for e in meta.examples if type(e).__name__ == "Match" and e.description]
+    text = f"ran in stage {row.stage!r} and matched nothing"
+    if matches:
+        text += "; it fires on e.g. " + "; ".join(matches)
+    if meta.models:
+        inside = model_type in meta.models
+        text += f"; written for {', '.join(meta.models)}" + (f" (including {model_type})" if inside else "")
+    return text
+
+
+# -- inspecting one rule -----------------------------------------------------------------------------------
+
+
+def expiry_status(meta: RuleMeta) -> tuple[bool, str]:
+    """(expired, detail): whether the installed package satisfies the rule's `expires` requirement."""
+    if not meta.expires:
+        return False, ""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from hfexport.versions import installed_version
+
+    requirement = Requirement(meta.expires)
+    installed = installed_version(requirement.name)
+    if installed is None:
+        return False, f"{requirement.name} is not installed"
+    met = requirement.specifier.contains(Version(Version(installed).public), prereleases=True)
+    verb = "satisfies" if met else "does not satisfy yet"
+    return met, f"{requirement.name} {installed} {verb} {meta.expires}"
+
+
+def _source(obj: Any) -> str | None:
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        return textwrap.dedent(inspect.getsource(target))
+    except (OSError, TypeError):
+        return None
+
+
+def _original(target: str) -> tuple[str, Any] | None:
+    from hfexport.rewrites.patching import resolve
+
+    resolved = resolve(target)
+    if isinstance(resolved, str):
+        return None
+    owner, name = resolved
+    return target, inspect.getattr_static(owner, name)
+
+
+def rule_diff(rule: Rule) -> str | None:
+    """For a model patch: a unified diff of the patched function's source against the replacement's.
+
+    For an FX pattern rule: the pattern against the replacement. None when there is nothing to compare
+    (a torch builtin, a predicate target, a target missing from the installed packages).
+    """
+    before: tuple[str, Any] | None = None
+    after = getattr(rule, "replacement", None)
+    target = getattr(rule, "target", None)
+    if type(rule).__name__ in ("MethodPatch", "ModuleFunctionPatch"):
+        targets = (target,) if isinstance(target, str) else tuple(t for t in target or () if isinstance(t, str))
+        before = next((found for t in targets if (found := _original(t)) is not None), None)
+    elif type(rule).__name__ == "TorchFunctionPatch":
+        function = getattr(rule, "function", None)
+        before = (getattr(function, "__name__", "function"), function)
+        after = getattr(rule, "handler", None)
+    elif getattr(rule, "pattern", None) is not None:
+        before = ("pattern", rule.pattern)  # type: ignore[attr-defined]
+    if before is None or after is None:
+        return None
+    old, new = _source(before[1]), _source(after)
+    if old is None or new is None:
+        return None
+    name = getattr(after, "__qualname__", "replacement")
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=before[0], tofile=name
+    )
+    return "".join(lines)
+
+
+def rule_sources(rule: Rule) -> dict[str, str]:
+    """The source of each callable field of the rule's body (replacement, pattern, transform, ...)."""
+    sources = {}
+    for f in dataclasses.fields(rule):
+        value = getattr(rule, f.name)
+        if f.name in ("meta", "stage") or not callable(value) or isinstance(value, type):
+            continue
+        text = _source(value)
+        if text is not None:
+            sources[f.name] = text
+    return sources
+
+
+def rule_target(rule: Rule) -> str:
+    """What the rule patches or matches, in words (for listings)."""
+    target = getattr(rule, "target", None)
+    if isinstance(target, str) and target:
+        return target
+    if isinstance(target, tuple):
+        return ", ".join(target)
+    if callable(target):
+        return f"modules matching {getattr(target, '__name__', 'a predicate')}.{getattr(rule, 'method', '')}"
+    function = getattr(rule, "function", None)
+    if function is not None:
+        return f"torch function {getattr(function, '__name__', function)}"
+    return ""

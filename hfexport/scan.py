@@ -1,0 +1,444 @@
+"""Static scan of model sources for Python patterns that break `torch.export` (LibCST matchers).
+
+Patterns (`Site.kind`):
+
+- `tensor-control-flow`: `if`/`while`/conditional expression whose test calls into a tensor's values
+  (`torch.any(x)`, `(x == 0).all()`, `x.sum() > 0`, `torch.equal(a, b)`): data-dependent branching, which
+  export either specialises to the sample or rejects.
+- `raise-on-tensor`: the same test guarding a `raise`, or an `assert` on tensor values.
+- `item-tolist`: `.item()` / `.tolist()`: a tensor value pulled into Python (a guard or a baked-in constant).
+- `inplace-input`: an in-place method (`x.add_()`, `x.masked_fill_()`) or an item assignment (`x[...] = v`)
+  on a `forward` argument that has not been rebound: export functionalises it, runtimes see a mutated input.
+- `loop-over-shape`: `for ... in range(<a tensor size>)`: the loop is unrolled for the sample's length.
+- `list-from-shape`: `list(range(<a tensor size>))` or `torch.tensor(<list/comprehension>)` over a size: the
+  length is baked into the graph.
+
+"A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
+These are heuristics over syntax (no types): they point at code to read, and each site says whether a
+registered rule targets its module, class or function.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import difflib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ByteSpanPositionProvider
+
+KINDS = ("tensor-control-flow", "raise-on-tensor", "item-tolist", "inplace-input", "loop-over-shape", "list-from-shape")
+
+# torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
+# compiler/jit state, tensor constructors) is fine in a branch condition.
+_VALUE_READERS = (
+    "any",
+    "all",
+    "equal",
+    "allclose",
+    "isclose",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "count_nonzero",
+    "nonzero",
+    "sum",
+    "max",
+    "min",
+    "amax",
+    "amin",
+    "mean",
+    "eq",
+    "ne",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "unique",
+    "where",
+)
+# x.<name>() methods that read tensor values.
+_VALUE_METHODS = (*_VALUE_READERS, "item", "tolist", "numpy")
+_INPLACE_EXCLUDED = ("requires_grad_", "share_memory_")
+# Functions that only build or initialise a model, never run under export.
+_SKIPPED_FUNCTIONS = ("__init__", "_init_weights", "init_weights", "post_init", "tie_weights", "extra_repr")
+
+_TORCH_VALUE_CALL = m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.OneOf(*(m.Name(n) for n in _VALUE_READERS))))
+_VALUE_METHOD_CALL = m.Call(
+    func=m.Attribute(value=~m.Name("torch"), attr=m.OneOf(*(m.Name(n) for n in _VALUE_METHODS)))
+)
+_READS_VALUES = m.OneOf(_TORCH_VALUE_CALL, _VALUE_METHOD_CALL)
+_ITEM_OR_TOLIST = m.Call(func=m.Attribute(attr=m.Name("item") | m.Name("tolist")), args=[])
+_SIZE = m.OneOf(
+    m.Subscript(value=m.Attribute(attr=m.Name("shape"))),
+    m.Call(func=m.Attribute(attr=m.Name("size")), args=[m.AtLeastN(n=1)]),
+)
+# `batch, length, _ = x.shape` / `x.size()`: every name bound is a size.
+_WHOLE_SHAPE = m.OneOf(m.Attribute(attr=m.Name("shape")), m.Call(func=m.Attribute(attr=m.Name("size")), args=[]))
+_RANGE = m.Call(func=m.Name("range"))
+_LIST_OF_RANGE = m.Call(func=m.Name("list"), args=[m.Arg(value=_RANGE)])
+_TORCH_TENSOR_OF_SEQUENCE = m.Call(
+    func=m.Attribute(value=m.Name("torch"), attr=m.Name("tensor")),
+    args=[m.Arg(value=m.OneOf(m.ListComp(), m.List(), m.Call(func=m.Name("list")), m.Subscript())), m.ZeroOrMore()],
+)
+
+
+def _is_inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_") and name not in _INPLACE_EXCLUDED
+
+
+_INPLACE_METHOD = m.Call(func=m.Attribute(value=m.Name(), attr=m.Name(value=m.MatchIfTrue(_is_inplace_name))))
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in a source file that matches a pattern."""
+
+    kind: str
+    path: str
+    module: str
+    line: int
+    scope: str  # Class.function, or function for a module-level function
+    code: str
+    rules: tuple[str, ...] = ()
+
+    @property
+    def owner(self) -> str:
+        """The class the site is in, or `<module>` for a module-level function."""
+        return self.scope.split(".")[0] if "." in self.scope else "<module>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "owner": self.owner, "rules": list(self.rules)}
+
+
+@dataclass
+class _Scope:
+    name: str
+    is_class: bool
+    params: set[str] = field(default_factory=set)
+    sizes: set[str] = field(default_factory=set)
+
+
+class _Finder(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (ByteSpanPositionProvider,)
+
+    def __init__(self, report: Callable[[str, cst.CSTNode, str], None]) -> None:
+        super().__init__()
+        self.report = report
+        self.scopes: list[_Scope] = []
+
+    # -- scopes ------------------------------------------------------------------------------------------
+    def _function(self) -> _Scope | None:
+        for scope in reversed(self.scopes):
+            if not scope.is_class:
+                return scope
+        return None
+
+    def qualname(self) -> str:
+        return ".".join(s.name for s in self.scopes)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.scopes.append(_Scope(node.name.value, True))
+        return True
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.scopes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        params: set[str] = set()
+        if node.name.value == "forward":
+            every = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
+            params = {p.name.value for p in every if p.name.value not in ("self", "cls")}
+        self.scopes.append(_Scope(node.name.value, False, params))
+        # libcst calls leave_FunctionDef even when the body is skipped, so the scope is pushed either way.
+        return node.name.value not in _SKIPPED_FUNCTIONS
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+
+    def _in_function(self) -> bool:
+        return self._function() is not None
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _is_size(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` mentions a tensor size: x.shape[i], x.size(i), len(x), or a local derived from one."""
+        if m.findall(node, _SIZE):
+            return True
+        scope = self._function()
+        return bool(scope and scope.sizes and m.findall(node, m.Name(m.MatchIfTrue(lambda n: n in scope.sizes))))
+
+    def _reads_values(self, test: cst.BaseExpression) -> bool:
+        return bool(m.findall(test, _READS_VALUES))
+
+    def _is_list_from_shape(self, node: cst.Call) -> bool:
+        if m.matches(node, _LIST_OF_RANGE):
+            return self._is_size(node)
+        return m.matches(node, _TORCH_TENSOR_OF_SEQUENCE) and self._is_size(node.args[0].value)
+
+    # -- patterns ----------------------------------------------------------------------------------------
+    def visit_If(self, node: cst.If) -> None:
+        if not self._in_function() or not self._reads_values(node.test):
+            return
+        raises = m.findall(node.body, m.Raise())
+        self.report("raise-on-tensor" if raises else "tensor-control-flow", node.test, "if")
+
+    def visit_While(self, node: cst.While) -> None:
+        if self._in_function() and self._reads_values(node.test):
+            self.report("tensor-control-flow", node.test, "while")
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        if self._in_function() and self._reads_values(node.test):
+            self.report("tensor-control-flow", node.test, "if-expression")
+
+    def visit_Assert(self, node: cst.Assert) -> None:
+        if self._in_function() and self._reads_values(node.test):
+            self.report("raise-on-tensor", node.test, "assert")
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self._in_function():
+            return
+        if m.matches(node, _ITEM_OR_TOLIST):
+            self.report("item-tolist", node, "")
+        elif self._is_list_from_shape(node):
+            self.report("list-from-shape", node, "")
+        elif m.matches(node, _INPLACE_METHOD):
+            scope = self._function()
+            target = node.func.value.value  # type: ignore[attr-defined]
+            if scope is not None and target in scope.params:
+                self.report("inplace-input", node, "")
+
+    def visit_For(self, node: cst.For) -> None:
+        if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):
+            self.report("loop-over-shape", node.iter, "for")
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        scope = self._function()
+        if scope is None:
+            return
+        for target in node.targets:
+            subscript = target.target
+            if m.matches(subscript, m.Subscript(value=m.Name())) and subscript.value.value in scope.params:  # type: ignore[attr-defined]
+                self.report("inplace-input", target.target, "item assignment")
+
+    def leave_Assign(self, original_node: cst.Assign) -> None:
+        scope = self._function()
+        if scope is None:
+            return
+        names = [n.value for t in original_node.targets for n in m.findall(t.target, m.Name())]
+        bound = {t.target.value for t in original_node.targets if m.matches(t.target, m.Name())}
+        bound |= {n for t in original_node.targets if m.matches(t.target, m.Tuple()) for n in names}
+        # A rebound argument is no longer the caller's tensor; a name assigned from a size carries it on.
+        scope.params -= bound
+        if self._is_size(original_node.value) or m.matches(original_node.value, _WHOLE_SHAPE):
+            scope.sizes |= bound
+        else:
+            scope.sizes -= bound
+
+
+def _module_name(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            parts = path.with_suffix("").relative_to(root.parent).parts
+            return ".".join(parts)
+        except ValueError:
+            pass
+    return path.stem
+
+
+def scan_source(
+    source: str, path: str = "<source>", module: str = "", rule_index: RuleIndex | None = None
+) -> list[Site]:
+    """Every site in one file's `source`, in source order."""
+    tree = cst.parse_module(source)
+    found: list[tuple[str, cst.CSTNode, str, str]] = []
+    finder: _Finder
+
+    def report(kind: str, node: cst.CSTNode, _what: str) -> None:
+        found.append((kind, node, finder.qualname(), tree.code_for_node(node)))
+
+    finder = _Finder(report)
+    wrapper = cst.MetadataWrapper(tree, unsafe_skip_copy=True)
+    wrapper.visit(finder)
+    if not found:
+        return []
+    spans = wrapper.resolve(ByteSpanPositionProvider)
+    encoded = source.encode("utf-8")
+    line_starts = [0] + [i + 1 for i, b in enumerate(encoded) if b == 0x0A]
+    sites = []
+    seen: set[tuple[str, int]] = set()
+    for kind, node, scope, code in found:
+        start = spans[node].start
+        line = bisect.bisect_right(line_starts, start)
+        snippet = " ".join(code.split())
+        # One site per pattern and line: `torch.tensor(list(range(n)))` matches at two nested calls.
+        key = (kind, line)
+        if key in seen:
+            continue
+        seen.add(key)
+        rules = rule_index.rules_for(module, scope) if rule_index else ()
+        sites.append(Site(kind, path, module, line, scope, snippet[:120], rules))
+    return sites
+
+
+# -- which rules target a module / class / function ------------------------------------------------------
+
+
+@dataclass
+class RuleIndex:
+    """Registered rules by the dotted paths they patch, and by the model types they were written for."""
+
+    targets: dict[str, list[str]] = field(default_factory=dict)  # dotted target -> rule ids
+    model_types: dict[str, list[str]] = field(default_factory=dict)  # model_type -> rule ids
+
+    @classmethod
+    def from_registry(cls) -> RuleIndex:
+        from hfexport.rewrites.engine import default_registry
+
+        index = cls()
+        for rule in default_registry().rules():
+            target = getattr(rule, "target", None)
+            for t in (target,) if isinstance(target, str) else (target if isinstance(target, tuple) else ()):
+                if t:
+                    index.targets.setdefault(t, []).append(rule.id)
+            for model_type in rule.meta.models:
+                index.model_types.setdefault(model_type, []).append(rule.id)
+        return index
+
+    def rules_for(self, module: str, scope: str) -> tuple[str, ...]:
+        """Rules whose target is `module.scope`, an enclosing class of it, or a function it is in."""
+        found: list[str] = []
+        qualified = f"{module}.{scope}" if module else scope
+        for target, ids in self.targets.items():
+            if qualified == target or qualified.startswith(target + ".") or target.startswith(qualified + "."):
+                found += [i for i in ids if i not in found]
+        return tuple(found)
+
+    def rules_for_model(self, model_type: str) -> list[str]:
+        return list(self.model_types.get(model_type, []))
+
+
+# -- files, models, results ------------------------------------------------------------------------------
+
+
+def transformers_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("transformers is not installed")
+    return Path(spec.origin).parent
+
+
+def model_files(models: Sequence[str] | None = None) -> list[Path]:
+    """The modeling sources of the installed transformers: all of them, or those of `models` (model types)."""
+    root = transformers_root() / "models"
+    if not models:
+        return sorted(root.glob("*/modeling_*.py"))
+    files = []
+    known = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    for name in models:
+        folder = root / name.replace("-", "_")
+        found = sorted(folder.glob("modeling_*.py")) if folder.is_dir() else []
+        if not found:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {close}?" if close else ""
+            raise ValueError(f"no modeling source for model type {name!r}{hint}")
+        files += found
+    return files
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.py"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+    return files
+
+
+@dataclass
+class ScanResult:
+    files: list[str]
+    sites: list[Site]
+    model_rules: dict[str, list[str]] = field(default_factory=dict)  # module -> rules written for its model
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def by_module(self) -> dict[str, dict[str, list[Site]]]:
+        grouped: dict[str, dict[str, list[Site]]] = {}
+        for site in self.sites:
+            grouped.setdefault(site.module, {}).setdefault(site.owner, []).append(site)
+        return grouped
+
+    def counts(self) -> dict[str, int]:
+        return {kind: sum(1 for s in self.sites if s.kind == kind) for kind in KINDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "counts": self.counts(),
+            "sites": [s.to_dict() for s in self.sites],
+            "model_rules": self.model_rules,
+            "errors": self.errors,
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        lines = []
+        for module, owners in self.by_module().items():
+            model_rules = self.model_rules.get(module)
+            lines.append(module + (f"  (rules for this model: {', '.join(model_rules)})" if model_rules else ""))
+            for owner, sites in owners.items():
+                lines.append(f"  {owner}")
+                for s in sites:
+                    function = s.scope.split(".", 1)[1] if "." in s.scope else s.scope
+                    targeted = f"  [rule: {', '.join(s.rules)}]" if s.rules else ""
+                    lines.append(f"    {s.line:5d}  {s.kind:19s} {function}: {s.code}{targeted}")
+        for path, error in self.errors.items():
+            lines.append(f"could not parse {path}: {error}")
+        targeted = sum(1 for s in self.sites if s.rules)
+        owners = sum(len(o) for o in self.by_module().values())
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts().items() if v)
+        lines.append(
+            f"{len(self.sites)} site(s) in {owners} class(es)/module(s) of {len(self.files)} file(s)"
+            f" ({counts or 'none'}); {targeted} targeted by a registered rule"
+        )
+        return "\n".join(lines)
+
+
+def scan(
+    models: Sequence[str] | None = None,
+    paths: Sequence[str | Path] | None = None,
+    rule_index: RuleIndex | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ScanResult:
+    """Scan the modeling sources of `models` (all installed ones when both are empty) and/or `paths`."""
+    root = transformers_root()
+    files = (_expand(paths) if paths else []) + (model_files(models) if models or not paths else [])
+    index = rule_index if rule_index is not None else RuleIndex.from_registry()
+    result = ScanResult(files=[str(f) for f in files], sites=[])
+    for i, path in enumerate(files, 1):
+        if progress and (i % 25 == 0 or i == len(files)):
+            progress(f"scanned {i}/{len(files)} file(s)")
+        module = _module_name(path.resolve(), root)
+        try:
+            result.sites += scan_source(path.read_text(encoding="utf-8"), str(path), module, index)
+        except (cst.ParserSyntaxError, UnicodeDecodeError) as exc:
+            result.errors[str(path)] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            continue
+        parts = module.split(".")
+        if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
+            rules = index.rules_for_model(parts[2])
+            if rules:
+                result.model_rules[module] = rules
+    return result

@@ -1,0 +1,43 @@
+"""docs/rules.md is the catalogue generated from the registry: CI fails when it is stale."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_rule_docs", ROOT / "tools" / "gen_rule_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_catalogue_is_current() -> None:
+    generated = _generator().render()
+    current = (ROOT / "docs" / "rules.md").read_text()
+    assert current == generated, "docs/rules.md is stale: run `python tools/gen_rule_docs.py` and commit it"
+
+
+def test_catalogue_documents_every_rule_with_its_metadata() -> None:
+    from hfexport.rewrites.engine import default_registry
+
+    text = _generator().render()
+    for rule in default_registry().rules():
+        section = text.split(f"### `{rule.id}`", 1)[1].split("\n### ", 1)[0]
+        assert rule.meta.kind in section and ", ".join(rule.meta.backends) in section
+        for example in rule.meta.examples:
+            assert f"{type(example).__name__}: " in section
+    assert (ROOT / "docs" / "authoring-rules.md").is_file() and "(authoring-rules.md)" in text
+
+
+def test_check_mode_fails_on_a_stale_catalogue(tmp_path: Path, monkeypatch, capsys) -> None:
+    generator = _generator()
+    stale = tmp_path / "rules.md"
+    stale.write_text("# old\n")
+    monkeypatch.setattr(generator, "CATALOGUE", stale)
+    assert generator.main(["--check"]) == 1
+    assert generator.main([]) == 0 and generator.main(["--check"]) == 0
