@@ -115,7 +115,9 @@ def run_sweep(argv: list[str] | None, child: str, label: str, with_format: bool 
     for r in rows:
         rules = ", ".join(f"{k}×{v}" for k, v in r.get("rules", {}).items())
         diffs = [f"{r[k]:.2g}" if k in r else "" for k in ("sample_diff", "grown_diff")]
-        cells = [r["model"], r["status"], str(r.get("export_s", "")), *diffs, rules, r.get("error", "")]
+        # One line per model: errors are cut to their first line (the JSON keeps them whole).
+        error = " ".join(r.get("error", "").split())[:240]
+        cells = [r["model"], r["status"], str(r.get("export_s", "")), *diffs, rules, error]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     ok = sum(r["status"] == "ok" for r in rows)
     summary = f"{label} {args.family}: {ok}/{len(rows)} ok ({100 * ok / max(1, len(rows)):.0f}%)"
