@@ -21,7 +21,17 @@ from hfexport.testing.corpus import CorpusEntry, load_corpus
 # default tier must stay within minutes on 2 cores.
 FAST = {"llama"}
 # Architectures that do not convert or match yet (docs/openvino.md has the causes); expected failures, slow tier.
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    "axk2": "convert_model: no translator for torch.sym_min on symbolic sizes",
+    "bamba": "convert_model: no translator for operator.mod on symbolic sizes (Mamba-2 chunk padding)",
+    "deepseek_v2": "convert_model: no translator for aten.polar",
+    "deepseek_v4": "PyTorch frontend: 'Tensor name is not a number: slice'",
+    "exaone4": "PyTorch frontend: 'Tensor name is not a number: slice'",
+    "exaone_moe": "PyTorch frontend: 'Tensor name is not a number: slice'",
+    "falcon_mamba": "the selective scan unrolls over the sample length: the grown input fails at inference",
+}
+# Not deterministic: a tie in top-k routing may or may not resolve like eager.
+FLAKY: dict[str, str] = {"afmoe": "sample mismatch 0.06, likely top-k tie order of the degenerate tiny router"}
 
 CORPUS = load_corpus(family="causal_lm")
 
@@ -32,6 +42,8 @@ def _params() -> list:
         marks = [] if entry.model_type in FAST else [pytest.mark.slow]
         if entry.model_type in KNOWN_FAILURES:
             marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=True))
+        elif entry.model_type in FLAKY:
+            marks.append(pytest.mark.xfail(reason=FLAKY[entry.model_type], strict=False))
         params.append(pytest.param(entry, id=entry.name, marks=marks))
     return params
 
