@@ -24,7 +24,6 @@ FAST = {"llama"}
 KNOWN_FAILURES: dict[str, str] = {
     "axk2": "convert_model: no translator for torch.sym_min on symbolic sizes",
     "bamba": "convert_model: no translator for operator.mod on symbolic sizes (Mamba-2 chunk padding)",
-    "deepseek_v2": "convert_model: no translator for aten.polar",
     "deepseek_v4": "PyTorch frontend: 'Tensor name is not a number: slice'",
     "exaone4": "PyTorch frontend: 'Tensor name is not a number: slice'",
     "exaone_moe": "PyTorch frontend: 'Tensor name is not a number: slice'",

@@ -1,4 +1,4 @@
-"""Complex-valued tensors -> real pairs, for the ONNX backend (ONNX has no complex type).
+"""Complex-valued tensors -> real pairs, for ONNX (no complex type) and OpenVINO (no `aten.polar` conversion).
 
 DeepSeek-V2 (and Llama 4) apply rotary embeddings with complex arithmetic: `torch.polar(ones, freqs)`,
 `view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`, `view_as_real(...)`. torch.onnx has no complex
@@ -168,11 +168,12 @@ def _real() -> Any:
 
 complex_to_real = FxGraphRule(
     meta=RuleMeta(
-        id="fx/onnx-complex-to-real",
-        why="ONNX has no complex type: complex rotary embeddings (polar, view_as_complex, complex mul) fail "
-        "to translate ('No decompositions registered for the complex-valued input')",
+        id="fx/complex-to-real",
+        why="ONNX has no complex type and OpenVINO no aten.polar: complex rotary embeddings (polar, "
+        "view_as_complex, complex mul) fail to translate ('No decompositions registered for the complex-valued "
+        "input'; OpenVINO: no translator for aten.polar)",
         upstream="https://github.com/pytorch/pytorch/issues/126972",
-        backends=("onnx",),
+        backends=("onnx", "openvino"),
         models=("deepseek_v2", "llama4"),
         examples=(
             Match(
