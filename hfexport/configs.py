@@ -240,3 +240,8 @@ class OpenVINOConfig(DynamoConfig):
         super().__post_init__()
         if self.output_path is not None:
             self.output_path = str(self.output_path)
+            # OpenVINO IR is a pair: the .xml graph names its .bin weights beside it.
+            if not self.output_path.endswith(".xml"):
+                raise ConfigError(
+                    f"output_path must name the IR's .xml file (weights go to .bin beside it), got {self.output_path!r}"
+                )

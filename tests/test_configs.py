@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from torch.export import Dim
@@ -214,3 +215,17 @@ def test_export_format_values() -> None:
 def test_from_dict_accepts_enum_export_format() -> None:
     config = DynamoConfig.from_dict({"export_format": ExportFormat.DYNAMO, "strict": True})
     assert config == DynamoConfig(strict=True)
+
+
+def test_backend_configs_validate_their_fields_before_tracing() -> None:
+    from hfexport.configs import ExecutorchConfig, OpenVINOConfig
+
+    assert ExecutorchConfig().backend == "xnnpack"
+    assert (ExecutorchConfig().alloc_graph_input, ExecutorchConfig().alloc_mutable_buffers) == (True, True)
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        ExecutorchConfig(backend="mps")
+    assert OpenVINOConfig(output_path=Path("out/model.xml")).output_path == "out/model.xml"
+    with pytest.raises(ConfigError, match=r"\.xml"):
+        OpenVINOConfig(output_path="out/model.onnx")
+    restored = OpenVINOConfig.from_json(OpenVINOConfig(compress_to_fp16=False).to_json())
+    assert restored == OpenVINOConfig(compress_to_fp16=False)
