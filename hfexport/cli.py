@@ -214,7 +214,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     models = list(_split(args.models)) or None
     try:
-        result = scan(models=models, paths=args.path, progress=lambda message: _step(message))
+        result = scan(models=models, paths=args.path, progress=lambda message: _step(message), jobs=args.jobs)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(str(exc)) from None
     print(result)
@@ -281,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--models", action="append", help="model types, comma-separated (default: every model)")
     scan.add_argument("--path", action="append", help="scan this file or folder instead (repeatable)")
     scan.add_argument("--json", help="also write the sites as JSON to this file")
+    scan.add_argument("--jobs", type=int, default=1, help="parse files in this many processes (default 1)")
     scan.set_defaults(func=cmd_scan)
     return parser
 

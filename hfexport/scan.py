@@ -223,8 +223,12 @@ class _Finder(cst.CSTVisitor):
             return
         for target in node.targets:
             subscript = target.target
-            if m.matches(subscript, m.Subscript(value=m.Name())) and subscript.value.value in scope.params:  # type: ignore[attr-defined]
-                self.report("inplace-input", target.target, "item assignment")
+            if not isinstance(subscript, cst.Subscript) or not isinstance(subscript.value, cst.Name):
+                continue
+            # A string key (`outputs["pair"] = ...`) writes into a dict argument, not a tensor.
+            keyed = m.findall(subscript, m.SimpleString() | m.FormattedString())
+            if subscript.value.value in scope.params and not keyed:
+                self.report("inplace-input", subscript, "item assignment")
 
     def leave_Assign(self, original_node: cst.Assign) -> None:
         scope = self._function()
@@ -416,29 +420,57 @@ class ScanResult:
         return "\n".join(lines)
 
 
+def _scan_file(path: Path, module: str, index: RuleIndex) -> list[Site] | str:
+    """The sites of one file, or why it could not be parsed (a worker of `scan`)."""
+    try:
+        return scan_source(path.read_text(encoding="utf-8"), str(path), module, index)
+    except (cst.ParserSyntaxError, UnicodeDecodeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
 def scan(
     models: Sequence[str] | None = None,
     paths: Sequence[str | Path] | None = None,
     rule_index: RuleIndex | None = None,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> ScanResult:
-    """Scan the modeling sources of `models` (all installed ones when both are empty) and/or `paths`."""
+    """Scan the modeling sources of `models` (all installed ones when both are empty) and/or `paths`.
+
+    `jobs` > 1 parses files in that many processes: LibCST parsing is CPU-bound, and every installed
+    model (500+ files) takes minutes on one core.
+    """
     root = transformers_root()
     files = (_expand(paths) if paths else []) + (model_files(models) if models or not paths else [])
     index = rule_index if rule_index is not None else RuleIndex.from_registry()
     result = ScanResult(files=[str(f) for f in files], sites=[])
-    for i, path in enumerate(files, 1):
-        if progress and (i % 25 == 0 or i == len(files)):
-            progress(f"scanned {i}/{len(files)} file(s)")
-        module = _module_name(path.resolve(), root)
-        try:
-            result.sites += scan_source(path.read_text(encoding="utf-8"), str(path), module, index)
-        except (cst.ParserSyntaxError, UnicodeDecodeError) as exc:
-            result.errors[str(path)] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            continue
-        parts = module.split(".")
-        if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
-            rules = index.rules_for_model(parts[2])
-            if rules:
-                result.model_rules[module] = rules
+    modules = [_module_name(path.resolve(), root) for path in files]
+    if jobs > 1 and len(files) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        outcomes = pool.map(_scan_file, files, modules, [index] * len(files), chunksize=4)
+    else:
+        pool = None
+        outcomes = map(_scan_file, files, modules, [index] * len(files))
+    try:
+        for i, (path, module, outcome) in enumerate(zip(files, modules, outcomes, strict=True), 1):
+            if progress and (i % 25 == 0 or i == len(files)):
+                progress(f"scanned {i}/{len(files)} file(s)")
+            if isinstance(outcome, str):
+                result.errors[str(path)] = outcome
+                continue
+            result.sites += outcome
+            _add_model_rules(result, module, index)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return result
+
+
+def _add_model_rules(result: ScanResult, module: str, index: RuleIndex) -> None:
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
+        rules = index.rules_for_model(parts[2])
+        if rules:
+            result.model_rules[module] = rules

@@ -40,6 +40,12 @@ def test_export_friendly_code_has_no_sites() -> None:
     assert scan_source(path.read_text(), str(path), "clean_model", RuleIndex()) == []
 
 
+def test_parallel_scan_finds_the_same_sites_in_the_same_order() -> None:
+    serial = scan(paths=[FIXTURES], rule_index=RuleIndex())
+    parallel = scan(paths=[FIXTURES], rule_index=RuleIndex(), jobs=2)
+    assert parallel.sites == serial.sites and len(serial.sites) == 8
+
+
 def test_sites_name_the_rules_that_target_their_class_or_function() -> None:
     index = RuleIndex(targets={"dirty_model.DirtyModel.forward": ["patch/example"]})
     path = FIXTURES / "dirty_model.py"
