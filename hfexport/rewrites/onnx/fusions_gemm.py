@@ -7,7 +7,7 @@ Add. `Gemm` computes `A @ B + C` in one kernel, with `C` broadcast to the produc
 Valid only for matrices: `Gemm` takes 2-D A and B, so a batched MatMul (3-D activations of a decoder
 layer) is left alone. Flattening it to 2-D around a Gemm is possible but measured no faster on ONNX
 Runtime CPU, whose own MatMulAddFusion already handles that case (1.76 vs 1.74 ms for [1, 128, 576] @
-[576, 576] + bias, see docs/rules.md). The bias must broadcast to [M, N] without growing the result:
+[576, 576] + bias, see docs/onnx.md). The bias must broadcast to [M, N] without growing the result:
 a vector of N, or a [1|M, 1|N] matrix.
 """
 
