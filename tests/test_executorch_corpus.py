@@ -31,7 +31,7 @@ KNOWN_FAILURES: dict[str, str] = {
     "cohere2_moe": "XNNPACK: reshape only supports 1 dynamic dimension (batch and sequence are both dynamic)",
     "ernie4_5_moe": "XNNPACK: reshape only supports 1 dynamic dimension (batch and sequence are both dynamic)",
     "falcon_mamba": "the selective scan is unrolled (the scan rule is not scoped to executorch): static sequence",
-    "deepseek_v2": "to_edge: view_as_complex_copy (complex rotary embedding) has no edge lowering",
+    "deepseek_v2": "lowers with fx/complex-to-real, but is planned at the sample shape [2, 8] like deepseek_v3",
     "deepseek_v3": "the program is planned at the sample shape [2, 8]: the sequence axis came out static (not traced)",
     "deepseek_v4": "to_edge: bare AssertionError in the edge-dialect verifier (as axk2; not traced)",
 }

@@ -1,4 +1,5 @@
-"""Complex-valued tensors -> real pairs, for ONNX (no complex type) and OpenVINO (no `aten.polar` conversion).
+"""Complex-valued tensors -> real pairs, for ONNX (no complex type), OpenVINO (no `aten.polar` conversion) and
+ExecuTorch (`to_edge` has no lowering for `view_as_complex_copy`).
 
 DeepSeek-V2 (and Llama 4) apply rotary embeddings with complex arithmetic: `torch.polar(ones, freqs)`,
 `view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`, `view_as_real(...)`. torch.onnx has no complex
@@ -171,9 +172,9 @@ complex_to_real = FxGraphRule(
         id="fx/complex-to-real",
         why="ONNX has no complex type and OpenVINO no aten.polar: complex rotary embeddings (polar, "
         "view_as_complex, complex mul) fail to translate ('No decompositions registered for the complex-valued "
-        "input'; OpenVINO: no translator for aten.polar)",
+        "input'; OpenVINO: no translator for aten.polar; to_edge: view_as_complex_copy)",
         upstream="https://github.com/pytorch/pytorch/issues/126972",
-        backends=("onnx", "openvino"),
+        backends=("onnx", "openvino", "executorch"),
         models=("deepseek_v2", "llama4"),
         examples=(
             Match(
