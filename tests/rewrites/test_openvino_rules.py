@@ -19,7 +19,7 @@ from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter
 from hfexport.rewrites import examples
 from hfexport.rewrites.engine import RewriteContext, apply, default_registry
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
-from hfexport.rewrites.openvino import attention, concat, inputs
+from hfexport.rewrites.openvino import attention, concat, inputs, outputs, symbolic
 from hfexport.rewrites.openvino_kinds import (
     F32_HINT,
     PROGRAM_RULES,
@@ -44,6 +44,10 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
         "openvino/drop-constant-inputs",
+        "openvino/sym-mod-to-floordiv",
+        "openvino/sym-min-max-to-floordiv",
+        "openvino/distinct-repeated-outputs",
+        "openvino/exact-int-floor-divide",
     }
     assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
     for rule in [*registry.rules("openvino"), openvino_moe.openvino_batched_experts]:
@@ -53,8 +57,14 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
     assert [r.id for r in rules_of(PROGRAM_RULES).rules("openvino")] == [
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
+        "openvino/sym-mod-to-floordiv",
+        "openvino/sym-min-max-to-floordiv",
+        "openvino/distinct-repeated-outputs",
     ]
-    assert [r.id for r in rules_of((OpenVINOModelRule,)).rules("openvino")] == ["openvino/drop-constant-inputs"]
+    assert [r.id for r in rules_of((OpenVINOModelRule,)).rules("openvino")] == [
+        "openvino/drop-constant-inputs",
+        "openvino/exact-int-floor-divide",
+    ]
 
 
 def test_without_the_cat_rule_conversion_fails() -> None:
@@ -161,3 +171,29 @@ def _registry_of(*rules: Any) -> Any:
     for rule in rules:
         registry.register(rule)
     return registry
+
+
+def test_without_the_symbolic_rules_conversion_fails() -> None:
+    for module, feed in (
+        (symbolic._PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
+        (symbolic._TopKOfAtMost(), {"x": torch.randn(2, 3)}),
+    ):
+        program = examples._export(module, feed, dynamic=True)
+        with pytest.raises(Exception, match="No conversion rule found"):
+            ov.convert_model(program)
+
+
+def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
+    # L + (-L) // 4 keeps 5 of 7 positions in torch; the CPU plugin's truncating division keeps 6.
+    feed = {"x": torch.randn(2, 7)}
+    program = examples._export(symbolic._ShortenByCeil(), feed, dynamic=True)
+    ov_model = ov.convert_model(program)
+    assert _compile_and_run(ov_model, feed).shape == (2, 6)
+    assert symbolic.exact_floor_divides(ov_model) == 1
+    assert _compile_and_run(ov_model, feed).shape == (2, 5)
+
+
+def test_without_the_outputs_rule_a_repeated_output_fails_conversion() -> None:
+    program = examples._export(outputs._ReturnsTwice(), outputs._returns_twice(5), dynamic=True)
+    with pytest.raises(Exception, match="Tensor name is not a number"):
+        ov.convert_model(program)

@@ -5,12 +5,16 @@ Program rules (FX, `OpenVINOFxNodeRule` / `OpenVINOFxPatternRule`) run on the ca
 its inputs and outputs are named. Each list keeps its own order.
 """
 
-from hfexport.rewrites.openvino import attention, concat, inputs
+from hfexport.rewrites.openvino import attention, concat, inputs, outputs, symbolic
 
 RULES: list = [
     # on the program
     concat.drop_legacy_empty_cat_inputs,
     attention.sdpa_fully_masked_rows,
+    symbolic.symbolic_mod,
+    symbolic.symbolic_min_max,
+    outputs.distinct_outputs,
     # on the converted model
     inputs.drop_constant_inputs,
+    symbolic.exact_int_floor_divide,
 ]
