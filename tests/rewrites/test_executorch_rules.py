@@ -16,7 +16,7 @@ from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSe
 from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
 from hfexport.rewrites.executorch_kinds import ExecutorchNodeRule
-from hfexport.rewrites.patches.executorch_moe import _qwen3_moe
+from hfexport.rewrites.patches.moe_batched import qwen3_moe as _qwen3_moe
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.runtime.executorch import ExecutorchProgram
 

@@ -28,7 +28,7 @@ from hfexport.rewrites.openvino_kinds import (
     apply_openvino_rule,
     rules_of,
 )
-from hfexport.rewrites.patches import openvino_moe
+from hfexport.rewrites.patches import moe_batched, openvino_moe
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 
 
@@ -105,7 +105,7 @@ def test_without_the_constant_input_rule_compilation_fails() -> None:
 
 
 def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> None:
-    model, feed = openvino_moe._moe(5)
+    model, feed = moe_batched.qwen3_moe(5)
     config = OpenVINOConfig(rules=RuleSelection(disable=("patch/openvino-moe-batched-experts",)))
     exporter = OpenVINOExporter()
     with pytest.raises(HfExportError, match=r"aten\.histc") as failure:
