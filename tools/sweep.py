@@ -13,51 +13,114 @@ import argparse
 import json
 import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-_CHILD = r"""
-import json, sys, time, warnings
+
+def child_script(imports: str, export: str, tolerance: float, after: str = "") -> str:
+    """The script a sweep runs per corpus entry (argv[1]: the entry's JSON; argv[2:]: the tool's own args).
+
+    Shared by every backend: eager references on the sample and grown inputs, the comparison, the error
+    summary and the ROW line. `imports` adds the backend's imports; `export` (top-level statements) exports
+    `model` on `inputs` with `timed_export(exporter, config)` and defines `run(feed) -> tensor`, the main output
+    of the exported artifact (it may write files under `tmp`); `after` runs once both inputs matched.
+    """
+
+    def block(code: str) -> str:
+        return textwrap.indent(textwrap.dedent(code).strip("\n"), "    ")
+
+    return (
+        _CHILD_HEAD
+        + textwrap.dedent(imports).strip("\n")
+        + _CHILD_SETUP
+        + block(export)
+        + "\n"
+        + _CHILD_COMPARE.replace("TOLERANCE", repr(tolerance))
+        + (block(after) + "\n" if after.strip() else "")
+        + _CHILD_TAIL
+    )
+
+
+_CHILD_HEAD = r"""
+import json, shutil, sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
+import logging
+logging.disable(logging.WARNING)
 import torch
-from hfexport import AutoExportConfig, AutoHfExporter
 from hfexport.testing.corpus import load_entry
+"""
+
+_CHILD_SETUP = r"""
 
 entry = load_entry(sys.argv[1])
 row = {"model": entry.model_type, "status": "eager-error"}
+tmp = tempfile.mkdtemp()
+
+def first(out):
+    return out[entry.output] if hasattr(out, "keys") else out[0]
+
+def timed_export(exporter, config):
+    start = time.perf_counter()
+    result = exporter.export(model, inputs, config=config)
+    row["export_s"] = round(time.perf_counter() - start, 2)
+    row["rules"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
+    return result
+
 try:
     model = entry.build_model()
     inputs, grown = entry.sample_inputs(), entry.grown_inputs()
-    def first(out):
-        return out[entry.output] if hasattr(out, "keys") else out[0]
     with torch.no_grad():
         expected = [first(model(**inputs)), first(model(**grown))]
     row["status"] = "export-error"
-    config = AutoExportConfig.from_dict({"export_format": sys.argv[2], "dynamic": True})
-    exporter = AutoHfExporter.from_config(config)
-    start = time.perf_counter()
-    program = exporter.export(model, inputs, config=config)
-    row["export_s"] = round(time.perf_counter() - start, 2)
-    row["rules"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
-    module = program.module()
+"""
+
+_CHILD_COMPARE = r"""
     for what, feed, ref in (("sample", inputs, expected[0]), ("grown", grown, expected[1])):
         row["status"] = f"{what}-error"
         with torch.no_grad():
-            actual = first(module(**feed))
-        diff = (ref - actual).abs().max().item()
+            actual = run(feed)
+        if actual.shape != ref.shape:
+            row["status"] = f"{what}-shape"
+            row["error"] = f"{list(actual.shape)} != {list(ref.shape)}"
+            raise SystemExit(0)
+        diff = (ref.float() - actual.float()).abs().max().item()
         row[f"{what}_diff"] = diff
-        if diff > 1e-4 * max(1.0, ref.abs().max().item()):
+        if not diff <= TOLERANCE * max(1.0, ref.abs().max().item()):
             row["status"] = f"{what}-mismatch"
             raise SystemExit(0)
     row["status"] = "ok"
+"""
+
+_CHILD_TAIL = r"""
 except SystemExit:
     pass
 except BaseException as exc:
-    row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    text = str(exc).strip()
+    row["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    if "Summary:" in text:  # OpenVINO's converter puts the failing ops after its first line
+        row["error"] += " " + " ".join(text[text.find("Summary:"):].split())[:300]
+    elif exc.__cause__ is not None:
+        row["error"] += f" <- {type(exc.__cause__).__name__}: {str(exc.__cause__).strip()[:300]}"
 finally:
+    shutil.rmtree(tmp, ignore_errors=True)
     print("ROW " + json.dumps(row))
 """
+
+_CHILD = child_script(
+    """
+    from hfexport import AutoExportConfig, AutoHfExporter
+    """,
+    """
+    config = AutoExportConfig.from_dict({"export_format": sys.argv[2], "dynamic": True})
+    module = timed_export(AutoHfExporter.from_config(config), config).module()
+
+    def run(feed):
+        return first(module(**feed))
+    """,
+    tolerance=1e-4,
+)
 
 
 def run_one(path: Path, child: str, child_args: list[str], timeout: int) -> dict:
