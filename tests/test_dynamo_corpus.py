@@ -52,12 +52,6 @@ def _params() -> list:
     return [pytest.param(entry, id=entry.model_type, marks=_marks(entry.model_type)) for entry in CAUSAL_LM]
 
 
-def _first_output(outputs: object, name: str) -> torch.Tensor:
-    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
-        return outputs[name]
-    return outputs[0]
-
-
 def _assert_parity(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
     tolerance = 1e-4 * max(1.0, expected.abs().max().item())
     diff = (expected - actual).abs().max().item()
@@ -73,8 +67,8 @@ def test_dynamo_matches_eager_with_a_second_shape(entry: CorpusEntry) -> None:
     module = program.module()
     for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
         with torch.no_grad():
-            expected = _first_output(model(**feed), entry.output)
-            actual = _first_output(module(**feed), entry.output)
+            expected = entry.main_output(model(**feed))
+            actual = entry.main_output(module(**feed))
         assert actual.shape == expected.shape, what
         _assert_parity(expected, actual, f"{entry.model_type} {what}")
     # the report names every rule that fired, with positive counts only
@@ -110,5 +104,5 @@ def test_chunked_sequence_mixers_accept_lengths_across_chunks(entry: CorpusEntry
         ids = torch.randint(max(low, 3), high, (2, length), generator=generator)
         feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with torch.no_grad():
-            expected = _first_output(model(**feed), entry.output)
-        _assert_parity(expected, _first_output(program.module()(**feed), entry.output), f"length {length}")
+            expected = entry.main_output(model(**feed))
+        _assert_parity(expected, entry.main_output(program.module()(**feed)), f"length {length}")

@@ -9,7 +9,6 @@ of the causal-LM corpus runs with `-m slow` (and as `tools/sweep_executorch.py`)
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ import torch
 pytest.importorskip("executorch")
 
 from hfexport import ExecutorchConfig, ExecutorchExporter
-from hfexport.lowerings.executorch import bounded_dynamic_shapes
 from hfexport.runtime.executorch import ExecutorchProgram
-from hfexport.testing.corpus import CorpusEntry, load_corpus
+from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
 
 # One dense decoder in the default tier (tiny-llama and a tiny MoE run in the exporter and rule tests).
 FAST = {"gpt2"}
@@ -39,35 +37,19 @@ KNOWN_FAILURES: dict[str, str] = {
 CORPUS = load_corpus(family="causal_lm")
 
 
-def _params() -> list:
-    params = []
-    for entry in CORPUS:
-        marks = [] if entry.model_type in FAST else [pytest.mark.slow]
-        if entry.model_type in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=True))
-        params.append(pytest.param(entry, id=entry.name, marks=marks))
-    return params
-
-
-def _first_output(outputs: object, name: str) -> torch.Tensor:
-    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
-        return outputs[name]
-    return outputs[0]
-
-
-@pytest.mark.parametrize("entry", _params())
+@pytest.mark.parametrize("entry", corpus_params(CORPUS, FAST, KNOWN_FAILURES))
 def test_executorch_matches_eager_in_the_runtime_with_a_second_shape(entry: CorpusEntry, tmp_path: Path) -> None:
     model = entry.build_model()
     inputs = entry.sample_inputs()
+    # dynamic=True alone: the exporter caps the unbounded axes that memory planning needs bounded.
     config = ExecutorchConfig(backend="xnnpack", dynamic=True)
-    config = dataclasses.replace(config, dynamic_shapes=bounded_dynamic_shapes(model, inputs, config, []))
     exporter = ExecutorchExporter()
     path = tmp_path / "model.pte"
     exporter.export(model, inputs, config).save(str(path))
     program = ExecutorchProgram(path)
     for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
         with torch.no_grad():
-            expected = _first_output(model(**feed), entry.output)
+            expected = entry.main_output(model(**feed))
         actual = program.run(feed)[0]
         assert actual.shape == expected.shape, what
         tolerance = 1e-4 * max(1.0, expected.abs().max().item())

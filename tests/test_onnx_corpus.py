@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from hfexport import OnnxConfig, OnnxExporter
 from hfexport.lowerings.onnx import onnx_feed
-from hfexport.testing.corpus import CorpusEntry, load_corpus
+from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
 
 # One per family of ONNX problems, kept small: the default tier must stay within minutes on 2 cores.
 FAST = {"llama", "gpt2", "qwen3_moe", "bert"}
@@ -36,23 +36,7 @@ KNOWN_FAILURES: dict[str, str] = {
 CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
 
 
-def _params() -> list:
-    params = []
-    for entry in CORPUS:
-        marks = [] if entry.model_type in FAST else [pytest.mark.slow]
-        if entry.model_type in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=False))
-        params.append(pytest.param(entry, id=entry.name, marks=marks))
-    return params
-
-
-def _first_output(outputs: object, name: str) -> torch.Tensor:
-    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
-        return outputs[name]
-    return outputs[0]
-
-
-@pytest.mark.parametrize("entry", _params())
+@pytest.mark.parametrize("entry", corpus_params(CORPUS, FAST, KNOWN_FAILURES, strict=False))
 def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_path: Path) -> None:
     model = entry.build_model()
     inputs = entry.sample_inputs()
@@ -65,7 +49,7 @@ def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_p
     assert entry.output in output_names, output_names
     for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
         with torch.no_grad():
-            expected = _first_output(model(**feed), entry.output)
+            expected = entry.main_output(model(**feed))
         actual = torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])
         assert actual.shape == expected.shape, what
         tolerance = 1e-4 * max(1.0, expected.abs().max().item())

@@ -15,7 +15,7 @@ pytest.importorskip("openvino")
 
 from hfexport import OpenVINOConfig, OpenVINOExporter
 from hfexport.runtime.openvino import OpenVINORunner
-from hfexport.testing.corpus import CorpusEntry, load_corpus
+from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
 
 # One dense decoder by default (the MoE patch has its own examples and failure test in tests/rewrites): the
 # default tier must stay within minutes on 2 cores.
@@ -42,25 +42,7 @@ FLAKY: dict[str, str] = {"afmoe": "sample mismatch 0.06, likely top-k tie order 
 CORPUS = [*load_corpus(family="causal_lm"), *load_corpus(family="encoder")]
 
 
-def _params() -> list:
-    params = []
-    for entry in CORPUS:
-        marks = [] if entry.model_type in FAST else [pytest.mark.slow]
-        if entry.model_type in KNOWN_FAILURES:
-            marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[entry.model_type], strict=True))
-        elif entry.model_type in FLAKY:
-            marks.append(pytest.mark.xfail(reason=FLAKY[entry.model_type], strict=False))
-        params.append(pytest.param(entry, id=entry.name, marks=marks))
-    return params
-
-
-def _first_output(outputs: object, name: str) -> torch.Tensor:
-    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
-        return outputs[name]
-    return outputs[0]
-
-
-@pytest.mark.parametrize("entry", _params())
+@pytest.mark.parametrize("entry", corpus_params(CORPUS, FAST, KNOWN_FAILURES, flaky=FLAKY))
 def test_openvino_matches_eager_with_a_second_shape(entry: CorpusEntry) -> None:
     model = entry.build_model()
     inputs = entry.sample_inputs()
@@ -76,7 +58,7 @@ def test_openvino_matches_eager_with_a_second_shape(entry: CorpusEntry) -> None:
     assert entry.output in runner.output_names, runner.output_names
     for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
         with torch.no_grad():
-            expected = _first_output(model(**feed), entry.output)
+            expected = entry.main_output(model(**feed))
         actual = runner(**feed)[entry.output]
         assert actual.shape == expected.shape, what
         tolerance = 1e-4 * max(1.0, expected.abs().max().item())

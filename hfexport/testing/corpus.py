@@ -110,6 +110,12 @@ class CorpusEntry:
             raise ValueError(f"unknown grow fill {fill!r} in {self.name}")
         return torch.cat([tensor, extra], dim=axis)
 
+    def main_output(self, outputs: Any) -> torch.Tensor:
+        """The output the corpus compares (`self.output` of a model output or dict, else the first one)."""
+        if isinstance(outputs, dict) or hasattr(outputs, "keys"):
+            return outputs[self.output]
+        return outputs[0]
+
     def grown_inputs(self, seed: int = 1) -> dict[str, torch.Tensor]:
         """A longer input for the dynamic-shape check; inputs without a grow spec stay as sampled.
 
@@ -153,3 +159,26 @@ def load_corpus(root: Path | None = None, family: str | None = None) -> list[Cor
     if family and not entries:
         raise FileNotFoundError(f"no corpus entries for family {family!r} under {root}")
     return entries
+
+
+def corpus_params(
+    entries: list[CorpusEntry],
+    fast: set[str],
+    known_failures: dict[str, str],
+    strict: bool = True,
+    flaky: dict[str, str] | None = None,
+) -> list[Any]:
+    """pytest params of `entries`: the `fast` model types run by default, the rest are marked `slow`; known
+    failures are expected to fail (`strict`: a fix shows up as a failure to remove the entry), flaky ones
+    non-strictly."""
+    import pytest
+
+    params = []
+    for entry in entries:
+        marks = [] if entry.model_type in fast else [pytest.mark.slow]
+        if entry.model_type in known_failures:
+            marks.append(pytest.mark.xfail(reason=known_failures[entry.model_type], strict=strict))
+        elif flaky and entry.model_type in flaky:
+            marks.append(pytest.mark.xfail(reason=flaky[entry.model_type], strict=False))
+        params.append(pytest.param(entry, id=entry.name, marks=marks))
+    return params
