@@ -34,6 +34,15 @@ _EXPORTS = {
     "InputError": "hfexport.errors",
     "ConfigError": "hfexport.errors",
     "MissingPackageError": "hfexport.errors",
+    "save": "hfexport.saving",
+    "load": "hfexport.saving",
+    "LoadedExport": "hfexport.saving",
+    "LoadedComponent": "hfexport.saving",
+    "ArtifactError": "hfexport.saving",
+    "ManifestError": "hfexport.saving",
+    "UnsafePathError": "hfexport.saving",
+    "UntrustedArtifactError": "hfexport.saving",
+    "ArtifactExistsError": "hfexport.saving",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,55 +1,23 @@
-"""Saved exports: write an export result to a folder in its backend's own format, with a manifest, and run it back.
+"""Validation of saved exports: run an artifact in its own runtime and compare it with eager, output by output.
 
-Per format:
-
-| format | files | written by | run by |
-|---|---|---|---|
-| dynamo | `model.pt2` | `torch.export.save` | `hfexport.load_program(...).module()` |
-| onnx | `model.onnx` (+ `model.onnx.data`) | `ONNXProgram.save` | ONNX Runtime, fed by `onnx_feed` |
-| executorch | `model.pte` | `ExecutorchProgramManager.save` | `hfexport.runtime.executorch.ExecutorchProgram` |
-| openvino | `model.xml` + `model.bin` | `openvino.save_model` | `hfexport.runtime.openvino.OpenVINORunner` |
-
-`manifest.json` beside them records the format, the files, the input and output names, package versions, the
-export config and the rule report, so an artifact can be audited (and run) without the code that made it.
-Outputs are compared by name: the flattened model-output names (`logits`, `cache.layers_0_keys`) that the
-lowerings give graph outputs, with the `output.` prefix of in-place cache pairs removed.
+Saving and loading live in `hfexport.saving` (`save`, `load`, the manifest schema); this module holds what
+the CLI's `--validate` and the audit add on top: eager references by output name, the comparison, and the
+`Validation` record written into the manifest. Outputs are compared by name: the flattened model-output
+names (`logits`, `cache.layers_0_keys`) that the lowerings give graph outputs, with the `output.` prefix of
+in-place cache pairs removed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-MANIFEST = "manifest.json"
-REPORT = "report.json"
+from hfexport.saving import MAIN_FILE, MANIFEST, REPORT, load, read_manifest, save  # noqa: F401 - re-exported
 
-# The file each format's artifact is run from; side files (weights) sit beside it.
-MAIN_FILE: dict[str, str] = {
-    "dynamo": "model.pt2",
-    "onnx": "model.onnx",
-    "executorch": "model.pte",
-    "openvino": "model.xml",
-}
 _IN_PLACE_PREFIXES = ("input.", "output.")
-
-
-@dataclass
-class SavedArtifact:
-    """What `save_artifact` wrote: the folder, the files (the first is the one to load) and the signature."""
-
-    export_format: str
-    directory: Path
-    files: list[str]
-    input_names: list[str]
-    output_names: list[str]
-
-    @property
-    def path(self) -> Path:
-        return self.directory / self.files[0]
 
 
 @dataclass
@@ -111,88 +79,6 @@ def plain_name(name: str) -> str:
     return name
 
 
-def _signature(program: Any, export_format: str) -> tuple[list[str], list[str]]:
-    if export_format == "onnx":
-        graph = program.model.graph
-        return [v.name for v in graph.inputs], [v.name for v in graph.outputs]
-    if export_format == "openvino":
-        return [p.get_any_name() for p in program.inputs], [p.get_any_name() for p in program.outputs]
-    from hfexport.lowerings.openvino import signature_names
-
-    exported = program.exported_program("forward") if export_format == "executorch" else program
-    names = signature_names(exported)
-    if export_format == "executorch":
-        from hfexport.runtime.executorch import manager_input_names
-
-        # A .pte runs on forward kwargs in the program's order: record the kwarg names, not the flat leaves.
-        kwargs = manager_input_names(program)
-        return kwargs or (names[0] if names else []), names[1] if names else []
-    return names if names is not None else ([], [])
-
-
-def save_artifact(program: Any, export_format: str, directory: str | Path, config: Any = None) -> SavedArtifact:
-    """Save `program` (the native object `export()` returned for `export_format`) into `directory`."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if export_format not in MAIN_FILE:
-        raise ValueError(f"cannot save format {export_format!r}; known: {sorted(MAIN_FILE)}")
-    main = directory / MAIN_FILE[export_format]
-    if export_format == "dynamo":
-        import torch
-
-        torch.export.save(program, str(main))
-    elif export_format == "onnx":
-        program.save(str(main), external_data=getattr(config, "external_data", True))
-    elif export_format == "executorch":
-        program.save(str(main))
-    else:
-        import openvino
-
-        openvino.save_model(program, str(main), compress_to_fp16=getattr(config, "compress_to_fp16", True))
-    side = sorted(p.name for p in directory.iterdir() if p.name.startswith("model.") and p != main)
-    inputs, outputs = _signature(program, export_format)
-    return SavedArtifact(export_format, directory, [main.name, *side], inputs, outputs)
-
-
-def write_manifest(
-    artifact: SavedArtifact,
-    *,
-    config: Any = None,
-    report: Any = None,
-    model: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write `manifest.json` (and `report.json` when there is a report) beside the artifact."""
-    import hfexport
-
-    versions = dict(getattr(report, "versions", {}) or {})
-    versions.setdefault("hfexport", hfexport.__version__)
-    files = list(artifact.files)
-    if report is not None:
-        report.save(artifact.directory / REPORT)
-        files.append(REPORT)
-    manifest = {
-        "format": artifact.export_format,
-        "model": model,
-        "model_class": getattr(report, "model_class", None),
-        "model_type": getattr(report, "model_type", None),
-        "files": files,
-        "inputs": artifact.input_names,
-        "outputs": artifact.output_names,
-        "versions": versions,
-        "config": config.to_dict() if config is not None else None,
-        "report": report.to_dict() if report is not None else None,
-        **dict(extra or {}),
-    }
-    path = artifact.directory / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, default=str))
-    return path
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / MANIFEST).read_text())
-
-
 # -- running an artifact in its own runtime ------------------------------------------------------------------
 
 
@@ -214,41 +100,9 @@ def eager_outputs(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
         return named_outputs(model(**inputs))
 
 
-def run_artifact(directory: str | Path, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Load the artifact in `directory` (by its manifest) in its runtime; run it on forward kwargs `inputs`."""
-    import torch
-
-    manifest = read_manifest(directory)
-    export_format = manifest["format"]
-    path = Path(directory) / manifest["files"][0]
-    if export_format == "dynamo":
-        from hfexport.runtime.dynamo import load_program
-
-        with torch.no_grad():
-            return named_outputs(load_program(path).module()(**inputs))
-    if export_format == "onnx":
-        import onnxruntime
-
-        from hfexport.lowerings.onnx import onnx_feed
-
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        feed = onnx_feed([i.name for i in session.get_inputs()], inputs)
-        names = [plain_name(o.name) for o in session.get_outputs()]
-        return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
-    if export_format == "executorch":
-        from hfexport.runtime.executorch import ExecutorchProgram
-
-        flat = ExecutorchProgram(path, input_names=manifest.get("inputs") or None).run(inputs)
-        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-        names = manifest.get("outputs") or []
-        if len(names) != len(tensors):
-            names = [f"output_{i}" for i in range(len(tensors))]
-        return {plain_name(n): t for n, t in zip(names, tensors, strict=True)}
-    if export_format == "openvino":
-        from hfexport.runtime.openvino import OpenVINORunner
-
-        return {plain_name(n): t for n, t in OpenVINORunner(path)(**inputs).items()}
-    raise ValueError(f"no runtime for format {export_format!r}")
+def run_artifact(directory: str | Path, inputs: Mapping[str, Any], trust: bool = False) -> dict[str, Any]:
+    """Load the (single-component) artifact in `directory` in its runtime; run it on forward kwargs `inputs`."""
+    return load(directory, trust=trust).run(inputs)
 
 
 def compare(expected: Mapping[str, Any], actual: Mapping[str, Any], atol: float, rtol: float) -> list[OutputDiff]:
@@ -280,10 +134,20 @@ def compare(expected: Mapping[str, Any], actual: Mapping[str, Any], atol: float,
 
 
 def validate(
-    directory: str | Path, model: Any, inputs: Mapping[str, Any], atol: float = 1e-4, rtol: float = 1e-3
+    directory: str | Path,
+    model: Any,
+    inputs: Mapping[str, Any],
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    *,
+    trust: bool = False,
+    component: str | None = None,
 ) -> Validation:
-    """Run the saved artifact in its own runtime and compare every output with eager `model(**inputs)`."""
-    manifest = read_manifest(directory)
+    """Load the saved artifact, run it in its own runtime and compare every output with eager `model(**inputs)`.
+
+    `trust` is passed to `hfexport.load` (a `.pt2` needs it); `component` picks one of a multi-component export.
+    """
+    loaded = load(directory, trust=trust)
     expected = eager_outputs(model, inputs)
-    actual = run_artifact(directory, inputs)
-    return Validation(manifest["format"], compare(expected, actual, atol, rtol), atol, rtol)
+    actual = loaded.run(inputs, component)
+    return Validation(loaded.export_format, compare(expected, actual, atol, rtol), atol, rtol)

@@ -206,8 +206,9 @@ class _Attempt:
 
 
 def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, atol: float, rtol: float) -> _Attempt:
-    from hfexport.artifacts import save_artifact, validate, write_manifest
+    from hfexport.artifacts import validate
     from hfexport.auto import AutoHfExporter
+    from hfexport.saving import save
 
     exporter = AutoHfExporter.from_config(config)
     try:
@@ -216,9 +217,10 @@ def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, ato
         return _Attempt(False, _error_text(exc), exporter.report, None)
     with tempfile.TemporaryDirectory(prefix="hfexport-audit-") as tmp:
         try:
-            artifact = save_artifact(program, config.export_format, tmp, _save_config(config))
-            write_manifest(artifact, config=config)
-            validation = validate(tmp, model, inputs, atol=atol, rtol=rtol)
+            artifact = Path(tmp) / "artifact"
+            save(program, artifact, config=_save_config(config), report=exporter.report)
+            # trust: the .pt2 is the one saved a line above.
+            validation = validate(artifact, model, inputs, atol=atol, rtol=rtol, trust=True)
         except Exception as exc:
             # Exported, but the artifact does not save or run in its runtime: as good as a failed export.
             return _Attempt(False, f"the artifact does not run: {_error_text(exc)}", exporter.report, None)

@@ -5,9 +5,11 @@ hfexport audit --model tiny-qwen3-moe --format onnx [--json audit.json] [--expla
 hfexport rules list [--stage fx] [--backend onnx]
 hfexport rules show patch/moe-grouped-mm-portable
 hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
+hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h.html] [--png h.png] [--csv F]
 
-Progress goes to stderr, results to stdout. Exit codes: 0 success; 1 the artifact differs from eager beyond
-the tolerance (or an audited export failed); 2 the export failed.
+Progress goes to stderr (live per stage with rich on a terminal, plain lines otherwise), results to stdout.
+Exit codes: 0 success; 1 the artifact differs from eager beyond the tolerance (or an audited export failed);
+2 the export failed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from typing import Any
 from hfexport.rewrites.rule import BACKENDS, STAGES
 
 FORMATS = BACKENDS
-# Files an earlier `hfexport export` left in the output folder, replaced by --overwrite.
-_OWN_FILES = ("model.*", "manifest.json", "report.json")
 
 
 def _load_model(spec: str) -> tuple[Any, dict[str, Any]]:
@@ -44,9 +44,67 @@ def _load_model(spec: str) -> tuple[Any, dict[str, Any]]:
     return model, {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
 
+class Progress:
+    """Progress on stderr: `step` for a new phase, `stage` for a pipeline stage entered during an export.
+
+    On a terminal with rich installed, a spinner names the running stage and each finished stage is printed
+    with its time; otherwise (a pipe, a log, no rich) one plain line per step and per stage.
+    """
+
+    def __init__(self, live: bool | None = None) -> None:
+        self.console: Any = None
+        self.status: Any = None
+        self.current: tuple[str, float] | None = None
+        if live is None:
+            live = sys.stderr.isatty()
+        if live:
+            try:
+                from rich.console import Console
+
+                self.console = Console(stderr=True)
+            except ImportError:
+                self.console = None
+
+    def step(self, message: str) -> float:
+        self._finish_stage()
+        if self.console is not None:
+            self.console.print(f"• {message}", highlight=False)
+        else:
+            print(f"• {message}", file=sys.stderr, flush=True)
+        return time.perf_counter()
+
+    def stage(self, name: str) -> None:
+        self._finish_stage()
+        self.current = (name, time.perf_counter())
+        if self.console is not None:
+            if self.status is None:
+                self.status = self.console.status(f"stage {name}")
+                self.status.start()
+            else:
+                self.status.update(f"stage {name}")
+        else:
+            print(f"  › stage {name}", file=sys.stderr, flush=True)
+
+    def _finish_stage(self) -> None:
+        if self.current is None:
+            return
+        name, start = self.current
+        self.current = None
+        if self.console is not None:
+            self.console.print(f"  ✓ {name} {time.perf_counter() - start:.1f}s", highlight=False)
+
+    def close(self) -> None:
+        self._finish_stage()
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+_PROGRESS = Progress(live=False)
+
+
 def _step(message: str) -> float:
-    print(f"• {message}", file=sys.stderr, flush=True)
-    return time.perf_counter()
+    return _PROGRESS.step(message)
 
 
 def _split(values: list[str] | None) -> tuple[str, ...]:
@@ -83,51 +141,60 @@ def _stage_times(report: Any) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hfexport.artifacts import save_artifact, validate, write_manifest
+    from hfexport.artifacts import validate
     from hfexport.auto import AutoHfExporter
     from hfexport.errors import HfExportError
+    from hfexport.rewrites.engine import stage_listener
+    from hfexport.saving import ArtifactExistsError, check_destination, save, update_manifest
 
     output = Path(args.output)
-    if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise SystemExit(f"{output} exists and is not empty; pass --overwrite to replace its contents")
-    config = _config(args)
-    start = _step(f"building {args.model}")
-    model, inputs = _load_model(args.model)
-    exporter = AutoHfExporter.from_config(config)
-    _step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
     try:
-        program = exporter.export(model, inputs, config=config)
-    except HfExportError as exc:
-        if exporter.report is not None:
-            print(exporter.report)
-        print(f"export failed: {exc}", file=sys.stderr)
-        return 2
-    report = exporter.report
-    _step(f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired")
+        # Before minutes of export: a destination the save would refuse is refused now.
+        check_destination(output, args.overwrite)
+    except ArtifactExistsError as exc:
+        raise SystemExit(str(exc)) from None
+    config = _config(args)
+    progress = Progress()
+    try:
+        start = progress.step(f"building {args.model}")
+        model, inputs = _load_model(args.model)
+        exporter = AutoHfExporter.from_config(config)
+        progress.step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
+        try:
+            with stage_listener(progress.stage):
+                program = exporter.export(model, inputs, config=config)
+        except HfExportError as exc:
+            progress.close()
+            if exporter.report is not None:
+                print(exporter.report)
+            print(f"export failed: {exc}", file=sys.stderr)
+            return 2
+        report = exporter.report
+        progress.step(
+            f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired"
+        )
+        t0 = progress.step(f"saving {args.format} artifact to {output}/")
+        save(program, output, overwrite=args.overwrite, config=config, report=report, model=args.model)
+        progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
 
-    if output.exists() and args.overwrite:
-        for pattern in _OWN_FILES:
-            for old in output.glob(pattern):
-                old.unlink()
-    t0 = _step(f"saving {args.format} artifact to {output}/")
-    artifact = save_artifact(program, args.format, output, config)
-    report.stage_seconds["save"] = time.perf_counter() - t0
-    write_manifest(artifact, config=config, report=report, model=args.model)
+        status = 0
+        if args.validate:
+            rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+            from hfexport.saving import MAIN_FILE
 
-    status = 0
-    if args.validate:
-        rtol = args.rtol if args.rtol is not None else _default_rtol(config)
-        _step(f"validating {artifact.files[0]} in the {args.format} runtime against eager")
-        validation = validate(output, model, inputs, atol=args.atol, rtol=rtol)
-        report.parity = validation.max_abs_diff
-        extra = {"validation": validation.to_dict()}
-        write_manifest(artifact, config=config, report=report, model=args.model, extra=extra)
-        print(validation)
-        if not validation.ok:
-            print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
-            status = 1
+            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
+            # trust: the .pt2 is the one this process wrote a moment ago.
+            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True)
+            report.parity = validation.max_abs_diff
+            update_manifest(output, validation=validation.to_dict())
+            print(validation)
+            if not validation.ok:
+                print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
+                status = 1
+    finally:
+        progress.close()
     print(report)
-    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {artifact.path}")
+    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {output}")
     return status
 
 
@@ -224,6 +291,43 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from hfexport.sweep import find_configs, run_sweep
+
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            # Refused before the sweep: a PNG that silently never appears after an hour is worse.
+            raise SystemExit(
+                "--png needs matplotlib, which is not installed (pip install matplotlib); "
+                "--html writes the same heatmap as a static page without it"
+            ) from None
+    extra: dict[str, Any] = {}
+    if args.config:
+        text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
+        extra = json.loads(text)
+        if not isinstance(extra, dict):
+            raise SystemExit("--config takes a JSON object, e.g. '{\"fusions\": null}'")
+    try:
+        paths = find_configs(args.configs, _split(args.only) or None)
+    except FileNotFoundError as exc:
+        raise SystemExit(str(exc)) from None
+    _step(f"sweeping {len(paths)} model(s) to {args.format} with {args.jobs} job(s)")
+    sweep = run_sweep(
+        paths, args.format, config=extra, jobs=args.jobs, timeout=args.timeout, progress=lambda m: _step(m)
+    )
+    print(sweep.table())
+    for path, text in ((args.csv, sweep.to_csv()), (args.json, sweep.to_json()), (args.html, sweep.to_html())):
+        if path:
+            Path(path).write_text(text)
+            _step(f"wrote {path}")
+    if args.png:
+        sweep.save_png(args.png)
+        _step(f"wrote {args.png}")
+    return 0
+
+
 def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
     parser.add_argument("--format", default="dynamo", help=f"export format: {', '.join(FORMATS)} (default: dynamo)")
@@ -283,6 +387,19 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--json", help="also write the sites as JSON to this file")
     scan.add_argument("--jobs", type=int, default=1, help="parse files in this many processes (default 1)")
     scan.set_defaults(func=cmd_scan)
+
+    sweep = sub.add_parser("sweep", help="export many tiny-config models; write the models x rules hit matrix")
+    sweep.add_argument("--configs", required=True, help="a corpus entry (JSON) or a folder searched for them")
+    sweep.add_argument("--format", default="dynamo", choices=FORMATS)
+    sweep.add_argument("--only", action="append", help="only these entries (file stems, comma-separated)")
+    sweep.add_argument("--config", help="extra config fields as JSON (or @file.json) for every export")
+    sweep.add_argument("--jobs", type=int, default=1, help="models exported at once, one process each (default 1)")
+    sweep.add_argument("--timeout", type=float, default=600, help="seconds per model before it counts as a hang")
+    sweep.add_argument("--csv", help="write the hit matrix (one column per rule of the format) as CSV")
+    sweep.add_argument("--json", help="write rows, dead and expired rules as JSON")
+    sweep.add_argument("--html", help="write the heatmap as a static HTML table")
+    sweep.add_argument("--png", help="write the heatmap as a PNG (needs matplotlib)")
+    sweep.set_defaults(func=cmd_sweep)
     return parser
 
 

@@ -34,7 +34,8 @@ def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path:
         manifest["outputs"]
     )
     report = json.loads((out / "report.json").read_text())
-    assert report["model_class"] == "LlamaForCausalLM" and set(report["parity"]) == set(manifest["outputs"])
+    assert report["model_class"] == "LlamaForCausalLM" and report == manifest["report"]
+    assert manifest["checksums"]["model.pt2"]["size"] == (out / "model.pt2").stat().st_size
     captured = capsys.readouterr()
     assert "LlamaForCausalLM -> dynamo" in captured.out and "ok   logits [2, 8, 128]" in captured.out
     assert "• saving dynamo artifact" in captured.err and "• validating model.pt2" in captured.err
@@ -83,7 +84,7 @@ def test_openvino_export_beyond_tolerance_exits_1_and_records_the_diffs(tmp_path
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["validation"]["ok"] is False and manifest["config"]["compress_to_fp16"] is True
     diffs = {o["name"]: o["max_abs_diff"] for o in manifest["validation"]["outputs"]}
-    assert 0 < diffs["logits"] < 1e-2 and manifest["report"]["parity"] == diffs
+    assert 0 < diffs["logits"] < 1e-2
     # the IR reads back with the signature names the manifest lists
     import openvino
 

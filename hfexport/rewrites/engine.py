@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +33,27 @@ class RuleOutcome:
         return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason")}
 
 
+# Who hears stage changes of the exports started in this context (the CLI's progress display).
+_STAGE_LISTENER: ContextVar[Callable[[str], None] | None] = ContextVar("hfexport_stage_listener", default=None)
+
+
+@contextmanager
+def stage_listener(callback: Callable[[str], None] | None) -> Iterator[None]:
+    """Call `callback(stage)` whenever an export started inside this block enters a stage."""
+    token = _STAGE_LISTENER.set(callback)
+    try:
+        yield
+    finally:
+        _STAGE_LISTENER.reset(token)
+
+
 @dataclass
 class RewriteContext:
-    """Per-export state the engine owns: the backend, the selection, and what fired."""
+    """Per-export state the engine owns: the backend, the selection, and what fired.
+
+    `on_stage(stage)` is called each time `current_stage` changes to a new stage (default: the listener of
+    `stage_listener`), so progress can be shown without the pipeline knowing who watches.
+    """
 
     backend: str
     selection: RuleSelection = field(default_factory=RuleSelection)
@@ -44,6 +63,15 @@ class RewriteContext:
     # Set by the stage that is running, so a failure can name it.
     current_stage: str | None = None
     current_rule: str | None = None
+    on_stage: Callable[[str], None] | None = field(default_factory=_STAGE_LISTENER.get, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Stages are entered by assigning current_stage (here and in the lowerings): one place to notify.
+        if name == "current_stage" and value is not None and value != self.__dict__.get("current_stage"):
+            listener = self.__dict__.get("on_stage")
+            if listener is not None:
+                listener(value)
+        object.__setattr__(self, name, value)
 
     def hit(self, rule_id: str) -> None:
         self.hits[rule_id] += 1
@@ -143,6 +171,7 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
     registry = registry or default_registry()
     rules = registry.selected("patch", context)
     session = PatchSession(context.hit)
+    context.current_stage = "patch"
     # The stage time is install + restore; the trace in between is timed by the caller.
     start = installed = time.perf_counter()
     try:

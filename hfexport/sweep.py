@@ -1,0 +1,383 @@
+"""Sweep: export many tiny-config models, and tabulate which rules fired on which model (the hit matrix).
+
+    hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx --html heatmap.html --csv hits.csv
+
+Each config is a corpus entry (the JSON format of `tests/fixtures/corpus`, read by
+`hfexport.testing.corpus`). Each model runs in its own subprocess, so a crash or hang costs one row, not
+the sweep: build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
+load with `hfexport.load` and run in the format's runtime on the sample input and on a longer one, and
+compare the entry's main output with eager (|diff| <= tolerance * max(1, max|eager|)).
+
+The result is a models x rules matrix of hit counts with pass/fail and the max abs diff per model, written
+as CSV, JSON, a static HTML heatmap and (with matplotlib) a PNG. Rules of the format that fired on no model
+are *dead* here; rules whose `expires` requirement the installed packages meet are *expired*: both lists
+are candidates for removal (confirm with `hfexport audit --ablate`).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Relative to max(1, max|eager|): ONNX Runtime's fused kernels (RMSNorm, rotary) reorder float sums.
+TOLERANCE: dict[str, float] = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-4, "openvino": 1e-4}
+# The sweep compares in f32: fp16 weight storage (OpenVINO's save default) is not what a rule changes.
+DEFAULT_CONFIG: dict[str, dict[str, Any]] = {"openvino": {"compress_to_fp16": False}}
+Progress = Callable[[str], None]
+
+
+@dataclass
+class SweepRow:
+    """One model of a sweep: its status, the worst diff against eager, and the rules that fired."""
+
+    model: str
+    model_type: str = ""
+    status: str = "crash"
+    max_abs_diff: float | None = None
+    tolerance: float | None = None
+    hits: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+    export_s: float | None = None
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class Sweep:
+    """A models x rules hit matrix for one format, with the rules that never fired and those expired."""
+
+    export_format: str
+    rows: list[SweepRow]
+    rules: list[str]  # every rule of the format, in registry order (the matrix's columns)
+    expired: dict[str, str] = field(default_factory=dict)  # rule id -> why (installed version)
+
+    @property
+    def fired(self) -> list[str]:
+        """The rules that fired on at least one model, in registry order."""
+        return [r for r in self.rules if any(row.hits.get(r) for row in self.rows)]
+
+    @property
+    def dead(self) -> list[str]:
+        return [r for r in self.rules if not any(row.hits.get(r) for row in self.rows)]
+
+    @property
+    def passed(self) -> int:
+        return sum(row.ok for row in self.rows)
+
+    def summary(self) -> str:
+        n = len(self.rows)
+        return (
+            f"{self.export_format}: {self.passed}/{n} models ok; {len(self.fired)} of {len(self.rules)} rules fired, "
+            f"{len(self.dead)} dead, {len(self.expired)} expired"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.export_format,
+            "summary": self.summary(),
+            "rules": self.rules,
+            "fired": self.fired,
+            "dead_rules": self.dead,
+            "expired_rules": self.expired,
+            "rows": [{**asdict(row), "ok": row.ok} for row in self.rows],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_csv(self) -> str:
+        """One row per model: status, max diff, then the hit count of every rule of the format."""
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["model", "status", "max_abs_diff", "tolerance", "export_s", *self.rules])
+        for row in self.rows:
+            diff = "" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}"
+            tolerance = "" if row.tolerance is None else f"{row.tolerance:.3g}"
+            export_s = "" if row.export_s is None else row.export_s
+            writer.writerow(
+                [row.model, row.status, diff, tolerance, export_s, *(row.hits.get(r, 0) for r in self.rules)]
+            )
+        return out.getvalue()
+
+    def table(self) -> str:
+        """The terminal view: one line per model, then the dead and expired rules."""
+        rows = [("model", "status", "max diff", "rules fired")]
+        for row in self.rows:
+            diff = "" if row.max_abs_diff is None else f"{row.max_abs_diff:.2g}"
+            fired = ", ".join(f"{k}x{v}" for k, v in row.hits.items())
+            status = row.status + (f" ({_shorten(row.error, 80)})" if row.error and not row.ok else "")
+            rows.append((row.model, status, diff, fired))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3] for r in rows]
+        lines.append(f"dead rules (0 hits on every model): {', '.join(self.dead) or 'none'}")
+        expired = ", ".join(f"{k} ({v})" for k, v in self.expired.items())
+        lines.append(f"expired rules: {expired or 'none'}")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        """A static heatmap: models x fired rules, cell shade by hit count; dead and expired rules below."""
+        fired = self.fired
+        top = max((row.hits.get(r, 0) for row in self.rows for r in fired), default=1) or 1
+
+        def shade(hits: int) -> str:
+            if not hits:
+                return "#ffffff"
+            level = 0.25 + 0.75 * math.log1p(hits) / math.log1p(top)
+            return f"rgba(200, 60, 20, {level:.2f})"
+
+        head = "".join(f'<th class="rule"><div>{html.escape(r)}</div></th>' for r in fired)
+        body = []
+        for row in self.rows:
+            verdict = "pass" if row.ok else "fail"
+            diff = "" if row.max_abs_diff is None else f"{row.max_abs_diff:.2g}"
+            title = html.escape(row.error or row.status, quote=True)
+            cells = "".join(
+                f'<td style="background:{shade(row.hits.get(r, 0))}">{row.hits.get(r, 0) or ""}</td>' for r in fired
+            )
+            body.append(
+                f'<tr><th class="model">{html.escape(row.model)}</th>'
+                f'<td class="{verdict}" title="{title}">{html.escape(row.status)}</td><td>{diff}</td>{cells}</tr>'
+            )
+        dead = "".join(f"<li>{html.escape(r)}</li>" for r in self.dead) or "<li>none</li>"
+        expired = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in self.expired.items())
+        return _HTML.format(
+            title=html.escape(f"hfexport sweep: {self.export_format}"),
+            summary=html.escape(self.summary()),
+            head=head,
+            body="\n".join(body),
+            dead=dead,
+            expired=expired or "<li>none</li>",
+        )
+
+    def save_png(self, path: str | Path) -> Path:
+        """The heatmap as a picture (needs matplotlib: `pip install matplotlib`)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fired = self.fired or self.rules[:1]
+        grid = [[row.hits.get(r, 0) for r in fired] for row in self.rows]
+        fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(fired) + 3), max(3, 0.3 * len(self.rows) + 2)))
+        ax.imshow([[math.log1p(v) for v in line] for line in grid] or [[0]], cmap="Reds", aspect="auto")
+        ax.set_xticks(range(len(fired)), fired, rotation=90, fontsize=7)
+        labels = [f"{'✓' if row.ok else '✗'} {row.model}" for row in self.rows]
+        ax.set_yticks(range(len(self.rows)), labels, fontsize=7)
+        for i, line in enumerate(grid):
+            for j, value in enumerate(line):
+                if value:
+                    ax.text(j, i, str(value), ha="center", va="center", fontsize=6)
+        ax.set_title(self.summary(), fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return Path(path)
+
+
+_HTML = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; font-size: 13px; }}
+table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #ccc; padding: 2px 5px; text-align: center; }}
+th.model {{ text-align: left; white-space: nowrap; }}
+th.rule {{ height: 220px; vertical-align: bottom; }}
+th.rule div {{ writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }}
+td.pass {{ background: #cdeccd; }}
+td.fail {{ background: #f4c2c2; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+<p>{summary}</p>
+<table>
+<thead><tr><th>model</th><th>status</th><th>max abs diff</th>{head}</tr></thead>
+<tbody>
+{body}
+</tbody>
+</table>
+<h2>Dead rules (0 hits on every model)</h2>
+<ul>{dead}</ul>
+<h2>Expired rules (their <code>expires</code> requirement is met)</h2>
+<ul>{expired}</ul>
+</body></html>
+"""
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def find_configs(root: str | Path, only: Sequence[str] | None = None) -> list[Path]:
+    """The corpus entries under `root` (a JSON file or a folder searched recursively), sorted."""
+    root = Path(root)
+    if root.is_file():
+        paths = [root]
+    elif root.is_dir():
+        paths = sorted(root.rglob("*.json"))
+    else:
+        raise FileNotFoundError(f"--configs {root} is neither a corpus JSON file nor a folder of them")
+    if only:
+        wanted = set(only)
+        paths = [p for p in paths if p.stem in wanted]
+    if not paths:
+        raise FileNotFoundError(f"no corpus configs (*.json) under {root}" + (f" named {sorted(only)}" if only else ""))
+    return paths
+
+
+def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
+    from hfexport.audit import expiry_status
+    from hfexport.rewrites.engine import default_registry
+
+    rules = [r for r in default_registry().rules() if r.applies_to(export_format)]
+    expired = {}
+    for rule in default_registry().rules():
+        is_expired, why = expiry_status(rule.meta)
+        if is_expired:
+            expired[rule.id] = why
+    return [r.id for r in rules], expired
+
+
+def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:
+    """Run one corpus entry in a child process (`python -m hfexport.sweep --child ...`); return its row."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "hfexport.sweep", "--child", str(path), export_format, json.dumps(config)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return SweepRow(path.stem, status="timeout", error=f"over {timeout:.0f}s", wall_s=round(timeout, 1))
+    found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    if found:
+        row = SweepRow(**json.loads(found[-1]))
+    else:
+        tail = proc.stderr.strip().splitlines()[-3:] if proc.stderr else [f"exit code {proc.returncode}"]
+        row = SweepRow(path.stem, status="crash", error=" | ".join(tail)[-400:])
+    row.wall_s = round(time.perf_counter() - start, 1)
+    return row
+
+
+def run_sweep(
+    paths: Sequence[Path],
+    export_format: str,
+    *,
+    config: dict[str, Any] | None = None,
+    jobs: int = 1,
+    timeout: float = 600.0,
+    progress: Progress | None = None,
+) -> Sweep:
+    """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix."""
+    from hfexport.auto import AutoExportConfig
+
+    merged = {**DEFAULT_CONFIG.get(export_format, {}), **(config or {})}
+    # A bad format or config field fails here, once, not in every child.
+    AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
+    rules, expired = _rule_columns(export_format)
+    say = progress or (lambda _message: None)
+    done = 0
+
+    def one(path: Path) -> SweepRow:
+        nonlocal done
+        row = run_one(path, export_format, merged, timeout)
+        done += 1
+        diff = "" if row.max_abs_diff is None else f", max diff {row.max_abs_diff:.2g}"
+        say(f"[{done}/{len(paths)}] {row.model}: {row.status}{diff} ({row.wall_s:.0f}s)")
+        return row
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        rows = list(pool.map(one, paths))
+    return Sweep(export_format, rows, rules, expired)
+
+
+# -- the child: one model ----------------------------------------------------------------------------------
+
+
+def _main_output(outputs: dict[str, Any], name: str) -> Any:
+    return outputs[name] if name in outputs else next(iter(outputs.values()))
+
+
+def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
+    """Export, save, load and run one corpus entry; the row as a dict (also on failure)."""
+    import torch
+
+    from hfexport.artifacts import named_outputs
+    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.saving import load, save
+    from hfexport.testing.corpus import load_entry
+
+    row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}
+    tolerance = TOLERANCE.get(export_format, 1e-4)
+    exporter = None
+    try:
+        entry = load_entry(path)
+        row["model"], row["model_type"] = entry.name, entry.model_type
+        row["status"] = "eager-error"
+        model = entry.build_model()
+        inputs, grown = entry.sample_inputs(), entry.grown_inputs()
+        with torch.no_grad():
+            expected = [named_outputs(model(**feed)) for feed in (inputs, grown)]
+        row["status"] = "export-error"
+        config = AutoExportConfig.from_dict(
+            {"export_format": export_format, "dynamic": True, **json.loads(config_json)}
+        )
+        exporter = AutoHfExporter.from_config(config)
+        start = time.perf_counter()
+        program = exporter.export(model, inputs, config=config)
+        row["export_s"] = round(time.perf_counter() - start, 2)
+        with tempfile.TemporaryDirectory(prefix="hfexport-sweep-") as tmp:
+            row["status"] = "save-error"
+            save(program, Path(tmp) / "artifact", config=config, report=exporter.report)
+            row["status"] = "load-error"
+            loaded = load(Path(tmp) / "artifact", trust=True)  # we wrote it a moment ago
+            worst = 0.0
+            for what, feed, reference in (("sample", inputs, expected[0]), ("grown", grown, expected[1])):
+                row["status"] = f"{what}-run-error"
+                actual = loaded.run(feed)
+                ref = _main_output(reference, entry.output)
+                got = _main_output(actual, entry.output)
+                if tuple(got.shape) != tuple(ref.shape):
+                    row["status"], row["error"] = f"{what}-shape", f"{list(got.shape)} != {list(ref.shape)}"
+                    return row
+                diff = (got.double() - ref.double()).abs().nan_to_num(math.inf).max().item() if ref.numel() else 0.0
+                worst = max(worst, diff)
+                row["max_abs_diff"] = worst
+                bound = tolerance * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
+                row["tolerance"] = bound
+                if not diff <= bound:
+                    row["status"] = f"{what}-mismatch"
+                    return row
+            row["status"] = "ok"
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        row["error"] = f"{type(exc).__name__}: {text[:400]}"
+    finally:
+        if exporter is not None and exporter.report is not None:
+            row["hits"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
+    return row
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        import logging
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        logging.disable(logging.WARNING)
+        print("ROW " + json.dumps(child(sys.argv[2], sys.argv[3], sys.argv[4])), flush=True)
+        raise SystemExit(0)
+    raise SystemExit("usage: python -m hfexport.sweep --child ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")
