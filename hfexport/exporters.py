@@ -18,7 +18,7 @@ from hfexport.configs import (
     OnnxConfig,
     OpenVINOConfig,
 )
-from hfexport.errors import ConfigError, InputError
+from hfexport.errors import ConfigError, HfExportError, InputError
 from hfexport.report import ExportReport
 from hfexport.versions import check_packages
 
@@ -60,6 +60,68 @@ class HfExporter(ABC):
     ) -> Any:
         """Export `model`, traced on `sample_inputs` (its forward kwargs); return the backend's native object."""
 
+    def export_for_generation(
+        self,
+        model: torch.nn.Module,
+        generate_kwargs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None = None,
+        *,
+        generation_config: Any = None,
+        multi_token_decode: bool = False,
+    ) -> dict[str, Any]:
+        """Export every component `generate` runs (see `decompose_for_generation`): `{name: native object}`.
+
+        `config` is one config for all components or a dict keyed by component name that names every one.
+        `self.reports` holds each component's report (`self.report` is the last one's).
+        """
+        from hfexport.frontends.generation import (
+            GenerationComponents,
+            decompose_for_generation,
+            describe,
+            split_config,
+        )
+
+        if isinstance(config, Mapping):
+            for each in config.values():
+                self.check_config(each)
+        else:
+            self.check_config(config)
+        self.validate_environment()
+        components = decompose_for_generation(
+            model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
+        )
+        configs = split_config(config, list(components))
+        results = GenerationComponents()
+        results.spec = describe(components, generation_config, model)
+        results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
+        self.reports: dict[str, ExportReport] = {}
+        for name, (submodule, kwargs) in components.items():
+            logger.info("exporting component %s (%s)", name, type(submodule).__name__)
+            self.report = None
+            try:
+                results[name] = self.export(submodule, kwargs, configs[name])
+            except Exception as exc:
+                raise HfExportError(
+                    f"{type(exc).__name__}: {exc}",
+                    stage=getattr(exc, "stage", "export"),
+                    rule_id=getattr(exc, "rule_id", None),
+                    model=f"component {name!r} ({type(submodule).__name__}, inputs {sorted(kwargs)})",
+                ) from exc
+            finally:
+                if self.report is not None:
+                    self.report.component = name
+                    self.reports[name] = self.report
+        return results
+
+
+def _mutates(program: torch.export.ExportedProgram) -> bool:
+    """Whether the graph holds an op that writes into one of its arguments (an in-place or out= op)."""
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
 
 class DynamoExporter(HfExporter):
     """Export to a `torch.export.ExportedProgram` (run with `.module()(**inputs)`, AOTInductor, ...)."""
@@ -87,6 +149,10 @@ class DynamoExporter(HfExporter):
         )
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
+        # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
+        if _mutates(program):
+            program = program.run_decompositions({})
         return program
 
     def _capture_and_lower(
@@ -101,14 +167,26 @@ class DynamoExporter(HfExporter):
         validate_inputs(sample_inputs, getattr(config, "dynamic_shapes", None))
         versions = self.validate_environment()
         default_registry().validate_selection(config.rules)
+        quantizer = getattr(config, "quantizer", None)
+        if quantizer is not None:
+            # Before tracing: a quantizer that does not fit the format, or lacks its packages, fails in milliseconds.
+            from hfexport.quantizers.apply import check_quantizer
+
+            versions = {**versions, **check_quantizer(quantizer, self.export_format, config)}
 
         context = RewriteContext(backend=self.export_format, selection=config.rules)
         warnings: list[str] = []
+        quantization = None
         start = time.perf_counter()
         try:
             options = self.capture_options(model, sample_inputs, config, warnings)
             program = capture(model, sample_inputs, options, context, warnings)
-            result = self.lower(program, config, context)
+            if quantizer is None:
+                result = self.lower(program, config, context)
+            else:
+                result, quantization = self._quantize_and_lower(
+                    quantizer, program, sample_inputs, options, config, context
+                )
         finally:
             for warning in warnings:
                 logger.warning("%s: %s", type(model).__name__, warning)
@@ -120,8 +198,53 @@ class DynamoExporter(HfExporter):
                 total_seconds=time.perf_counter() - start,
                 warnings=warnings,
                 versions=versions,
+                quantization=quantization,
             )
         return result
+
+    def _quantize_and_lower(
+        self,
+        quantizer: Any,
+        program: torch.export.ExportedProgram,
+        sample_inputs: Mapping[str, Any],
+        options: Any,
+        config: ExportConfigMixin,
+        context: Any,
+    ) -> tuple[Any, Any]:
+        """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
+        (and before saving, so a saved artifact is the quantized one)."""
+        import dataclasses
+
+        from hfexport.quantizers.apply import quantize_backend_model, quantize_program
+
+        if quantizer.quantizes_fx_graph:
+            program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)
+            context.stage_seconds["quantize"] = record.seconds
+            return self.lower(program, config, context), record
+        output_path = getattr(config, "output_path", None)
+        unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
+        result = self.lower(program, unsaved, context)
+        result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
+        context.stage_seconds["quantize"] = record.seconds
+        if output_path is not None:
+            start = time.perf_counter()
+            self._save_lowered(result, config)
+            context.stage_seconds["save"] = time.perf_counter() - start
+        return result, record
+
+    def _save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
+        """Save a lowered (and quantized) model to `config.output_path` as the lowering itself would."""
+        if self.export_format == ExportFormat.ONNX.value:
+            result.save(config.output_path, external_data=config.external_data)
+        elif self.export_format == ExportFormat.OPENVINO.value:
+            from pathlib import Path
+
+            import openvino as ov
+
+            Path(config.output_path).parent.mkdir(parents=True, exist_ok=True)
+            ov.save_model(result, str(config.output_path), compress_to_fp16=config.compress_to_fp16)
+        else:
+            raise ConfigError(f"{type(self).__name__} has no output_path to save a quantized model to")
 
 
 class OnnxExporter(DynamoExporter):

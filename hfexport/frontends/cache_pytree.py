@@ -60,9 +60,43 @@ def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) ->
     # Sort the names only: TorchDynamo (strict export) cannot sort pairs that hold tensors.
     state = vars(obj)
     attrs = tuple(
-        (name, _encode(state[name], f"{path}.{name}" if path else name, leaves, keys)) for name in sorted(state)
+        (name, _derived(state, name) or _encode(state[name], f"{path}.{name}" if path else name, leaves, keys))
+        for name in sorted(state)
     )
     return ("O", _class_path(type(obj)), attrs)
+
+
+# Layer attributes that record a size of one of the layer's own tensors. Kept as "the size of that axis"
+# rather than as the number, so a cache of another batch or length has the same pytree context (an exported
+# program then accepts it) and, while tracing, the attribute is the symbolic size: the static cache's
+# length stays dynamic instead of being baked in through `max_cache_len`.
+_DERIVED_SIZES: dict[str, tuple[str, int]] = {
+    "max_cache_len": ("keys", -2),
+    "batch_size": ("keys", 0),
+    "max_batch_size": ("keys", 0),
+    "num_heads": ("keys", 1),
+    "k_head_dim": ("keys", -1),
+    "v_head_dim": ("values", -1),
+}
+
+
+def _derived(state: dict[str, Any], name: str) -> Skeleton | None:
+    source = _DERIVED_SIZES.get(name)
+    if source is None:
+        return None
+    tensor = state.get(source[0])
+    value = state[name]
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim < 2 or isinstance(value, bool):
+        return None
+    if not isinstance(value, (int, torch.SymInt)):
+        return None
+    size = tensor.shape[source[1]]
+    if isinstance(value, int) and isinstance(size, int):
+        return ("S", source[0], source[1]) if value == size else None
+    # Symbolic while tracing: equal only when provably so, without adding a guard.
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return ("S", source[0], source[1]) if statically_known_true(value == size) else None
 
 
 def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
@@ -84,8 +118,16 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
         return {k: _decode(s, leaves) for k, s in skeleton[1]}
     cls = _load_class(skeleton[1])
     obj = cls.__new__(cls)
+    sized = []
     for name, sub in skeleton[2]:
+        if sub[0] == "S":
+            sized.append((name, sub))
+            continue
         object.__setattr__(obj, name, _decode(sub, leaves))
+    for name, (_, tensor_name, axis) in sized:
+        shape = getattr(getattr(obj, tensor_name, None), "shape", ())
+        # Placeholder leaves (empty tensors used to name a spec's leaves) have no such axis.
+        object.__setattr__(obj, name, shape[axis] if -len(shape) <= axis < len(shape) else None)
     return obj
 
 

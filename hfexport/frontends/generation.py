@@ -1,0 +1,451 @@
+"""Split a generative model into the components `generate` runs, with the real kwargs each one saw.
+
+`decompose_for_generation` runs `model.generate` once on small sample inputs with forward pre-hooks on the
+model and on the submodules generation drives, and snapshots (deep-copies) the kwargs of each call: the
+cache a step receives is mutated in place by later steps, so a reference would show the final state.
+No per-model glue: the components are found through transformers' own accessors.
+
+| model | components |
+|---|---|
+| decoder-only, MoE, state-space | `prefill`, `decode` |
+| encoder-decoder (T5, BART, Whisper) | `encoder`, `prefill`, `decode` |
+| multimodal (LLaVA, Qwen2-VL) | `<modality>_encoder`, `multi_modal_projector`, `language_model`, `lm_head`, `decode` |
+
+`multi_token_decode=True` records two decode steps and merges them into one call with two query tokens,
+so a dynamic export keeps the query axis symbolic: one graph then serves a 1-token step, a block of
+speculative tokens, and a prefill on an empty cache. The projector is a component only when the model has one.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hfexport.errors import InputError
+
+Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
+
+# Submodule names under which multimodal models keep the projector from encoder features to text embeddings.
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
+MODALITIES = ("image", "audio")
+# Kwargs of a generate call that are not model inputs (they configure the loop).
+_LOOP_KWARGS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "generation_config")
+
+
+@dataclass
+class _Recorder:
+    """Forward pre-hooks that snapshot the kwargs of every call of the watched modules."""
+
+    calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    handles: list[Any] = field(default_factory=list)
+
+    def watch(self, name: str, module: torch.nn.Module) -> None:
+        self.calls.setdefault(name, [])
+
+        def record(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            recorded = dict(kwargs)
+            if args:
+                # Positional calls (a projector or lm_head called as `module(hidden)`) are named after the
+                # forward signature, so the component can be exported with kwargs like any other.
+                params = list(inspect.signature(_module.forward).parameters)
+                recorded.update(zip(params, args, strict=False))
+            self.calls[name].append(copy.deepcopy(recorded))
+
+        self.handles.append(module.register_forward_pre_hook(record, with_kwargs=True))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _submodule(root: torch.nn.Module, names: tuple[str, ...]) -> tuple[str, torch.nn.Module] | None:
+    """The first submodule named like `names` on the model or its base model (`model.model`)."""
+    holders = [root, getattr(root, "base_model", None), getattr(root, "model", None)]
+    for holder in holders:
+        if not isinstance(holder, torch.nn.Module):
+            continue
+        for name in names:
+            module = getattr(holder, name, None)
+            if isinstance(module, torch.nn.Module):
+                return name, module
+    return None
+
+
+def multimodal_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modality encoders, projector, language model and lm_head of a multimodal model ({} otherwise)."""
+    get_encoder = getattr(model, "get_encoder", None)
+    if get_encoder is None:
+        return {}
+    parts: dict[str, torch.nn.Module] = {}
+    for modality in MODALITIES:
+        try:
+            encoder = get_encoder(modality=modality)
+        except (TypeError, ValueError):
+            continue
+        # `get_encoder` answers the model itself (or its base model) when it has no such encoder.
+        if isinstance(encoder, torch.nn.Module) and encoder is not model and encoder is not model.base_model:
+            parts[f"{modality}_encoder"] = encoder
+    if not parts:
+        return {}
+    projector = _submodule(model, PROJECTOR_NAMES)
+    if projector is not None:
+        parts["multi_modal_projector"] = projector[1]
+    decoder = model.get_decoder()
+    if decoder is not model:
+        parts["language_model"] = decoder
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Module):
+        parts["lm_head"] = head
+    return parts
+
+
+def _loop_config(model: torch.nn.Module, generation_config: Any, new_tokens: int) -> tuple[Any, dict[str, Any]]:
+    from transformers import GenerationConfig
+
+    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    config = copy.deepcopy(base) if base is not None else GenerationConfig()
+    # min_new_tokens: a random-weight model may emit EOS at once and end generation before a decode step.
+    config.max_new_tokens = new_tokens
+    config.min_new_tokens = new_tokens
+    config.max_length = None
+    config.do_sample = False
+    config.num_beams = 1
+    if config.pad_token_id is None:
+        config.pad_token_id = config.eos_token_id if config.eos_token_id is not None else 0
+    return config, {"generation_config": config}
+
+
+def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Model outputs given as inputs (`encoder_outputs`) become tuples of tensors that export can take."""
+    from transformers.utils import ModelOutput
+
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if isinstance(value, ModelOutput):
+            value = value.to_tuple()
+        out[name] = value
+    return out
+
+
+def _query_length(call: Mapping[str, Any]) -> int:
+    for key in ("input_ids", "decoder_input_ids", "inputs_embeds", "decoder_inputs_embeds"):
+        value = call.get(key)
+        if isinstance(value, torch.Tensor):
+            return value.shape[1]
+    raise InputError("a decode step has no input_ids / inputs_embeds to merge")
+
+
+def merge_decode_calls(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One call equivalent to two consecutive decode steps: the first step's cache, both steps' tokens.
+
+    Per-token tensors are concatenated along their query axis; a 2-D attention mask (over past + current
+    tokens) is the second step's, which covers both tokens; a 4-D mask (one row per query) stacks the rows.
+    All logits are kept, so the graph can check a block of speculative tokens.
+    """
+    merged = dict(first)
+    q = _query_length(first)
+    for key, value in second.items():
+        old = first.get(key)
+        if not isinstance(value, torch.Tensor) or not isinstance(old, torch.Tensor):
+            continue
+        if key in ("attention_mask", "decoder_attention_mask") and value.ndim == 2:
+            merged[key] = value
+        elif key in ("attention_mask", "decoder_attention_mask") and value.ndim == 4:
+            merged[key] = torch.cat([old, value], dim=2)
+        elif old.ndim >= 2 and old.shape[1] == q and key not in ("encoder_outputs",):
+            merged[key] = torch.cat([old, value], dim=1)
+        elif old.ndim == 1 and old.shape[0] == q:  # cache_position
+            merged[key] = torch.cat([old, value], dim=0)
+    if "logits_to_keep" in merged:
+        merged["logits_to_keep"] = 0
+    return merged
+
+
+def _empty_like_static(cache: Any) -> Any:
+    """An initialised copy of a static cache, emptied: a prefill sample whose K/V buffers are allocated.
+
+    generate allocates static layers lazily inside the first forward, so the prefill call sees unallocated
+    layers, which torch.export cannot take as inputs; the decode step's cache has them allocated.
+    """
+    fresh = copy.deepcopy(cache)
+    fresh.reset()
+    return fresh
+
+
+def _is_static(cache: Any) -> bool:
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(getattr(layer, "is_compileable", False) for layer in layers)
+
+
+def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
+    from transformers.cache_utils import Cache
+
+    return next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+
+
+def _accepts(module: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict[str, Any]:
+    """Give a decoder-only step the attention mask generate left out.
+
+    generate drops an all-ones mask (a fast path), and a graph traced without one has no mask input, so a
+    later padded batch would be wrong. The mask put back is the one generate builds for a padding-free
+    batch: 2-D over past + current tokens, or, with a compileable (static) cache, the 4-D mask that
+    `create_masks_for_generate` makes.
+    """
+    if call.get("attention_mask") is not None or not _accepts(model, "attention_mask"):
+        return call
+    tokens = call.get("input_ids", call.get("inputs_embeds"))
+    if not isinstance(tokens, torch.Tensor):
+        return call
+    batch, query = tokens.shape[:2]
+    cache_key = _cache_key(call)
+    cache = call.get(cache_key) if cache_key else None
+    past = int(cache.get_seq_length()) if cache is not None else 0
+    mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
+    if cache is not None and cache.is_compileable and not all(cache.is_linear):
+        from transformers.masking_utils import create_masks_for_generate
+
+        make = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+        dtype = getattr(model, "dtype", torch.float32)
+        mask = make(
+            config=model.config,
+            inputs_embeds=torch.empty((batch, query, 0), dtype=dtype, device=tokens.device),
+            attention_mask=mask,
+            cache=cache,
+            position_ids=call.get("position_ids"),
+        )
+        if mask is None:
+            # sdpa's is_causal fast path (no padding, empty cache) needs no mask; a graph input needs one.
+            positions = call.get("position_ids")
+            if not isinstance(positions, torch.Tensor):
+                positions = torch.arange(past, past + query, device=tokens.device).expand(batch, query)
+            length = max((layer.get_max_length() for layer in cache.layers), default=-1)
+            slots = torch.arange(length if length > 0 else past + query, device=tokens.device)
+            mask = (slots[None, None, None, :] <= positions[:, None, :, None]).contiguous()
+    return {**call, "attention_mask": mask}
+
+
+def decompose_for_generation(
+    model: torch.nn.Module,
+    generate_kwargs: Mapping[str, Any],
+    generation_config: Any = None,
+    multi_token_decode: bool = False,
+) -> Components:
+    """Run `model.generate` once (2 new tokens, 3 with `multi_token_decode`) and return its components.
+
+    Returns `{name: (submodule, forward_kwargs)}`; see the module docstring for the names. The kwargs are
+    snapshots of real calls, so `submodule(**forward_kwargs)` reproduces that step. The caller's model and
+    `generate_kwargs` are left as they were.
+    """
+    if not hasattr(model, "generate"):
+        raise InputError(f"{type(model).__name__} has no generate(); decompose_for_generation needs a generative model")
+    if not isinstance(generate_kwargs, Mapping) or not generate_kwargs:
+        raise InputError("generate_kwargs must be a non-empty mapping, e.g. a tokenizer's BatchEncoding")
+    kwargs = {k: v for k, v in dict(generate_kwargs).items() if k not in _LOOP_KWARGS}
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and kwargs.get("attention_mask") is None:
+        # With a mask in the sample, every graph takes one, so a later padded batch is handled.
+        kwargs["attention_mask"] = torch.ones_like(ids)
+
+    config = getattr(model, "config", None)
+    is_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    parts = multimodal_parts(model)
+    recorder = _Recorder()
+    recorder.watch("model", model)
+    if is_encoder_decoder and not parts:
+        recorder.watch("encoder", model.get_encoder())
+    for name, module in parts.items():
+        recorder.watch(name, module)
+
+    steps = 3 if multi_token_decode else 2
+    _, loop = _loop_config(model, generation_config, steps)
+    try:
+        with torch.no_grad():
+            model.generate(**kwargs, **loop)
+    finally:
+        recorder.remove()
+
+    calls = recorder.calls
+    model_calls = calls["model"]
+    if len(model_calls) < steps:
+        raise InputError(
+            f"{type(model).__name__}.generate ran its forward {len(model_calls)} times for {steps} new tokens; "
+            "expected one call per token (prefill, then decode steps)"
+        )
+    prefill, decode, after = model_calls[0], model_calls[1], model_calls[2] if multi_token_decode else None
+    cache_key = _cache_key(decode)
+    if cache_key is not None and _is_static(decode[cache_key]):
+        prefill = {**prefill, cache_key: _empty_like_static(decode[cache_key])}
+    if not is_encoder_decoder:
+        prefill, decode = restore_attention_mask(model, prefill), restore_attention_mask(model, decode)
+        after = restore_attention_mask(model, after) if after is not None else None
+    if after is not None:
+        decode = merge_decode_calls(decode, after)
+
+    components: Components = {}
+    if parts:
+        for name in parts:
+            if not calls.get(name):
+                raise InputError(
+                    f"generate never called {type(model).__name__}'s {name} ({type(parts[name]).__name__}); "
+                    "pass the modality's inputs (e.g. pixel_values) in generate_kwargs"
+                )
+            components[name] = (parts[name], _plain_inputs(calls[name][0]))
+    else:
+        if is_encoder_decoder:
+            if not calls.get("encoder"):
+                raise InputError(f"generate never called {type(model).__name__}'s encoder")
+            components["encoder"] = (model.get_encoder(), _plain_inputs(calls["encoder"][0]))
+        components["prefill"] = (model, _plain_inputs(prefill))
+    components["decode"] = (model, _plain_inputs(decode))
+    return components
+
+
+def split_config(config: Any, names: list[str]) -> dict[str, Any]:
+    """One config per component: the same one for all, or a dict that must name every component."""
+    if isinstance(config, Mapping):
+        missing = [n for n in names if n not in config]
+        unknown = sorted(set(config) - set(names))
+        if missing or unknown:
+            raise InputError(
+                f"the per-component config dict must name every component {names}: "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown {unknown}" if unknown else "")
+            )
+        return {n: config[n] for n in names}
+    return dict.fromkeys(names, config)
+
+
+@dataclass
+class CacheLeaf:
+    """One tensor of a component's initial cache: its flat name, sample shape and dtype."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass
+class ComponentSpec:
+    """What a runtime needs to feed one component: its tensor inputs, constants and initial cache."""
+
+    inputs: list[str]
+    constants: dict[str, Any]
+    mask_rank: int | None
+    cache_leaves: list[CacheLeaf]
+
+
+@dataclass
+class GenerationSpec:
+    """How to run the components of one `export_for_generation` call; plain data (JSON-ready).
+
+    `static_cache`: the cache has a fixed length (`max_cache_len` in the sample) written in place; the
+    runtime allocates it once. Otherwise prefill starts from an empty cache and each step returns the grown one.
+    """
+
+    components: dict[str, ComponentSpec]
+    cache_key: str | None
+    static_cache: bool
+    max_cache_len: int | None
+    multi_token_decode: bool
+    sample_batch: int
+    is_encoder_decoder: bool = False
+    eos_token_id: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GenerationSpec:
+        components = {
+            name: ComponentSpec(
+                inputs=list(c["inputs"]),
+                constants=dict(c["constants"]),
+                mask_rank=c["mask_rank"],
+                cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
+            )
+            for name, c in data["components"].items()
+        }
+        return cls(**{**data, "components": components})
+
+
+class GenerationComponents(dict):
+    """`{component name: native program}`, as `export_for_generation` returns it, plus how to run them.
+
+    `spec` (a `GenerationSpec`) and `samples` (the captured forward kwargs) let `hfexport.runtime.generate`
+    drive the components without the source model.
+    """
+
+    spec: GenerationSpec
+    samples: dict[str, dict[str, Any]]
+
+
+def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
+    from hfexport.frontends.cache_pytree import register_cache_pytrees
+    from hfexport.lowerings.onnx import leaf_names
+
+    register_cache_pytrees()
+    return [(n, t) for n, t in leaf_names({prefix: value}) if isinstance(t, torch.Tensor)]
+
+
+def describe(components: Components, generation_config: Any, model: torch.nn.Module) -> GenerationSpec:
+    """The `GenerationSpec` of decomposed components (sample shapes, constants, cache layout)."""
+    specs: dict[str, ComponentSpec] = {}
+    cache_key = None
+    static = False
+    max_len = None
+    batch = 1
+    for name, (_, kwargs) in components.items():
+        key = _cache_key(kwargs)
+        cache_key = cache_key or key
+        tensors = [k for k, v in kwargs.items() if isinstance(v, (torch.Tensor, tuple, list)) or k == key]
+        constants = {k: v for k, v in kwargs.items() if k not in tensors and isinstance(v, (int, float, bool, str))}
+        mask = kwargs.get("attention_mask")
+        leaves: list[CacheLeaf] = []
+        if key is not None:
+            cache = kwargs[key]
+            if _is_static(cache):
+                static = True
+                lengths = [layer.get_max_length() for layer in cache.layers]
+                max_len = max(lengths) if lengths else None
+            leaves = [CacheLeaf(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in _leaves(cache, key)]
+        ids = kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
+        if isinstance(ids, torch.Tensor):
+            batch = ids.shape[0]
+        specs[name] = ComponentSpec(
+            inputs=tensors,
+            constants=constants,
+            mask_rank=mask.ndim if isinstance(mask, torch.Tensor) else None,
+            cache_leaves=leaves,
+        )
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    eos_list = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    pad = getattr(config, "pad_token_id", None)
+    return GenerationSpec(
+        components=specs,
+        cache_key=cache_key,
+        static_cache=static,
+        max_cache_len=max_len,
+        multi_token_decode="decode" in components and _query_length(components["decode"][1]) > 1,
+        sample_batch=batch,
+        is_encoder_decoder=bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False)),
+        eos_token_id=eos_list,
+        pad_token_id=None if pad is None else int(pad),
+    )

@@ -1,0 +1,435 @@
+"""`generate()` over the components of `export_for_generation`, on any backend, with one call contract.
+
+The loop is the same for every backend; a *driver* runs one component on one step and keeps the cache:
+
+| backend | driver | cache between steps |
+|---|---|---|
+| dynamo | `DynamoDriver` | the transformers `Cache` object; a static cache is mutated in place by the program |
+| onnx | `OnnxDriver` | ONNX Runtime IO binding: each `input.<name>`/`output.<name>` pair double-buffered (no copies) |
+| openvino | `OpenVINODriver` | numpy arrays by name, fed back from the outputs |
+| executorch | `ExecutorchDriver` | tensors by name, read back from the method outputs (C++ zero-copy: docs) |
+
+Two shapes of export are driven: a `prefill` + `decode` pair, or (static cache with multi-token decode)
+the `decode` graph alone, which takes the whole prompt on an empty cache and then one token a step.
+Masks follow what `generate` gives the model: 2-D over past + current tokens for a growing cache; for a
+static cache, 4-D `[batch, 1, query, max_cache_len]` rows (causal over cache slots, padding masked).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hfexport.errors import InputError
+from hfexport.frontends.generation import CacheLeaf, GenerationComponents, GenerationSpec
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+INPUT_PREFIX = "input."
+OUTPUT_PREFIX = "output."
+
+
+@dataclass
+class Step:
+    """One call: the new tokens, the mask the component takes, their positions."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor
+
+
+def _initial_leaf(leaf: CacheLeaf, spec: GenerationSpec, batch: int, max_cache_len: int | None) -> torch.Tensor:
+    shape = list(leaf.shape)
+    if shape and shape[0] == spec.sample_batch:
+        shape[0] = batch
+    if spec.static_cache and max_cache_len and spec.max_cache_len and len(shape) >= 3:
+        shape = [max_cache_len if (i >= 2 and s == spec.max_cache_len) else s for i, s in enumerate(shape)]
+    return torch.zeros(shape, dtype=_DTYPES.get(leaf.dtype, torch.float32))
+
+
+class Driver:
+    """Runs components of one backend and owns the cache between steps."""
+
+    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        self.components = components
+        self.spec = spec
+        self.samples = samples
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        raise NotImplementedError
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        """Run component `name` on `step`; return its logits `[batch, query or 1, vocab]`; update the cache."""
+        raise NotImplementedError
+
+    def _kwargs(self, name: str, step: Step) -> dict[str, Any]:
+        spec = self.spec.components[name]
+        kwargs: dict[str, Any] = {"input_ids": step.input_ids, "position_ids": step.position_ids}
+        if spec.mask_rank is not None:
+            kwargs["attention_mask"] = step.attention_mask
+        return {k: v for k, v in kwargs.items() if k in spec.inputs}
+
+
+class DynamoDriver(Driver):
+    """Runs `ExportedProgram.module()`; the cache is a transformers `Cache` object."""
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        from hfexport.frontends.cache_pytree import flatten_cache, unflatten_cache
+
+        key = self.spec.cache_key
+        self.modules = {name: program.module() for name, program in self.components.items()}
+        self.cache = None
+        if key is None:
+            return
+        sample = self.samples[first][key]
+        leaves, skeleton = flatten_cache(sample)
+        fresh = [
+            _initial_leaf(CacheLeaf(leaf.name, leaf.shape, leaf.dtype), self.spec, batch, max_cache_len)
+            for leaf in self.spec.components[first].cache_leaves
+        ]
+        if len(fresh) != len(leaves):
+            raise InputError(f"the {first} cache has {len(leaves)} tensors, its spec {len(fresh)}")
+        self.cache = unflatten_cache(fresh, skeleton)
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        kwargs = self._kwargs(name, step)
+        if self.spec.cache_key is not None:
+            kwargs[self.spec.cache_key] = self.cache
+        kwargs.update(self.spec.components[name].constants)
+        with torch.no_grad():
+            out = self.modules[name](**kwargs)
+        key = self.spec.cache_key
+        if key is not None and out.get(key) is not None and not self.spec.static_cache:
+            self.cache = out[key]
+        return out["logits"]
+
+
+class _NamedDriver(Driver):
+    """A driver whose runtime takes and returns flat, named tensors; the cache is a dict by leaf name."""
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        self.cache: dict[str, torch.Tensor] = {
+            leaf.name: _initial_leaf(leaf, self.spec, batch, max_cache_len)
+            for leaf in self.spec.components[first].cache_leaves
+        }
+
+    def _flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
+        values = {**self._kwargs(name, step), **self.cache}
+        feed = {}
+        for graph_name in input_names:
+            plain = graph_name.removeprefix(INPUT_PREFIX)
+            if plain not in values:
+                raise InputError(f"{name} takes {graph_name!r}, which the generation loop does not have")
+            feed[graph_name] = values[plain]
+        return feed
+
+    def _take_outputs(self, outputs: Mapping[str, Any]) -> torch.Tensor:
+        key = self.spec.cache_key
+        for out_name, value in outputs.items():
+            plain = out_name.removeprefix(OUTPUT_PREFIX)
+            if key is not None and plain.startswith(key + "."):
+                self.cache[plain] = torch.as_tensor(np.asarray(value)) if not torch.is_tensor(value) else value
+        logits = outputs["logits"]
+        return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
+
+
+class OpenVINODriver(_NamedDriver):
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        from hfexport.runtime.openvino import OpenVINORunner
+
+        super().start(first, batch, max_cache_len)
+        self.runners = {name: OpenVINORunner(model) for name, model in self.components.items()}
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        runner = self.runners[name]
+        names = [port.get_any_name() for port in runner.compiled.inputs]
+        feed = {k: v.numpy() for k, v in self._flat_feed(name, step, names).items()}
+        result = runner.compiled(feed)
+        outputs = {
+            out: np.array(result[port]) for out, port in zip(runner.output_names, runner.compiled.outputs, strict=True)
+        }
+        return self._take_outputs(outputs)
+
+
+class ExecutorchDriver(_NamedDriver):
+    """The ExecuTorch Python runtime: inputs in the program's pytree order, outputs read back by name."""
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
+
+        super().start(first, batch, max_cache_len)
+        self.programs = {name: ExecutorchProgram(manager) for name, manager in self.components.items()}
+        self.order = {name: executorch_named_feed(self.samples[name]) for name in self.components}
+        self.output_names = {name: _executorch_output_names(m) for name, m in self.components.items()}
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        values = {**self._kwargs(name, step), **self.cache}
+        flat = [values.get(leaf, constant) for leaf, constant in self.order[name]]
+        program = self.programs[name]
+        outputs = program.method.execute(flat)
+        return self._take_outputs(dict(zip(self.output_names[name], outputs, strict=False)))
+
+
+def _executorch_output_names(manager: Any) -> list[str]:
+    """Names of the method outputs: mutated inputs (`output.<input>`) first, then the user outputs."""
+    from torch.export.graph_signature import OutputKind
+
+    from hfexport.lowerings.onnx import _spec_names
+
+    program = manager.exported_program()
+    user_inputs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    input_names = _spec_names(program.call_spec.in_spec, drop_first=True)
+    by_placeholder = {s.arg.name: n for s, n in zip(user_inputs, input_names, strict=False) if hasattr(s.arg, "name")}
+    user_names = iter(_spec_names(program.call_spec.out_spec, drop_first=False))
+    names = []
+    for spec in program.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            names.append(OUTPUT_PREFIX + by_placeholder.get(spec.target, spec.target))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            names.append(next(user_names, f"output_{len(names)}"))
+        else:
+            names.append(f"buffer.{spec.target}")
+    return names
+
+
+class OnnxDriver(_NamedDriver):
+    """ONNX Runtime with IO binding. In-place cache pairs are double-buffered: each step binds the input to
+    one preallocated buffer and the output to the other, then swaps them. Binding both to the same buffer
+    is not safe on CPU in general (an op may read the input after writing the output); a grown cache (no
+    pair) is handed from one step's output OrtValue to the next step's input without a copy.
+    """
+
+    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        super().__init__(components, spec, samples)
+        import onnxruntime as ort
+
+        self.sessions = {}
+        for name, program in components.items():
+            model = program if isinstance(program, (str, bytes)) else program.model_proto.SerializeToString()
+            options = ort.SessionOptions()
+            self.sessions[name] = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        self.bound_pointers: list[dict[str, int]] = []
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        super().start(first, batch, max_cache_len)
+        # Second buffer of each in-place pair; the two are swapped after every step.
+        self.spare = {k: torch.empty_like(v) for k, v in self.cache.items()} if self.spec.static_cache else {}
+        self.values: dict[str, Any] = {}
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        import onnxruntime as ort
+
+        session = self.sessions[name]
+        binding = session.io_binding()
+        inputs = {**self._kwargs(name, step)}
+        pointers: dict[str, int] = {}
+        for arg in session.get_inputs():
+            plain = arg.name.removeprefix(INPUT_PREFIX)
+            if plain in inputs:
+                tensor = inputs[plain].contiguous()
+                inputs[plain] = tensor  # keep alive until run
+                _bind_tensor_input(binding, arg.name, tensor)
+            elif plain in self.values:  # an OrtValue returned by the previous step
+                binding.bind_ortvalue_input(arg.name, self.values[plain])
+            elif plain in self.cache:
+                _bind_tensor_input(binding, arg.name, self.cache[plain])
+                pointers[plain] = self.cache[plain].data_ptr()
+            else:
+                raise InputError(f"{name} takes {arg.name!r}, which the generation loop does not have")
+        outputs = [o.name for o in session.get_outputs()]
+        for out in outputs:
+            plain = out.removeprefix(OUTPUT_PREFIX)
+            if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
+                target = self.spare[plain]
+                binding.bind_output(out, "cpu", 0, _NP[target.dtype], list(target.shape), target.data_ptr())
+            else:
+                binding.bind_output(out, "cpu")
+        session.run_with_iobinding(binding)
+        results = dict(zip(outputs, binding.get_outputs(), strict=True))
+        for out, value in results.items():
+            plain = out.removeprefix(OUTPUT_PREFIX)
+            if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
+                self.cache[plain], self.spare[plain] = self.spare[plain], self.cache[plain]
+            elif self.spec.cache_key is not None and plain.startswith(self.spec.cache_key + "."):
+                self.values[plain] = value
+                self.cache.pop(plain, None)
+        self.bound_pointers.append(pointers)
+        logits: ort.OrtValue = results["logits"]
+        return torch.from_numpy(logits.numpy())
+
+
+_NP = {
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
+
+
+def _bind_tensor_input(binding: Any, name: str, tensor: torch.Tensor) -> None:
+    binding.bind_input(name, "cpu", 0, _NP[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+
+
+_DRIVERS: dict[str, type[Driver]] = {
+    "dynamo": DynamoDriver,
+    "onnx": OnnxDriver,
+    "openvino": OpenVINODriver,
+    "executorch": ExecutorchDriver,
+}
+
+
+def backend_of(program: Any) -> str:
+    """The backend a native program belongs to."""
+    kind = type(program).__module__ + "." + type(program).__name__
+    if isinstance(program, torch.export.ExportedProgram):
+        return "dynamo"
+    if "onnx" in kind:
+        return "onnx"
+    if "openvino" in kind:
+        return "openvino"
+    if "executorch" in kind:
+        return "executorch"
+    raise InputError(f"no generation runtime for {kind}")
+
+
+@dataclass
+class _Sampler:
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    generator: torch.Generator | None = field(default=None)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if not self.do_sample:
+            return logits.argmax(-1)
+        if self.temperature and self.temperature != 1.0:
+            logits = logits / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1])).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, index = logits.sort(-1, descending=True)
+            cumulative = ordered.softmax(-1).cumsum(-1)
+            drop = cumulative - ordered.softmax(-1) > self.top_p  # keep the smallest set reaching top_p
+            logits = logits.scatter(-1, index, ordered.masked_fill(drop, float("-inf")))
+        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(-1)
+
+
+def _static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tensor:
+    """4-D mask rows for `query` tokens written at cache slots `first_slot...`: causal over slots, padding off."""
+    slots = torch.arange(valid.shape[1])
+    rows = torch.arange(first_slot, first_slot + query)
+    causal = slots[None, :] <= rows[:, None]
+    return (causal[None] & valid[:, None, :].bool())[:, None]
+
+
+def generate(
+    components: Mapping[str, Any],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 20,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    streamer: Any = None,
+    *,
+    spec: GenerationSpec | None = None,
+    max_cache_len: int | None = None,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[Driver], None] | None = None,
+) -> torch.Tensor:
+    """Generate with exported components; returns `[batch, prompt + new]` token ids like `model.generate`.
+
+    `components` is an `export_for_generation` result (any backend). Greedy (`do_sample=False`) tokens
+    equal `model.generate(do_sample=False)` with the same cache kind. `max_cache_len` sizes a static cache
+    (default: the exported one). `streamer` gets `put(tokens)` per step and `end()`, like transformers'.
+    """
+    spec = spec or getattr(components, "spec", None)
+    samples = getattr(components, "samples", None)
+    if spec is None or samples is None:
+        raise InputError("components carry no generation spec: pass the result of export_for_generation")
+    if spec.is_encoder_decoder:
+        raise InputError("generate() over exported encoder-decoder components is not supported yet")
+    backends = {backend_of(p) for p in components.values()}
+    if len(backends) != 1:
+        raise InputError(f"components come from several backends: {sorted(backends)}")
+    driver = _DRIVERS[backends.pop()](components, spec, samples)
+
+    input_ids = torch.as_tensor(input_ids)
+    batch, prompt = input_ids.shape
+    mask2d = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
+    # A static cache with multi-token decode needs one graph: the prompt goes through `decode` too.
+    single = "prefill" not in components or (spec.static_cache and spec.multi_token_decode)
+    length = max_cache_len or spec.max_cache_len
+    if spec.static_cache and length is not None and prompt + max_new_tokens > length:
+        raise InputError(
+            f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) exceed the static cache ({length} slots); "
+            "pass a larger max_cache_len (the exported graphs take any length when exported with dynamic=True)"
+        )
+    eos = eos_token_id if eos_token_id is not None else spec.eos_token_id
+    eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
+    pad = pad_token_id if pad_token_id is not None else (spec.pad_token_id if spec.pad_token_id is not None else 0)
+    sampler = _Sampler(do_sample, temperature, top_k, top_p, generator)
+
+    first = "decode" if single else "prefill"
+    driver.start(first, batch, length)
+    positions = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
+    valid = torch.zeros((batch, length), dtype=torch.long) if spec.static_cache else None
+
+    def mask_for(name: str, query: int, written: int) -> torch.Tensor:
+        if spec.components[name].mask_rank == 4 and valid is not None:
+            return _static_mask(valid, written, query)
+        return mask2d
+
+    if valid is not None:
+        valid[:, :prompt] = mask2d
+    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions))
+    sequences = input_ids
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    if streamer is not None:
+        streamer.put(input_ids)
+    written = prompt
+    last_position = positions[:, -1:]
+    for index in range(max_new_tokens):
+        token = sampler(logits[:, -1, :])
+        token = torch.where(unfinished, token, torch.full_like(token, pad))
+        sequences = torch.cat([sequences, token[:, None]], dim=-1)
+        if streamer is not None:
+            streamer.put(token[:, None])
+        if len(eos_ids):
+            unfinished &= ~torch.isin(token, eos_ids)
+        if index == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask2d = torch.cat([mask2d, torch.ones((batch, 1), dtype=mask2d.dtype)], dim=-1)
+        if valid is not None:
+            valid[:, written] = 1
+        last_position = last_position + 1
+        logits = driver.run("decode", Step(token[:, None], mask_for("decode", 1, written), last_position))
+        written += 1
+        if on_step is not None:
+            on_step(driver)
+    if streamer is not None:
+        streamer.end()
+    return sequences
+
+
+def copy_samples(components: GenerationComponents) -> dict[str, dict[str, Any]]:
+    """Deep copies of the captured forward kwargs (safe to run the source model on)."""
+    return {name: copy.deepcopy(kwargs) for name, kwargs in components.samples.items()}
