@@ -43,6 +43,16 @@ _EXPORTS = {
     "UnsafePathError": "hfexport.saving",
     "UntrustedArtifactError": "hfexport.saving",
     "ArtifactExistsError": "hfexport.saving",
+    "ExportQuantizer": "hfexport.quantizers.base",
+    "PT2EQuantizer": "hfexport.quantizers.pt2e",
+    "NNCFTorchFXQuantizer": "hfexport.quantizers.nncf",
+    "NNCFOnnxQuantizer": "hfexport.quantizers.nncf",
+    "NNCFOpenVINOQuantizer": "hfexport.quantizers.nncf",
+    "NNCFQuantizationConfig": "hfexport.quantizers.nncf",
+    "NNCFWeightCompressionConfig": "hfexport.quantizers.nncf",
+    "OnnxRuntimeQuantizer": "hfexport.quantizers.onnxruntime",
+    "OnnxRuntimeStaticConfig": "hfexport.quantizers.onnxruntime",
+    "OnnxRuntimeDynamicConfig": "hfexport.quantizers.onnxruntime",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -88,15 +88,34 @@ def dynamic_shapes_from_json(data: dict[str, Any] | None) -> dict[str, Any] | No
 
 @dataclass
 class ExportConfigMixin:
-    """Base of every export config: `to_dict`/`from_dict`/JSON carrying `export_format`."""
+    """Base of every export config: `to_dict`/`from_dict`/JSON carrying `export_format`.
+
+    quantizer: an `ExportQuantizer` run during the export (keyword only; see docs/quantization.md). `to_dict`
+        records its class and settings as plain data; `from_dict` does not rebuild it (calibration data and
+        toolkit objects are not JSON): a loaded config has `quantizer=None`, set it again to re-export.
+    """
 
     export_format: ClassVar[str] = ""
+
+    quantizer: Any = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.quantizer is not None:
+            from hfexport.quantizers.base import ExportQuantizer
+
+            if not isinstance(self.quantizer, ExportQuantizer):
+                raise ConfigError(
+                    f"quantizer must be an ExportQuantizer (PT2EQuantizer, OnnxRuntimeQuantizer, ...), "
+                    f"got {type(self.quantizer).__name__}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"export_format": str(self.export_format)}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "dynamic_shapes":
+            if f.name == "quantizer":
+                value = None if value is None else value.to_dict()
+            elif f.name == "dynamic_shapes":
                 value = dynamic_shapes_to_json(value)
             elif isinstance(value, RuleSelection):
                 value = value.to_dict()
@@ -119,6 +138,8 @@ class ExportConfigMixin:
             data["dynamic_shapes"] = dynamic_shapes_from_json(data["dynamic_shapes"])
         if isinstance(data.get("rules"), dict):
             data["rules"] = RuleSelection(**data["rules"])
+        # A recorded quantizer is a description, not the object: it is not rebuilt (see the class docstring).
+        data.pop("quantizer", None)
         return cls(**data)
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -150,6 +171,7 @@ class DynamoConfig(ExportConfigMixin):
     rules: RuleSelection = field(default_factory=RuleSelection)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.rules, dict):
             self.rules = RuleSelection(**self.rules)
         if not isinstance(self.rules, RuleSelection):

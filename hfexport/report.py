@@ -12,6 +12,38 @@ from hfexport.rewrites.rule import STAGES
 
 
 @dataclass
+class QuantizationRecord:
+    """Which quantizer ran during an export, where, on how many ops, and how long it took.
+
+    stage: "fx" (the captured graph, before lowering) or the backend (`onnx`, `openvino`) it ran after.
+    op_counts: quantization ops in the result by kind (Q/DQ pairs, MatMulInteger, MatMulNBits, FakeQuantize,
+        compressed int8/int4 constants); `quantized_ops` is their sum.
+    """
+
+    quantizer: str
+    stage: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    op_counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    calibration_samples: int | None = None
+
+    @property
+    def quantized_ops(self) -> int:
+        return sum(self.op_counts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quantizer": self.quantizer,
+            "stage": self.stage,
+            "settings": self.settings,
+            "op_counts": dict(self.op_counts),
+            "quantized_ops": self.quantized_ops,
+            "seconds": round(self.seconds, 4),
+            "calibration_samples": self.calibration_samples,
+        }
+
+
+@dataclass
 class ExportReport:
     export_format: str
     model_class: str
@@ -23,6 +55,7 @@ class ExportReport:
     warnings: list[str] = field(default_factory=list)
     parity: dict[str, float] | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    quantization: QuantizationRecord | None = None
 
     @classmethod
     def from_context(cls, context: RewriteContext, **kwargs: Any) -> ExportReport:
@@ -60,6 +93,7 @@ class ExportReport:
             "warnings": list(self.warnings),
             "parity": self.parity,
             "versions": dict(self.versions),
+            "quantization": self.quantization.to_dict() if self.quantization else None,
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -84,6 +118,10 @@ class ExportReport:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
         if self.stage_seconds:
             lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
+        if self.quantization:
+            q = self.quantization
+            counts = ", ".join(f"{k} {v}" for k, v in q.op_counts.items()) or "none"
+            lines.append(f"quantization: {q.quantizer} at stage {q.stage!r} in {q.seconds:.2f}s, ops: {counts}")
         lines += [f"warning: {w}" for w in self.warnings]
         if self.parity:
             lines.append("parity (max abs diff): " + ", ".join(f"{k} {v:.3g}" for k, v in self.parity.items()))

@@ -1,0 +1,51 @@
+"""Quantization during export: one quantizer class per toolkit and representation.
+
+`CalibrationSet` and the feeds (`traced_inputs`, `onnx_feed`, `openvino_feed`) are here for quantizers
+written outside hfexport. The quantizer classes load lazily, and their toolkits (torchao, nncf,
+onnxruntime.quantization) only inside `quantize`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, onnx_feed, openvino_feed, traced_inputs
+
+_LAZY = {
+    "PT2EQuantizer": "hfexport.quantizers.pt2e",
+    "NNCFTorchFXQuantizer": "hfexport.quantizers.nncf",
+    "NNCFOnnxQuantizer": "hfexport.quantizers.nncf",
+    "NNCFOpenVINOQuantizer": "hfexport.quantizers.nncf",
+    "NNCFQuantizationConfig": "hfexport.quantizers.nncf",
+    "NNCFWeightCompressionConfig": "hfexport.quantizers.nncf",
+    "OnnxRuntimeQuantizer": "hfexport.quantizers.onnxruntime",
+    "OnnxRuntimeStaticConfig": "hfexport.quantizers.onnxruntime",
+    "OnnxRuntimeDynamicConfig": "hfexport.quantizers.onnxruntime",
+}
+
+__all__ = [  # noqa: RUF022 - the eager names first, then the lazy ones
+    "CalibrationSet",
+    "ExportQuantizer",
+    "onnx_feed",
+    "openvino_feed",
+    "traced_inputs",
+    "PT2EQuantizer",
+    "NNCFTorchFXQuantizer",
+    "NNCFOnnxQuantizer",
+    "NNCFOpenVINOQuantizer",
+    "NNCFQuantizationConfig",
+    "NNCFWeightCompressionConfig",
+    "OnnxRuntimeQuantizer",
+    "OnnxRuntimeStaticConfig",
+    "OnnxRuntimeDynamicConfig",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hfexport.quantizers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,263 @@
+"""NNCF quantizers: one per representation NNCF quantizes (the FX graph, the ONNX model, the OpenVINO model).
+
+Each takes either recipe:
+
+- `NNCFQuantizationConfig` (the default): `nncf.quantize`, int8 activations and weights, calibrated on
+  `calibration_dataset`, `model_type=TRANSFORMER` unless told otherwise.
+- `NNCFWeightCompressionConfig`: `nncf.compress_weights`, weight-only int8 or int4 (group size, mixed
+  precision ratio, AWQ / scale estimation / GPTQ / LoRA correction where the backend has them). Matmuls stay in
+  floating point. Int8 weight compression never reads calibration data; int4 reads it when it is given or
+  when a data-aware algorithm is switched on.
+
+Settings that name an NNCF enum accept the enum or its value (`"int4_sym"`, `"transformer"`), so a config
+can be written before NNCF is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+from hfexport.configs import ExportFormat
+from hfexport.errors import ConfigError
+from hfexport.quantizers.base import ExportQuantizer, jsonable, onnx_feed, openvino_feed, traced_inputs
+
+logger = logging.getLogger("hfexport")
+
+_NNCF_TESTED = {"nncf": "3.4.0"}
+_NNCF_MIN = {"nncf": "2.16.0"}
+# The newest ONNX opset at which ONNX Runtime loads the QDQ graph `nncf.quantize` writes (see NNCFOnnxQuantizer).
+MAX_ONNX_INT8_OPSET = 20
+
+
+def _enum(kind: str, value: Any) -> Any:
+    """`value` as the NNCF enum `kind` (e.g. "ModelType"), matched by value or name, case-insensitive."""
+    if value is None or isinstance(value, Enum):
+        return value
+    import nncf
+
+    enum = getattr(nncf, kind)
+    for member in enum:
+        if str(value).lower() in (str(member.value).lower(), member.name.lower()):
+            return member
+    raise ConfigError(f"{value!r} is not an nncf.{kind}; choose from {[m.value for m in enum]}")
+
+
+def _value(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value).lower()
+
+
+@dataclass
+class NNCFQuantizationConfig:
+    """Arguments of `nncf.quantize` (int8 activations and weights, calibrated).
+
+    model_type: "transformer" (the default: keeps sensitive ops such as softmax and layer norm in float);
+        None for NNCF's generic placement.
+    preset: "performance" (symmetric) or "mixed" (asymmetric activations); None lets NNCF choose.
+    target_device, subset_size, fast_bias_correction, ignored_scope, advanced_parameters: as in `nncf.quantize`.
+    """
+
+    model_type: Any = "transformer"
+    preset: Any = None
+    target_device: Any = "ANY"
+    subset_size: int = 300
+    fast_bias_correction: bool = True
+    ignored_scope: Any = None
+    advanced_parameters: Any = None
+
+    def nncf_kwargs(self) -> dict[str, Any]:
+        return {
+            "model_type": _enum("ModelType", self.model_type),
+            "preset": _enum("QuantizationPreset", self.preset),
+            "target_device": _enum("TargetDevice", self.target_device),
+            "subset_size": self.subset_size,
+            "fast_bias_correction": self.fast_bias_correction,
+            "ignored_scope": self.ignored_scope,
+            "advanced_parameters": self.advanced_parameters,
+        }
+
+
+@dataclass
+class NNCFWeightCompressionConfig:
+    """Arguments of `nncf.compress_weights` (weight-only int8/int4).
+
+    mode: an `nncf.CompressWeightsMode` or its value: "int8_asym" (the default), "int8_sym", "int4_sym",
+        "int4_asym", ...
+    group_size: int4 block size (None: NNCF's default, 128; -1: per channel).
+    ratio: share of the weights in `mode`, the rest in int8 (int4 only; None: all of them).
+    awq, scale_estimation, gptq, lora_correction: data-aware int4 algorithms (they read calibration data).
+    all_layers, sensitivity_metric, subset_size, ignored_scope, backup_mode, advanced_parameters: as in
+        `nncf.compress_weights`.
+    """
+
+    mode: Any = "int8_asym"
+    group_size: int | None = None
+    ratio: float | None = None
+    awq: bool | None = None
+    scale_estimation: bool | None = None
+    gptq: bool | None = None
+    lora_correction: bool | None = None
+    all_layers: bool | None = None
+    sensitivity_metric: Any = None
+    subset_size: int = 128
+    ignored_scope: Any = None
+    backup_mode: Any = None
+    advanced_parameters: Any = None
+
+    def __post_init__(self) -> None:
+        if self.is_int8 and any((self.awq, self.scale_estimation, self.gptq, self.lora_correction)):
+            raise ConfigError("awq, scale_estimation, gptq and lora_correction apply to int4 modes, not int8")
+
+    @property
+    def is_int8(self) -> bool:
+        return _value(self.mode).startswith("int8")
+
+    @property
+    def data_aware(self) -> bool:
+        """Whether an algorithm that needs calibration data is on (int8 compression never needs it)."""
+        return not self.is_int8 and bool(
+            self.awq or self.scale_estimation or self.gptq or self.lora_correction or self.sensitivity_metric
+        )
+
+    def nncf_kwargs(self) -> dict[str, Any]:
+        kwargs = {
+            "mode": _enum("CompressWeightsMode", self.mode),
+            "group_size": self.group_size,
+            "ratio": self.ratio,
+            "awq": self.awq,
+            "scale_estimation": self.scale_estimation,
+            "gptq": self.gptq,
+            "lora_correction": self.lora_correction,
+            "all_layers": self.all_layers,
+            "sensitivity_metric": _enum("SensitivityMetric", self.sensitivity_metric),
+            "subset_size": self.subset_size,
+            "ignored_scope": self.ignored_scope,
+            "backup_mode": _enum("BackupMode", self.backup_mode),
+            "advanced_parameters": self.advanced_parameters,
+        }
+        # Unset options are left to NNCF's own defaults (some backends reject an explicit None).
+        return {k: v for k, v in kwargs.items() if v is not None}
+
+
+NNCFConfig = NNCFQuantizationConfig | NNCFWeightCompressionConfig
+
+
+class _NNCFQuantizer(ExportQuantizer):
+    """Shared by the three NNCF quantizers: the recipe, the calibration and the call into NNCF."""
+
+    required_packages: ClassVar[tuple[str, ...]] = ("nncf",)
+    min_versions: ClassVar[dict[str, str]] = _NNCF_MIN
+    tested_versions: ClassVar[dict[str, str]] = _NNCF_TESTED
+
+    def __init__(
+        self, config: NNCFConfig | None = None, calibration_dataset: Iterable[Mapping[str, Any]] | None = None
+    ) -> None:
+        super().__init__(calibration_dataset)
+        config = NNCFQuantizationConfig() if config is None else config
+        if not isinstance(config, (NNCFQuantizationConfig, NNCFWeightCompressionConfig)):
+            raise ConfigError(
+                f"{type(self).__name__} takes an NNCFQuantizationConfig or NNCFWeightCompressionConfig, "
+                f"got {type(config).__name__}"
+            )
+        self.config = config
+
+    @property
+    def weight_only(self) -> bool:
+        return isinstance(self.config, NNCFWeightCompressionConfig)
+
+    @property
+    def needs_calibration(self) -> bool:
+        if isinstance(self.config, NNCFWeightCompressionConfig):
+            return self.config.data_aware or (not self.config.is_int8 and self.calibration_dataset is not None)
+        return True
+
+    def settings(self) -> dict[str, Any]:
+        return {"recipe": type(self.config).__name__, **jsonable(dataclasses.asdict(self.config))}
+
+    def _run(self, model: Any, sample_inputs: Mapping[str, Any], feed: Callable[[Mapping[str, Any]], Any]) -> Any:
+        import nncf
+
+        if isinstance(self.config, NNCFQuantizationConfig):
+            dataset = nncf.Dataset(self.calibration(sample_inputs, feed))
+            return nncf.quantize(model, dataset, **self.config.nncf_kwargs())
+        kwargs = self.config.nncf_kwargs()
+        if self.needs_calibration:
+            kwargs["dataset"] = nncf.Dataset(self.calibration(sample_inputs, feed))
+        return nncf.compress_weights(model, **kwargs)
+
+
+class NNCFTorchFXQuantizer(_NNCFQuantizer):
+    """NNCF on the captured FX graph, before lowering: every backend receives the result.
+
+    ExecuTorch takes only weight compression (`NNCFWeightCompressionConfig`): int8 activation quantization
+    leaves quantize/dequantize pairs that no ExecuTorch delegate lowers. `nncf.quantize` (nncf 3.4) cannot
+    read graphs with symbolic shapes, so int8 quantization needs a static export (`dynamic=False`, no
+    `dynamic_shapes`); weight compression works on dynamic graphs.
+    """
+
+    quantizes_fx_graph: ClassVar[bool] = True
+    supported_formats: ClassVar[tuple[ExportFormat, ...]] = (
+        ExportFormat.DYNAMO,
+        ExportFormat.ONNX,
+        ExportFormat.EXECUTORCH,
+        ExportFormat.OPENVINO,
+    )
+
+    def check_format(self, export_format: str | ExportFormat) -> None:
+        super().check_format(export_format)
+        if str(export_format) == ExportFormat.EXECUTORCH.value and not self.weight_only:
+            raise ConfigError(
+                "NNCFTorchFXQuantizer on ExecuTorch takes weight compression only: pass "
+                "NNCFWeightCompressionConfig(...), or use PT2EQuantizer(XNNPACKQuantizer(...)) for int8 activations"
+            )
+
+    def check_config(self, config: Any) -> None:
+        if not self.weight_only and (getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None)):
+            raise ConfigError(
+                "NNCFTorchFXQuantizer with NNCFQuantizationConfig needs a static export: nncf.quantize cannot read "
+                "FX graphs with symbolic shapes. Export with dynamic=False, or use PT2EQuantizer or "
+                "NNCFWeightCompressionConfig for a dynamic export"
+            )
+
+    def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
+        return self._run(model, sample_inputs, lambda sample: traced_inputs(sample, sample_inputs))
+
+
+class NNCFOnnxQuantizer(_NNCFQuantizer):
+    """NNCF on the ONNX model after lowering. Int4 weight compression becomes ONNX Runtime's `MatMulNBits` at
+    opset <= 20 (`OnnxConfig(opset_version=20)`) and blocked `DequantizeLinear` at opset 21 and up."""
+
+    supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.ONNX,)
+    required_packages: ClassVar[tuple[str, ...]] = ("nncf", "onnx", "onnx-ir")
+
+    def check_config(self, config: Any) -> None:
+        opset = getattr(config, "opset_version", None)
+        if not self.weight_only and (opset is None or opset > MAX_ONNX_INT8_OPSET):
+            # nncf 3.4's QDQ graph at opset 25 fails ONNX Runtime 1.32's session optimizer ("QuantizeLinear
+            # output_dtype INT8 does not match y_zero_point type UINT8"); at opset 20 it loads and runs.
+            raise ConfigError(
+                f"NNCFOnnxQuantizer with NNCFQuantizationConfig needs OnnxConfig(opset_version={MAX_ONNX_INT8_OPSET}) "
+                f"or lower (got {opset or 'the newest opset'}): ONNX Runtime cannot load NNCF's int8 graph at newer "
+                "opsets. Weight compression (NNCFWeightCompressionConfig) works at any opset"
+            )
+
+    def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
+        import onnx_ir as ir
+
+        names = [value.name for value in model.graph.inputs]
+        proto = ir.to_proto(model)
+        return self._run(proto, sample_inputs, lambda sample: onnx_feed(names, traced_inputs(sample)))
+
+
+class NNCFOpenVINOQuantizer(_NNCFQuantizer):
+    """NNCF on the `openvino.Model` after conversion (int8 FakeQuantize, or int8/int4 compressed weights)."""
+
+    supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.OPENVINO,)
+    required_packages: ClassVar[tuple[str, ...]] = ("nncf", "openvino")
+
+    def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
+        return self._run(model, sample_inputs, lambda sample: openvino_feed(traced_inputs(sample), model))
