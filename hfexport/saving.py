@@ -66,6 +66,7 @@ _COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # `os.system`, `builtins:eval`, `subprocess.Popen`: the shape of a reference to a Python object.
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_][\w.]*)?$")
+_FILE_SUFFIXES = {"onnx", "data", "pte", "pt2", "xml", "bin", "json", "safetensors", "txt", "csv", "html", "png"}
 # Keys that serialisers (pickle-alikes, jsonpickle, Hydra) use to make data build objects.
 _CODE_KEYS = ("_target_", "py/object", "py/reduce", "py/function", "py/type", "!!python")
 Progress = Callable[[str], None]
@@ -512,6 +513,8 @@ def _check_no_code(value: Any, where: str) -> None:
         for i, item in enumerate(value):
             _check_no_code(item, f"{where}[{i}]")
     elif isinstance(value, str) and ("." in value or ":" in value) and _IMPORT_PATH.match(value):
+        if value.rsplit(".", 1)[-1] in _FILE_SUFFIXES:
+            return  # `model.onnx` is a file name, even where a module `model` happens to be importable
         top = re.split(r"[.:]", value, maxsplit=1)[0]
         if _importable(top):
             raise ManifestError(

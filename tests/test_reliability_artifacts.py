@@ -1,0 +1,401 @@
+"""Saved artifacts under attack and damage (issue #8, artifact parts): a loader refuses a bad manifest, a path
+out of the folder, a truncated file, a `.pt2` without trust, and a manifest that names code, before it opens
+any model file or imports anything; fuzzed manifests and configs raise only the documented exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hfexport.errors import ConfigError
+from hfexport.saving import (
+    MANIFEST,
+    ArtifactError,
+    ManifestError,
+    UnsafePathError,
+    UntrustedArtifactError,
+    check_manifest,
+    load,
+    read_manifest,
+    save,
+)
+from tests.test_save_load import _watch_opens, exported
+
+Mutation = Callable[[dict[str, Any]], Any]
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """backend -> a saved tiny-llama artifact (made on first use, shared by the module)."""
+    root = tmp_path_factory.mktemp("artifacts")
+    made: dict[str, Path] = {}
+
+    def get(backend: str) -> Path:
+        if backend not in made:
+            program, config, report = exported(backend)
+            made[backend] = save(program, root / backend, config=config, report=report, model="tiny-llama")
+        return made[backend]
+
+    return get
+
+
+def _copy(artifacts: Callable[[str], Path], backend: str, tmp_path: Path) -> Path:
+    target = tmp_path / backend
+    shutil.copytree(artifacts(backend), target)
+    return target
+
+
+def _rewrite(folder: Path, mutate: Mutation) -> None:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    result = mutate(manifest)
+    text = result if isinstance(result, str) else json.dumps(manifest)
+    (folder / MANIFEST).write_text(text)
+
+
+def _refresh_checksum(folder: Path, rel: str) -> None:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    data = (folder / rel).read_bytes()
+    manifest["checksums"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _assert_refused_untouched(folder: Path, error: type[Exception], match: str, **load_kwargs: Any) -> None:
+    """load refuses with `error`, having opened no file of the artifact but its manifest."""
+    opened: list[str] = []
+    with _watch_opens(opened), pytest.raises(error, match=match):
+        load(folder, **load_kwargs)
+    touched = {Path(p).name for p in opened if Path(p).resolve().is_relative_to(folder.resolve())}
+    assert touched <= {MANIFEST}, f"opened {touched} before refusing"
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Mutation:
+    def mutate(manifest: dict[str, Any]) -> None:
+        target = manifest
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return mutate
+
+
+def _delete(path: tuple[Any, ...]) -> Mutation:
+    def mutate(manifest: dict[str, Any]) -> None:
+        target = manifest
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+
+    return mutate
+
+
+def _nested(depth: int) -> Mutation:
+    def mutate(manifest: dict[str, Any]) -> str:
+        return json.dumps(manifest)[:-1] + ', "metadata": ' + "[" * depth + "]" * depth + "}"
+
+    return mutate
+
+
+# (id, mutation, exception, message) on the ONNX artifact: each a corrupt or hand-edited manifest.
+SCHEMA_CASES: list[tuple[str, Mutation, type[Exception], str]] = [
+    ("not-json", lambda m: "{not json", ManifestError, "not valid JSON"),
+    ("json-array", lambda m: "[]", ManifestError, "a JSON object"),
+    ("empty-file", lambda m: "", ManifestError, "not valid JSON"),
+    ("nan", lambda m: json.dumps(m)[:-1] + ', "metadata": {"x": NaN}}', ManifestError, "not JSON"),
+    ("deep-nesting", _nested(100_000), ManifestError, "not valid JSON|deeper than"),
+    ("nested-33", _nested(40), ManifestError, "deeper than"),
+    ("no-version", _delete(("manifest_version",)), ManifestError, "misses required key"),
+    ("future-version", _set(("manifest_version",), 2), ManifestError, "manifest_version 2 is not supported"),
+    ("version-as-string", _set(("manifest_version",), "1"), ManifestError, "must be int, got str"),
+    ("version-as-bool", _set(("manifest_version",), True), ManifestError, "must be int, got bool"),
+    ("unknown-format", _set(("format",), "tflite"), ManifestError, "not one of"),
+    ("no-components", _set(("components",), {}), ManifestError, "components is empty"),
+    ("files-not-list", _set(("files",), "model.onnx"), ManifestError, "must be list"),
+    ("file-listed-twice", lambda m: m["files"].append(m["files"][0]), ManifestError, "twice"),
+    ("checksum-missing", lambda m: m["checksums"].pop("report.json"), ManifestError, "one entry per file"),
+    ("checksum-not-hex", _set(("checksums", "model.onnx", "sha256"), "z" * 64), ManifestError, "64 hex digits"),
+    ("component-not-object", _set(("components", "model"), ["model.onnx"]), ManifestError, "must be an object"),
+    ("component-no-main", _delete(("components", "model", "main")), ManifestError, "misses required key"),
+    ("main-not-in-files", _set(("components", "model", "main"), "other.onnx"), ManifestError, "not one of its files"),
+    ("main-wrong-kind", _set(("components", "model", "main"), "report.json"), ManifestError, "is not a .onnx"),
+    ("component-format", _set(("components", "model", "format"), "openvino"), ManifestError, "differs from"),
+    ("input-not-string", _set(("components", "model", "inputs"), [1]), ManifestError, "must be a string"),
+    ("component-name", lambda m: m["components"].update({"a/b": m["components"]["model"]}), ManifestError, "name"),
+    ("config-unknown-field", _set(("config", "compress_to_fp16"), False), ManifestError, "not fields of the onnx"),
+    ("config-other-format", _set(("config", "export_format"), "dynamo"), ManifestError, "the artifact is onnx"),
+    ("dunder-key", _set(("metadata",), {"__reduce__": []}), ManifestError, "names code"),
+    ("hydra-target", _set(("report",), {"_target_": "x"}), ManifestError, "names code"),
+    ("versions-not-strings", _set(("versions",), {"torch": 2}), ManifestError, "must be a string"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "error", "match"), [pytest.param(*case[1:], id=case[0]) for case in SCHEMA_CASES])
+def test_a_corrupt_or_edited_manifest_is_refused_before_any_model_file_is_opened(
+    artifacts: Callable[[str], Path], tmp_path: Path, mutate: Mutation, error: type[Exception], match: str
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, mutate)
+    _assert_refused_untouched(folder, error, match)
+
+
+PATH_CASES: list[tuple[str, str]] = [
+    ("dotdot", "../outside.onnx.data"),
+    ("dotdot-inside", "sub/../../outside.onnx.data"),
+    ("absolute", "/etc/passwd"),
+    ("windows-drive", "C:/Windows/win.ini"),
+    ("backslash", "..\\outside.onnx.data"),
+    ("dot", "./model.onnx.data"),
+]
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=i) for i, p in PATH_CASES])
+@pytest.mark.parametrize("where", ["files", "component-files", "main"])
+def test_a_path_that_leaves_the_folder_is_refused(
+    artifacts: Callable[[str], Path], tmp_path: Path, path: str, where: str
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    (tmp_path / "outside.onnx.data").write_bytes(b"secret")
+
+    def mutate(manifest: dict[str, Any]) -> None:
+        if where == "files":
+            manifest["files"][1] = path
+        elif where == "component-files":
+            manifest["components"]["model"]["files"][1] = path
+        else:
+            manifest["components"]["model"]["main"] = path
+
+    _rewrite(folder, mutate)
+    _assert_refused_untouched(folder, UnsafePathError, "absolute|'\\.\\.'|backslash")
+
+
+def test_a_symlink_out_of_the_folder_is_refused_even_with_matching_checksums(
+    artifacts: Callable[[str], Path], tmp_path: Path
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    outside = tmp_path / "elsewhere.data"
+    shutil.copy(folder / "model.onnx.data", outside)
+    (folder / "model.onnx.data").unlink()
+    (folder / "model.onnx.data").symlink_to(outside)
+    _assert_refused_untouched(folder, UnsafePathError, "leads outside")
+
+
+def test_onnx_external_data_named_outside_the_manifest_is_refused(artifacts: Callable[[str], Path], tmp_path: Path):
+    # The .onnx names its weight file itself: an attacker who re-hashes everything still cannot point it out.
+    import onnx
+
+    folder = _copy(artifacts, "onnx", tmp_path)
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../stolen.data"
+    onnx.save(proto, str(folder / "model.onnx"))
+    _refresh_checksum(folder, "model.onnx")
+    with pytest.raises(UnsafePathError, match=r"stolen\.data"):
+        load(folder)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "executorch", "openvino"])
+@pytest.mark.parametrize(
+    "where",
+    ["new-top-level-key", "new-component-key", "config-value", "metadata", "format", "model-class", "own-module"],
+)
+def test_a_manifest_naming_code_is_refused_without_importing_or_running_it(
+    artifacts: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, where: str
+) -> None:
+    # A module that proves it ran: importing it writes a marker file.
+    marker = tmp_path / "ran"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\ndef run(*a): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _copy(artifacts, backend, tmp_path)
+    edits: dict[str, tuple[Mutation, str]] = {
+        "new-top-level-key": (_set(("loader",), "os.system"), "unknown key"),
+        "new-component-key": (_set(("components", "model", "runtime"), "os.system"), "unknown key"),
+        "config-value": (_set(("config", "strict"), "os.system"), "name of Python code"),
+        "metadata": (_set(("metadata",), {"on_load": ["builtins:eval", "print(1)"]}), "name of Python code"),
+        "format": (_set(("format",), "os.system"), "not one of"),
+        "model-class": (_set(("model_class",), "subprocess.Popen"), "name of Python code"),
+        "own-module": (_set(("metadata",), {"hook": "evilmod.run"}), "name of Python code"),
+    }
+    mutate, match = edits[where]
+    _rewrite(folder, mutate)
+    events: list[str] = []
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if watching and event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.fork", "exec"):
+            events.append(event)
+
+    watching = True
+    sys.addaudithook(hook)
+    try:
+        _assert_refused_untouched(folder, ManifestError, match)
+    finally:
+        watching = False
+    assert events == [] and not marker.exists() and "evilmod" not in sys.modules
+
+
+@pytest.mark.parametrize(("backend", "file"), [("onnx", "model.onnx"), ("executorch", "model.pte")])
+def test_a_truncated_model_file_is_refused(
+    artifacts: Callable[[str], Path], tmp_path: Path, backend: str, file: str
+) -> None:
+    folder = _copy(artifacts, backend, tmp_path)
+    data = (folder / file).read_bytes()
+    (folder / file).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated or replaced"):
+        load(folder)
+    # Re-hashed to match (a manifest written after the damage): the runtime's refusal, as an ArtifactError.
+    _refresh_checksum(folder, file)
+    with pytest.raises(ArtifactError, match=r"not a readable ONNX model|does not load in the executorch runtime"):
+        load(folder)
+
+
+def test_a_swapped_weight_file_of_the_same_size_fails_the_checksum(artifacts: Callable[[str], Path], tmp_path: Path):
+    folder = _copy(artifacts, "openvino", tmp_path)
+    weights = bytearray((folder / "model.bin").read_bytes())
+    weights[len(weights) // 2] ^= 0xFF
+    (folder / "model.bin").write_bytes(bytes(weights))
+    with pytest.raises(ArtifactError, match="sha256"):
+        load(folder)
+    assert load(folder, verify=False).run  # sizes match: verify=False is the caller's choice to skip hashing
+
+
+def test_pt2_without_trust_and_missing_pieces(artifacts: Callable[[str], Path], tmp_path: Path) -> None:
+    folder = _copy(artifacts, "dynamo", tmp_path)
+    _assert_refused_untouched(folder, UntrustedArtifactError, "trust=True")
+    (folder / "model.pt2").unlink()
+    with pytest.raises(ArtifactError, match=r"misses 'model\.pt2'"):
+        load(folder, trust=True)
+    (folder / MANIFEST).unlink()
+    with pytest.raises(ArtifactError, match=r"no manifest\.json"):
+        load(folder, trust=True)
+    with pytest.raises(ArtifactError, match="not a folder"):
+        load(tmp_path / "nowhere")
+
+
+# -- fuzz ------------------------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@_SETTINGS
+@given(data=_json)
+def test_fuzz_check_manifest_on_arbitrary_json_raises_only_manifest_error(data: Any) -> None:
+    with contextlib.suppress(ManifestError):
+        check_manifest(data)
+
+
+_VALID = {
+    "manifest_version": 1,
+    "format": "onnx",
+    "components": {
+        "model": {
+            "format": "onnx",
+            "main": "model.onnx",
+            "files": ["model.onnx"],
+            "inputs": ["input_ids"],
+            "outputs": ["logits"],
+            "config": None,
+            "report": None,
+        }
+    },
+    "files": ["model.onnx"],
+    "checksums": {"model.onnx": {"size": 1, "sha256": "0" * 64}},
+    "config": {"export_format": "onnx", "dynamic": True},
+    "versions": {"torch": "2.13.0"},
+}
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _paths(item, (*prefix, i))
+    return found
+
+
+def test_the_fuzz_seed_manifest_is_valid() -> None:
+    assert check_manifest(copy.deepcopy(_VALID))["format"] == "onnx"
+
+
+@_SETTINGS
+@given(where=st.sampled_from(_paths(_VALID)), value=_json | st.sampled_from(["../x", "/abs", "os.system", "a\\b"]))
+def test_fuzz_one_edited_field_of_a_valid_manifest_raises_only_manifest_error(where: tuple[Any, ...], value: Any):
+    manifest = copy.deepcopy(_VALID)
+    target = manifest
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    with contextlib.suppress(ManifestError):
+        check_manifest(manifest)
+
+
+@_SETTINGS
+@given(raw=st.binary(max_size=200) | _json.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_read_manifest_on_arbitrary_bytes_raises_only_artifact_errors(raw: bytes) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / MANIFEST).write_bytes(raw)
+        with contextlib.suppress(ManifestError):
+            read_manifest(tmp)
+
+
+def _config_fields() -> list[str]:
+    from hfexport.auto import AUTO_CONFIG_MAPPING
+
+    return sorted({f.name for cls in AUTO_CONFIG_MAPPING.values() for f in dataclasses.fields(cls)})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="configs.py/auto.py (not this file's owner) raise AttributeError/plain TypeError on a non-dict "
+    "dynamic_shapes, an unknown Dim name or an unhashable export_format; see the regression cases below",
+)
+@_SETTINGS
+@given(
+    fmt=st.sampled_from(["dynamo", "onnx", "executorch", "openvino"]) | _json,
+    data=st.dictionaries(st.sampled_from(_config_fields()) | st.text(max_size=6), _json, max_size=4),
+)
+def test_fuzz_auto_export_config_from_dict_raises_only_documented_errors(fmt: Any, data: dict[str, Any]) -> None:
+    from hfexport.auto import AutoExportConfig
+
+    with contextlib.suppress(ConfigError, ValueError):
+        AutoExportConfig.from_dict({"export_format": fmt, **data})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param({"export_format": "dynamo", "dynamic_shapes": [1]}, id="dynamic-shapes-list"),
+        pytest.param({"export_format": "onnx", "dynamic_shapes": 5}, id="dynamic-shapes-number"),
+        pytest.param({"export_format": "dynamo", "dynamic_shapes": {"x": {"0": "NOPE"}}}, id="unknown-dim-name"),
+        pytest.param({"export_format": {}}, id="unhashable-format"),
+        pytest.param({"export_format": "dynamo", "rules": {"nope": []}}, id="rules-unknown-key"),
+    ],
+)
+@pytest.mark.xfail(strict=True, reason="undocumented exception from configs.py/auto.py (reported, not owned here)")
+def test_auto_export_config_from_dict_known_bad_inputs_raise_documented_errors(data: dict[str, Any]) -> None:
+    from hfexport.auto import AutoExportConfig
+
+    with pytest.raises((ConfigError, ValueError)):
+        AutoExportConfig.from_dict(data)

@@ -1,0 +1,96 @@
+"""`hfexport sweep`: the models x rules hit matrix over corpus configs, its CSV/JSON/HTML, dead and expired rules."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfexport.rewrites.engine import default_registry
+from hfexport.sweep import Sweep, SweepRow
+from hfexport.testing.corpus import default_root
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=ENV)
+
+
+def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Path) -> None:
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for name in ("llama", "qwen3_moe"):
+        shutil.copy(default_root() / "causal_lm" / f"{name}.json", configs)
+    (configs / "broken.json").write_text('{"not": "a corpus entry"}')  # one bad config costs one row
+    out = {k: tmp_path / f"sweep.{k}" for k in ("csv", "json", "html")}
+    args = ["sweep", "--configs", str(configs), "--format", "dynamo", "--jobs", "2"]
+    result = _hfexport(*args, *(x for k, p in out.items() for x in (f"--{k}", str(p))))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    data = json.loads(out["json"].read_text())
+    rows = {r["model"]: r for r in data["rows"]}
+    assert set(rows) == {"causal_lm/llama", "causal_lm/qwen3_moe", "broken"}
+    assert rows["causal_lm/llama"]["status"] == "ok" and rows["causal_lm/llama"]["hits"] == {}
+    assert rows["causal_lm/llama"]["max_abs_diff"] <= rows["causal_lm/llama"]["tolerance"]
+    moe = rows["causal_lm/qwen3_moe"]
+    assert moe["status"] == "ok" and moe["hits"]["patch/moe-grouped-mm-portable"] > 0
+    assert rows["broken"]["status"] == "invalid-config" and "KeyError" in rows["broken"]["error"]
+    dynamo_rules = [r.id for r in default_registry().rules() if r.applies_to("dynamo")]
+    assert data["rules"] == dynamo_rules and data["fired"] == ["patch/moe-grouped-mm-portable"]
+    assert set(data["dead_rules"]) == set(dynamo_rules) - {"patch/moe-grouped-mm-portable"}
+    assert data["summary"].startswith("dynamo: 2/3 models ok")
+
+    table = list(csv.reader(out["csv"].read_text().splitlines()))
+    assert table[0] == ["model", "status", "max_abs_diff", "tolerance", "export_s", *dynamo_rules]
+    moe_line = next(line for line in table if line[0] == "causal_lm/qwen3_moe")
+    assert (
+        int(moe_line[5 + dynamo_rules.index("patch/moe-grouped-mm-portable")])
+        == moe["hits"]["patch/moe-grouped-mm-portable"]
+    )
+
+    page = out["html"].read_text()
+    assert page.startswith("<!doctype html>") and "causal_lm/qwen3_moe" in page
+    assert "<div>patch/moe-grouped-mm-portable</div>" in page and 'class="fail"' in page
+    assert "Dead rules" in page and "patch/mamba-selective-scan-hop" in page
+    assert "dead rules (0 hits on every model):" in result.stdout and "[3/3]" in result.stderr
+
+
+def test_sweep_refuses_png_without_matplotlib_before_running_anything(tmp_path: Path) -> None:
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed: the PNG is tested below")
+    result = _hfexport("sweep", "--configs", str(default_root()), "--png", str(tmp_path / "h.png"))
+    assert result.returncode != 0 and "--png needs matplotlib" in result.stderr
+    assert "sweeping" not in result.stderr and not (tmp_path / "h.png").exists()
+
+
+def _sweep() -> Sweep:
+    rows = [
+        SweepRow("a", "llama", "ok", 1e-7, 1e-4, {"fx/x": 2}),
+        SweepRow("b", "mamba", "export-error", None, None, {"fx/x": 1, "patch/y": 3}, error="boom <&>"),
+    ]
+    return Sweep("dynamo", rows, ["patch/y", "fx/x", "fx/dead"], {"fx/x": "torch 2.13.0 satisfies torch>=2.12"})
+
+
+def test_sweep_tables_mark_dead_and_expired_rules_and_escape_html() -> None:
+    sweep = _sweep()
+    assert sweep.fired == ["patch/y", "fx/x"] and sweep.dead == ["fx/dead"] and sweep.passed == 1
+    page = sweep.to_html()
+    assert "boom &lt;&amp;&gt;" in page and "<&>" not in page
+    assert "<li>fx/dead</li>" in page and "fx/x: torch 2.13.0 satisfies" in page
+    text = sweep.table()
+    assert "dead rules (0 hits on every model): fx/dead" in text and "expired rules: fx/x (torch" in text
+    assert json.loads(sweep.to_json())["expired_rules"] == {"fx/x": "torch 2.13.0 satisfies torch>=2.12"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
+def test_sweep_png_heatmap(tmp_path: Path) -> None:
+    path = _sweep().save_png(tmp_path / "h.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
