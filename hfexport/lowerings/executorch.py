@@ -275,7 +275,7 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
     """Lower `program` to an `ExecutorchProgramManager` with the `executorch` stage applied."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    import hfexport.rewrites.executorch_kinds  # noqa: F401 - registers the stage's applier
+    from hfexport.rewrites.executorch_kinds import edge_compile_config  # also registers the stage's applier
 
     try:
         engine.apply("executorch", program, context)
@@ -295,6 +295,8 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
     if config.backend == "cuda":
         # As executorch's CUDA examples do: the AOTInductor delegate takes ATen ops beyond the edge dialect.
         compile_config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
+    # Plus the targets the stage's verifier-exception rules found (executorch/sym-size-functions-verifier).
+    compile_config = edge_compile_config(program, compile_config)
     context.current_stage = "edge"
     start = time.perf_counter()
     try:

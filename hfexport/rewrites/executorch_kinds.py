@@ -3,6 +3,10 @@
 - `ExecutorchNodeRule`: a node predicate plus a rewrite of that one node of the captured program's graph,
   run before `to_edge_transform_and_lower`, for ops that the edge dialect, XNNPACK or the portable kernels
   cannot take as they are. One rewritten node is one hit.
+- `ExecutorchVerifierExceptionRule`: call targets that ExecuTorch lowers and runs but whose edge-dialect
+  verifier wrongly refuses them; where the program calls one, `to_edge` gets it in
+  `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's own knob for this), and the graph is
+  left as it is. One call is one hit.
 
 The example checker lowers each example with XNNPACK and runs the program in the ExecuTorch runtime: a
 `Match` must fire and match eager (and on `other_inputs()` too, with bounded dynamic axes); a `NoMatch`
@@ -11,6 +15,7 @@ must fire zero times and leave the graph as it was. Building the registry never 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +52,52 @@ def apply_executorch_rule(rule: ExecutorchNodeRule, program: torch.export.Export
     return hits
 
 
+@dataclass
+class ExecutorchVerifierExceptionRule(Rule):
+    """Let `to_edge`'s verifier accept calls of `targets` (the graph is not changed)."""
+
+    targets: tuple[Any, ...] = ()
+    stage: str = field(init=False, default="executorch")
+
+
+# Where the lowering finds the targets the fired exception rules collected (the program's own graph module).
+_EXCEPTIONS_KEY = "hfexport_edge_verifier_exceptions"
+
+
+def _graph_modules(program: torch.export.ExportedProgram) -> list[fx.GraphModule]:
+    return [m for m in program.graph_module.modules() if isinstance(m, fx.GraphModule)]
+
+
+def apply_verifier_exception_rule(rule: ExecutorchVerifierExceptionRule, program: torch.export.ExportedProgram) -> int:
+    """Count `program`'s calls of `rule.targets`; record the targets called for `edge_compile_config`."""
+    called = [
+        node.target
+        for gm in _graph_modules(program)
+        for node in gm.graph.nodes
+        if node.op == "call_function" and node.target in rule.targets
+    ]
+    if called:
+        exceptions = program.graph_module.meta.setdefault(_EXCEPTIONS_KEY, [])
+        exceptions.extend(t for t in dict.fromkeys(called) if t not in exceptions)
+    return len(called)
+
+
+def edge_compile_config(program: torch.export.ExportedProgram, config: Any = None) -> Any:
+    """`config` (an `EdgeCompileConfig`, default the default one) plus the verifier exceptions that fired on
+    `program`; `config` itself when none did."""
+    from executorch.exir import EdgeCompileConfig
+
+    exceptions = program.graph_module.meta.get(_EXCEPTIONS_KEY)
+    if not exceptions:
+        return config
+    config = config if config is not None else EdgeCompileConfig()
+    known = list(config._core_aten_ops_exception_list)
+    return dataclasses.replace(config, _core_aten_ops_exception_list=known + [t for t in exceptions if t not in known])
+
+
 def _apply(rule: Rule, target: Any) -> int:
+    if isinstance(rule, ExecutorchVerifierExceptionRule):
+        return apply_verifier_exception_rule(rule, target)
     assert isinstance(rule, ExecutorchNodeRule)
     return apply_executorch_rule(rule, target)
 
@@ -77,7 +127,10 @@ def _lower(program: torch.export.ExportedProgram) -> Any:
     from hfexport.runtime.executorch import ExecutorchProgram
 
     # Lowered once: to_executorch's passes rewrite the graph modules they are given.
-    return ExecutorchProgram(to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch())
+    edge = to_edge_transform_and_lower(
+        program, partitioner=[XnnpackPartitioner()], compile_config=edge_compile_config(program)
+    )
+    return ExecutorchProgram(edge.to_executorch())
 
 
 def _check(rule: Any, example: Example) -> int:
@@ -86,7 +139,7 @@ def _check(rule: Any, example: Example) -> int:
     dynamic = isinstance(example, Match) and example.other_inputs is not None
     program = _bounded_export(module, inputs, dynamic)
     before = program.graph_module.code
-    hits = apply_executorch_rule(rule, program)
+    hits = _apply(rule, program)
     if isinstance(example, Match):
         if hits == 0:
             raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")

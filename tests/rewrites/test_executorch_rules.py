@@ -138,3 +138,47 @@ def test_the_sdpa_view_example_fails_to_lower_without_its_rule() -> None:
     # The view of the attention output was traced against the fused kernel's strides.
     with pytest.raises(Exception, match="Cannot view a tensor"):
         to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+
+
+def _lower_example_without_its_rule(rule, shapes: dict) -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    module, inputs = rule.meta.examples[0].build()
+    program = torch.export.export(module.eval(), (), inputs, dynamic_shapes=shapes)
+    to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+
+
+def test_the_dynamic_unsqueeze_example_fails_to_lower_without_its_rule() -> None:
+    from hfexport.rewrites.executorch.dynamic_unsqueeze import trailing_unsqueeze_as_view as rule
+
+    # Batch and length dynamic: the trailing unsqueeze of `stack(..., -1)` has two dynamic axes.
+    shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}}
+    with pytest.raises(Exception, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        _lower_example_without_its_rule(rule, shapes)
+
+
+def test_the_sym_min_example_fails_to_lower_without_its_rule() -> None:
+    from hfexport.rewrites.executorch.sym_min_max import sym_functions_pass_the_verifier as rule
+
+    shapes = {"scores": {1: torch.export.Dim.AUTO(max=32)}}
+    # The edge verifier asserts that a Python function in the graph is `alloc`: torch.sym_min is not.
+    with pytest.raises(AssertionError):
+        _lower_example_without_its_rule(rule, shapes)
+
+
+def test_verifier_exceptions_reach_the_edge_compile_config_only_where_the_program_calls_them() -> None:
+    from hfexport.rewrites.executorch.sym_min_max import sym_functions_pass_the_verifier as rule
+    from hfexport.rewrites.executorch_kinds import apply_verifier_exception_rule, edge_compile_config
+
+    module, inputs = rule.meta.examples[0].build()
+    dynamic = torch.export.export(module, (), inputs, dynamic_shapes={"scores": {1: torch.export.Dim.AUTO(max=32)}})
+    before = dynamic.graph_module.code
+    assert apply_verifier_exception_rule(rule, dynamic) == 1
+    assert dynamic.graph_module.code == before, "the graph is left as it is"
+    config = edge_compile_config(dynamic)
+    assert config._core_aten_ops_exception_list == [torch.sym_min]
+    # A static export folds min(4, 6): nothing to except, the caller's config (None: the default) is kept.
+    static = torch.export.export(module, (), inputs)
+    assert apply_verifier_exception_rule(rule, static) == 0
+    assert edge_compile_config(static) is None

@@ -1,8 +1,10 @@
 """ExecuTorch backend fixes (stage `executorch`), in the order they run on the program before lowering."""
 
 import hfexport.rewrites.executorch_kinds  # noqa: F401 - registers the stage's applier and example checker
-from hfexport.rewrites.executorch import sdpa_strides
+from hfexport.rewrites.executorch import dynamic_unsqueeze, sdpa_strides, sym_min_max
 
 RULES: list = [
     sdpa_strides.sdpa_output_contiguous_before_view,
+    dynamic_unsqueeze.trailing_unsqueeze_as_view,
+    sym_min_max.sym_functions_pass_the_verifier,
 ]
