@@ -380,6 +380,8 @@ def save(
             "report": _plain(reports[SINGLE]) if single else None,
             "validation": _plain(validation) if validation is not None else None,
             "metadata": _plain(metadata) if metadata is not None else None,
+            # export_for_generation's layout (components' inputs, constants, cache leaves): how to drive them.
+            "generation": _plain(spec.to_dict()) if (spec := getattr(result, "spec", None)) is not None else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         if single:
@@ -459,6 +461,7 @@ _TOP_KEYS: dict[str, tuple[type, ...]] = {
     "created": (str,),
     "inputs": (list,),
     "outputs": (list,),
+    "generation": (dict, type(None)),
 }
 _REQUIRED = ("manifest_version", "format", "components", "files", "checksums")
 _COMPONENT_KEYS: dict[str, tuple[type, ...]] = {
@@ -572,7 +575,51 @@ def _check_config(config: dict[str, Any] | None, export_format: str, where: str)
     if config.get("export_format", export_format) != export_format:
         found = config.get("export_format")
         raise ManifestError(f"{where}.export_format is {found!r}, the artifact is {export_format}")
-    _check_no_code(config, where)
+    # `quantizer` records which class quantized the export (its module and name, as a description for people):
+    # configs never rebuild it from a dict (`from_dict` drops it), so it is plain data like the report.
+    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where)
+
+
+def _dataclass_keys(cls: Any, required: bool = False) -> set[str]:
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    if required:
+        return {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {f.name for f in fields}
+
+
+def _check_keys(data: Any, cls: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where} must be an object")
+    missing = sorted(_dataclass_keys(cls, required=True) - set(data))
+    unknown = sorted(set(data) - _dataclass_keys(cls))
+    if missing or unknown:
+        raise ManifestError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown} (a {cls.__name__})")
+
+
+def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -> None:
+    """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, plain values."""
+    if spec is None:
+        return
+    from hfexport.frontends.generation import CacheLeaf, ComponentSpec, GenerationSpec
+
+    where = "manifest.generation"
+    _check_keys(spec, GenerationSpec, where)
+    if not isinstance(spec["components"], dict) or set(spec["components"]) - set(components):
+        raise ManifestError(f"{where}.components must describe components of this artifact")
+    for name, comp in spec["components"].items():
+        at = f"{where}.components[{name!r}]"
+        _check_keys(comp, ComponentSpec, at)
+        if not isinstance(comp["inputs"], list) or not isinstance(comp["constants"], dict):
+            raise ManifestError(f"{at}: inputs is a list, constants an object")
+        if any(isinstance(v, (dict, list)) for v in comp["constants"].values()):
+            raise ManifestError(f"{at}.constants holds scalars only")
+        if not isinstance(comp["cache_leaves"], list):
+            raise ManifestError(f"{at}.cache_leaves must be a list")
+        for i, leaf in enumerate(comp["cache_leaves"]):
+            _check_keys(leaf, CacheLeaf, f"{at}.cache_leaves[{i}]")
+    _check_no_code(spec, where)
 
 
 def check_manifest(manifest: Any) -> dict[str, Any]:
@@ -660,6 +707,7 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
                 raise ManifestError(f"manifest.{key}[{name!r}] must be a string")
     for key in ("model", "model_class", "model_type", "metadata"):
         _check_no_code(manifest.get(key), f"manifest.{key}")
+    _check_generation(manifest.get("generation"), components)
     return manifest
 
 
@@ -696,6 +744,8 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _check_files(directory: Path, manifest: dict[str, Any], verify: bool) -> None:
+    # Every path, presence and size first (no file is read), then the hashes: a bad entry anywhere is
+    # refused before any byte of any model file is read.
     for rel, expected in manifest["checksums"].items():
         path = directory / rel
         if not _inside(path, directory):
@@ -707,8 +757,10 @@ def _check_files(directory: Path, manifest: dict[str, Any], verify: bool) -> Non
             raise ArtifactError(
                 f"{rel!r} is {size} bytes, the manifest says {expected['size']}: a truncated or replaced file"
             )
-        if verify and _digest(path)["sha256"] != expected["sha256"]:
-            raise ArtifactError(f"{rel!r} does not match its sha256 in the manifest: a corrupt or replaced file")
+    if verify:
+        for rel, expected in manifest["checksums"].items():
+            if _digest(directory / rel)["sha256"] != expected["sha256"]:
+                raise ArtifactError(f"{rel!r} does not match its sha256 in the manifest: a corrupt or replaced file")
 
 
 def _check_onnx_external_data(directory: Path, comp: dict[str, Any]) -> None:
@@ -832,6 +884,16 @@ class LoadedExport:
     @property
     def versions(self) -> dict[str, str]:
         return dict(self.manifest.get("versions") or {})
+
+    @property
+    def generation(self) -> Any:
+        """The `GenerationSpec` of an `export_for_generation` artifact (rebuilt from checked plain data), or None."""
+        data = self.manifest.get("generation")
+        if data is None:
+            return None
+        from hfexport.frontends.generation import GenerationSpec
+
+        return GenerationSpec.from_dict(data)
 
     def __getitem__(self, name: str) -> LoadedComponent:
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hfexport.errors import ConfigError
@@ -103,7 +103,7 @@ def _delete(path: tuple[Any, ...]) -> Mutation:
 
 def _nested(depth: int) -> Mutation:
     def mutate(manifest: dict[str, Any]) -> str:
-        return json.dumps(manifest)[:-1] + ', "metadata": ' + "[" * depth + "]" * depth + "}"
+        return json.dumps(manifest)[:-1] + ', "metadata": {"a": ' + "[" * depth + "]" * depth + "}}"
 
     return mutate
 
@@ -246,6 +246,32 @@ def test_a_manifest_naming_code_is_refused_without_importing_or_running_it(
     assert events == [] and not marker.exists() and "evilmod" not in sys.modules
 
 
+def test_a_quantizer_record_in_the_config_is_data_and_loads(artifacts: Callable[[str], Path], tmp_path: Path):
+    # configs record which quantizer ran (module and class, for people); it is never rebuilt, so it may name one.
+    folder = _copy(artifacts, "openvino", tmp_path)
+    record = {"class": "NNCFOpenVINOQuantizer", "module": "hfexport.quantizers.nncf", "settings": {"x": "torch.int8"}}
+    _rewrite(folder, _set(("config", "quantizer"), record))
+    assert load(folder, open_runtimes=False).config["quantizer"] == record
+    _rewrite(folder, _set(("config", "dynamic_shapes"), {"input_ids": {"0": "torch.export.Dim"}}))
+    with pytest.raises(ManifestError, match="name of Python code"):
+        load(folder, open_runtimes=False)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        pytest.param(_set(("generation",), {"components": {}}), "missing key", id="missing-keys"),
+        pytest.param(_set(("generation",), {"__init__": 1}), "names code", id="dunder"),
+    ],
+)
+def test_a_bad_generation_layout_is_refused(
+    artifacts: Callable[[str], Path], tmp_path: Path, mutate: Mutation, match: str
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, mutate)
+    _assert_refused_untouched(folder, ManifestError, match)
+
+
 @pytest.mark.parametrize(("backend", "file"), [("onnx", "model.onnx"), ("executorch", "model.pte")])
 def test_a_truncated_model_file_is_refused(
     artifacts: Callable[[str], Path], tmp_path: Path, backend: str, file: str
@@ -291,7 +317,9 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
-_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+_SETTINGS = settings(
+    max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
 
 
 @_SETTINGS
@@ -371,7 +399,7 @@ def _config_fields() -> list[str]:
     reason="configs.py/auto.py (not this file's owner) raise AttributeError/plain TypeError on a non-dict "
     "dynamic_shapes, an unknown Dim name or an unhashable export_format; see the regression cases below",
 )
-@_SETTINGS
+@settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.generate])
 @given(
     fmt=st.sampled_from(["dynamo", "onnx", "executorch", "openvino"]) | _json,
     data=st.dictionaries(st.sampled_from(_config_fields()) | st.text(max_size=6), _json, max_size=4),

@@ -135,6 +135,27 @@ def test_dict_of_two_components_saves_one_folder_each_and_each_runs_like_its_mod
         loaded["decode"]
 
 
+def test_export_for_generation_round_trips_with_its_generation_layout(tmp_path: Path) -> None:
+    from hfexport import DynamoConfig, DynamoExporter
+
+    model, inputs = tiny("tiny-llama")
+    exporter = DynamoExporter()
+    components = exporter.export_for_generation(model, inputs, DynamoConfig(dynamic=True))
+    assert set(components) == {"prefill", "decode"}
+    out = save(components, tmp_path / "gen", config=DynamoConfig(dynamic=True), report=exporter.reports)
+    manifest = read_manifest(out)
+    assert manifest["generation"] == json.loads(json.dumps(components.spec.to_dict()))
+    assert manifest["components"]["decode"]["report"]["component"] == "decode"
+
+    loaded = load(out, trust=True)
+    assert loaded.generation == components.spec  # cache layout and constants rebuilt from checked plain data
+    for name in ("prefill", "decode"):
+        sample = components.samples[name]
+        with torch.no_grad():
+            expected = components[name].module()(**sample)[0]
+        assert torch.equal(loaded.run(sample, name)["logits"], expected), name
+
+
 def test_pt2_loads_only_with_trust_and_nothing_is_opened_before(tmp_path: Path) -> None:
     program, config, report = exported("dynamo")
     out = save(program, tmp_path / "pt2", config=config, report=report)
