@@ -39,6 +39,9 @@ def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path:
     captured = capsys.readouterr()
     assert "LlamaForCausalLM -> dynamo" in captured.out and "ok   logits [2, 8, 128]" in captured.out
     assert "• saving dynamo artifact" in captured.err and "• validating model.pt2" in captured.err
+    # progress per stage, in pipeline order, as each starts
+    stages = [line.split()[-1] for line in captured.err.splitlines() if line.startswith("  › stage ")]
+    assert stages == ["patch", "trace", "fx"]
     # the artifact loads in a fresh process and runs another shape
     script = f"""
 import torch
@@ -62,6 +65,8 @@ def test_onnx_export_saves_model_and_weights_and_validates_in_onnx_runtime(tmp_p
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["outputs"][0] == "logits"
     assert manifest["report"]["hits"]["onnx"]["onnx/rms-norm-fusion"] > 0
     assert "ok   logits [2, 8, 128]" in result.stdout and "• exporting LlamaForCausalLM to onnx" in result.stderr
+    stages = [line.split()[-1] for line in result.stderr.splitlines() if line.startswith("  › stage ")]
+    assert stages[:3] == ["patch", "trace", "fx"] and {"aten", "translate", "onnx"} <= set(stages)
     # the saved graph runs in ONNX Runtime on its own, on another shape (dynamic axes)
     import numpy as np
     import onnxruntime

@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from hfexport.errors import ConfigError
 from hfexport.saving import (
@@ -35,6 +37,8 @@ from hfexport.saving import (
 from tests.test_save_load import _watch_opens, exported
 
 Mutation = Callable[[dict[str, Any]], Any]
+# Hypothesis caches what it learns under ./.hypothesis by default: keep the checkout clean.
+set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "hfexport-hypothesis"))
 
 
 @pytest.fixture(scope="module")
