@@ -6,6 +6,7 @@ hfexport rules list [--stage fx] [--backend onnx]
 hfexport rules show patch/moe-grouped-mm-portable
 hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
 hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h.html] [--png h.png] [--csv F]
+hfexport check out/ [--trust]
 
 Progress goes to stderr (live per stage with rich on a terminal, plain lines otherwise), results to stdout.
 Exit codes: 0 success; 1 the artifact differs from eager beyond the tolerance (or an audited export failed);
@@ -67,6 +68,7 @@ class Progress:
 
     def step(self, message: str) -> float:
         self._finish_stage()
+        self._stop_status()
         if self.console is not None:
             self.console.print(f"• {message}", highlight=False)
         else:
@@ -93,11 +95,14 @@ class Progress:
         if self.console is not None:
             self.console.print(f"  ✓ {name} {time.perf_counter() - start:.1f}s", highlight=False)
 
-    def close(self) -> None:
-        self._finish_stage()
+    def _stop_status(self) -> None:
         if self.status is not None:
             self.status.stop()
             self.status = None
+
+    def close(self) -> None:
+        self._finish_stage()
+        self._stop_status()
 
 
 _PROGRESS = Progress(live=False)
@@ -291,6 +296,22 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from hfexport.saving import ArtifactError, load
+
+    try:
+        loaded = load(args.directory, trust=args.trust)
+    except ArtifactError as exc:
+        print(f"refused: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    manifest = loaded.manifest
+    print(f"{loaded.directory}: {loaded.export_format} artifact of {manifest.get('model_class') or '?'}, ok")
+    for name, component in loaded.components.items():
+        print(f"  {name}: {component.main}  inputs {component.inputs}  outputs {len(component.outputs)}")
+    print(f"  files {len(manifest['files'])} (sizes and sha256 verified), versions {loaded.versions}")
+    return 0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hfexport.sweep import find_configs, run_sweep
 
@@ -387,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--json", help="also write the sites as JSON to this file")
     scan.add_argument("--jobs", type=int, default=1, help="parse files in this many processes (default 1)")
     scan.set_defaults(func=cmd_scan)
+
+    check = sub.add_parser("check", help="verify a saved artifact (manifest, paths, checksums) and open it")
+    check.add_argument("directory")
+    check.add_argument("--trust", action="store_true", help="allow a .pt2 (it deserialises with pickle)")
+    check.set_defaults(func=cmd_check)
 
     sweep = sub.add_parser("sweep", help="export many tiny-config models; write the models x rules hit matrix")
     sweep.add_argument("--configs", required=True, help="a corpus entry (JSON) or a folder searched for them")

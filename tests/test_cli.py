@@ -42,6 +42,12 @@ def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path:
     # progress per stage, in pipeline order, as each starts
     stages = [line.split()[-1] for line in captured.err.splitlines() if line.startswith("  › stage ")]
     assert stages == ["patch", "trace", "fx"]
+    # `check` verifies and opens it (a .pt2 only with --trust); a flipped byte is refused
+    assert main(["check", str(out)]) == 1 and "UntrustedArtifactError" in capsys.readouterr().err
+    assert (
+        main(["check", str(out), "--trust"]) == 0
+        and "dynamo artifact of LlamaForCausalLM, ok" in capsys.readouterr().out
+    )
     # the artifact loads in a fresh process and runs another shape
     script = f"""
 import torch
