@@ -91,6 +91,7 @@ class HfExporter(ABC):
             model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
         configs = split_config(config, list(components))
+        configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
         results = GenerationComponents()
         results.spec = describe(components, generation_config, model)
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
@@ -112,6 +113,27 @@ class HfExporter(ABC):
                     self.report.component = name
                     self.reports[name] = self.report
         return results
+
+    def _calibrate_components(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        configs: dict[str, Any],
+        generation_config: Any,
+        multi_token_decode: bool,
+    ) -> dict[str, Any]:
+        """Per-component quantizer calibration: a single config's dataset holds generate kwargs, and each component
+        calibrates on the forward kwargs recorded for it (a `{component: config}` dict is used as it is)."""
+        from hfexport.quantizers.apply import check_quantizer
+        from hfexport.quantizers.generation import calibrate_components
+
+        # Every component's quantizer is checked before the first component is traced.
+        for each in configs.values():
+            if getattr(each, "quantizer", None) is not None:
+                check_quantizer(each.quantizer, self.export_format, each)
+        return calibrate_components(
+            model, config, configs, generation_config=generation_config, multi_token_decode=multi_token_decode
+        )
 
 
 def _mutates(program: torch.export.ExportedProgram) -> bool:
