@@ -192,6 +192,22 @@ def test_save_refuses_an_existing_folder_without_overwrite_and_leaves_it_intact(
     assert (tmp_path / "empty" / MANIFEST).is_file()
 
 
+def test_overwrite_without_an_atomic_exchange_falls_back_to_two_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Filesystems without renameat2(RENAME_EXCHANGE) (and non-Linux systems) take the two-rename path.
+    import hfexport.saving as saving
+
+    program, config, report = exported("dynamo")
+    out = save(program, tmp_path / "a", config=config, report=report, metadata={"n": 1})
+    calls: list[tuple[Path, Path]] = []
+    monkeypatch.setattr(saving, "_exchange", lambda a, b: calls.append((a, b)) or False)
+    save(program, out, overwrite=True, config=config, metadata={"n": 2})
+    assert calls and read_manifest(out)["metadata"] == {"n": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["a"], "the previous artifact is removed, nothing is left over"
+    assert load(out, trust=True).components["model"].runtime is not None
+
+
 def test_save_refuses_objects_no_exporter_returns_and_bad_component_names(tmp_path: Path) -> None:
     program, _, _ = exported("dynamo")
     with pytest.raises(TypeError, match=r"cannot save a torch\.nn\.modules\.linear\.Linear"):
