@@ -93,7 +93,7 @@ class HfExporter(ABC):
         configs = split_config(config, list(components))
         configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
         results = GenerationComponents()
-        results.spec = describe(components, generation_config, model)
+        results.spec = describe(components, generation_config, model, multi_token_decode)
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
         self.reports: dict[str, ExportReport] = {}
         for name, (submodule, kwargs) in components.items():

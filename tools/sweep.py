@@ -138,8 +138,13 @@ def run_one(path: Path, child: str, child_args: list[str], timeout: int) -> dict
     return row
 
 
-def run_sweep(argv: list[str] | None, child: str, label: str, with_format: bool = True) -> int:
-    """Shared command line of the sweep tools: select entries, run `child` on each, print the table."""
+def run_sweep(
+    argv: list[str] | None, child: str, label: str, with_format: bool = True, child_args: list[str] | None = None
+) -> int:
+    """Shared command line of the sweep tools: select entries, run `child` on each, print the table.
+
+    The child gets the entry path, then `--format` (when `with_format`), then `child_args`.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     if with_format:
         parser.add_argument("--format", default="dynamo")
@@ -151,8 +156,8 @@ def run_sweep(argv: list[str] | None, child: str, label: str, with_format: bool 
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    child_args = [args.format] if with_format else []
-    label = f"{args.format}" if with_format else label
+    child_args = ([args.format] if with_format else []) + list(child_args or [])
+    label = f"{label} {args.format}" if with_format and label != "dynamo" else (args.format if with_format else label)
 
     paths = sorted((args.root / args.family).glob("*.json"))
     if args.only:

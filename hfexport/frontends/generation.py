@@ -178,9 +178,17 @@ def _empty_like_static(cache: Any) -> Any:
     return fresh
 
 
+def _linear_only(cache: Any) -> bool:
+    linear = getattr(cache, "is_linear", None)
+    return bool(linear) and all(linear)
+
+
 def _is_static(cache: Any) -> bool:
+    """A fixed-length attention cache written in place (state-space layers are fixed-size, but have no length)."""
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(getattr(layer, "is_compileable", False) for layer in layers)
+    if not layers or not all(getattr(layer, "is_compileable", False) for layer in layers):
+        return False
+    return any(getattr(layer, "get_max_length", lambda: -1)() > 0 for layer in layers)
 
 
 def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
@@ -206,13 +214,14 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
     """
     if call.get("attention_mask") is not None or not _accepts(model, "attention_mask"):
         return call
-    tokens = call.get("input_ids", call.get("inputs_embeds"))
-    if not isinstance(tokens, torch.Tensor):
+    tokens = next((call[k] for k in ("input_ids", "inputs_embeds") if isinstance(call.get(k), torch.Tensor)), None)
+    if tokens is None:
         return call
     batch, query = tokens.shape[:2]
     cache_key = _cache_key(call)
     cache = call.get(cache_key) if cache_key else None
-    past = int(cache.get_seq_length()) if cache is not None else 0
+    # A state-space cache has no length: its models mask the current tokens only.
+    past = int(cache.get_seq_length()) if cache is not None and not _linear_only(cache) else 0
     mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
     if cache is not None and cache.is_compileable and not all(cache.is_linear):
         from transformers.masking_utils import create_masks_for_generate
@@ -302,7 +311,10 @@ def decompose_for_generation(
                     f"generate never called {type(model).__name__}'s {name} ({type(parts[name]).__name__}); "
                     "pass the modality's inputs (e.g. pixel_values) in generate_kwargs"
                 )
-            components[name] = (parts[name], _plain_inputs(calls[name][0]))
+            call = calls[name][0]
+            if name == "language_model":
+                call = restore_attention_mask(parts[name], call)
+            components[name] = (parts[name], _plain_inputs(call))
     else:
         if is_encoder_decoder:
             if not calls.get("encoder"):
@@ -363,6 +375,8 @@ class GenerationSpec:
     multi_token_decode: bool
     sample_batch: int
     is_encoder_decoder: bool = False
+    # State-space caches (Mamba): a 2-D mask covers the current tokens only, not past + current.
+    mask_current_only: bool = False
     eos_token_id: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
 
@@ -404,13 +418,16 @@ def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     return [(n, t) for n, t in leaf_names({prefix: value}) if isinstance(t, torch.Tensor)]
 
 
-def describe(components: Components, generation_config: Any, model: torch.nn.Module) -> GenerationSpec:
+def describe(
+    components: Components, generation_config: Any, model: torch.nn.Module, multi_token_decode: bool
+) -> GenerationSpec:
     """The `GenerationSpec` of decomposed components (sample shapes, constants, cache layout)."""
     specs: dict[str, ComponentSpec] = {}
     cache_key = None
     static = False
     max_len = None
     batch = 1
+    current_only = False
     for name, (_, kwargs) in components.items():
         key = _cache_key(kwargs)
         cache_key = cache_key or key
@@ -420,6 +437,7 @@ def describe(components: Components, generation_config: Any, model: torch.nn.Mod
         leaves: list[CacheLeaf] = []
         if key is not None:
             cache = kwargs[key]
+            current_only = current_only or _linear_only(cache)
             if _is_static(cache):
                 static = True
                 lengths = [layer.get_max_length() for layer in cache.layers]
@@ -446,6 +464,7 @@ def describe(components: Components, generation_config: Any, model: torch.nn.Mod
         multi_token_decode="decode" in components and _query_length(components["decode"][1]) > 1,
         sample_batch=batch,
         is_encoder_decoder=bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False)),
+        mask_current_only=current_only,
         eos_token_id=eos_list,
         pad_token_id=None if pad is None else int(pad),
     )

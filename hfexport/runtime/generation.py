@@ -17,6 +17,7 @@ static cache, 4-D `[batch, 1, query, max_cache_len]` rows (causal over cache slo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ class DynamoDriver(Driver):
         from hfexport.frontends.cache_pytree import flatten_cache, unflatten_cache
 
         key = self.spec.cache_key
-        self.modules = {name: program.module() for name, program in self.components.items()}
+        if not hasattr(self, "modules"):
+            self.modules = {name: program.module() for name, program in self.components.items()}
         self.cache = None
         if key is None:
             return
@@ -149,7 +151,8 @@ class OpenVINODriver(_NamedDriver):
         from hfexport.runtime.openvino import OpenVINORunner
 
         super().start(first, batch, max_cache_len)
-        self.runners = {name: OpenVINORunner(model) for name, model in self.components.items()}
+        if not hasattr(self, "runners"):  # compiled once per components object
+            self.runners = {name: OpenVINORunner(model) for name, model in self.components.items()}
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         runner = self.runners[name]
@@ -169,9 +172,10 @@ class ExecutorchDriver(_NamedDriver):
         from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
 
         super().start(first, batch, max_cache_len)
-        self.programs = {name: ExecutorchProgram(manager) for name, manager in self.components.items()}
-        self.order = {name: executorch_named_feed(self.samples[name]) for name in self.components}
-        self.output_names = {name: _executorch_output_names(m) for name, m in self.components.items()}
+        if not hasattr(self, "programs"):  # loaded once per components object
+            self.programs = {name: ExecutorchProgram(manager) for name, manager in self.components.items()}
+            self.order = {name: executorch_named_feed(self.samples[name]) for name in self.components}
+            self.output_names = {name: _executorch_output_names(m) for name, m in self.components.items()}
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         values = {**self._kwargs(name, step), **self.cache}
@@ -350,6 +354,7 @@ def generate(
     pad_token_id: int | None = None,
     streamer: Any = None,
     *,
+    min_new_tokens: int = 0,
     spec: GenerationSpec | None = None,
     max_cache_len: int | None = None,
     generator: torch.Generator | None = None,
@@ -360,6 +365,7 @@ def generate(
     `components` is an `export_for_generation` result (any backend). Greedy (`do_sample=False`) tokens
     equal `model.generate(do_sample=False)` with the same cache kind. `max_cache_len` sizes a static cache
     (default: the exported one). `streamer` gets `put(tokens)` per step and `end()`, like transformers'.
+    `min_new_tokens` keeps `eos_token_id` (default: the model's) from ending a sequence earlier.
     """
     spec = spec or getattr(components, "spec", None)
     samples = getattr(components, "samples", None)
@@ -370,7 +376,12 @@ def generate(
     backends = {backend_of(p) for p in components.values()}
     if len(backends) != 1:
         raise InputError(f"components come from several backends: {sorted(backends)}")
-    driver = _DRIVERS[backends.pop()](components, spec, samples)
+    # One driver per components object: sessions, compiled models and loaded programs are reused across calls.
+    driver = getattr(components, "_driver", None)
+    if driver is None or driver.spec is not spec:
+        driver = _DRIVERS[backends.pop()](components, spec, samples)
+        with contextlib.suppress(AttributeError):  # a plain dict cannot keep it: no reuse
+            components._driver = driver  # type: ignore[attr-defined]
 
     input_ids = torch.as_tensor(input_ids)
     batch, prompt = input_ids.shape
@@ -396,7 +407,7 @@ def generate(
     def mask_for(name: str, query: int, written: int) -> torch.Tensor:
         if spec.components[name].mask_rank == 4 and valid is not None:
             return _static_mask(valid, written, query)
-        return mask2d
+        return mask2d[:, -query:] if spec.mask_current_only else mask2d
 
     if valid is not None:
         valid[:, :prompt] = mask2d
@@ -408,7 +419,11 @@ def generate(
     written = prompt
     last_position = positions[:, -1:]
     for index in range(max_new_tokens):
-        token = sampler(logits[:, -1, :])
+        scores = logits[:, -1, :]
+        if index < min_new_tokens and len(eos_ids):
+            # As transformers' MinNewTokensLengthLogitsProcessor: no end of sequence before min_new_tokens.
+            scores = scores.float().index_fill(-1, eos_ids, float("-inf"))
+        token = sampler(scores)
         token = torch.where(unfinished, token, torch.full_like(token, pad))
         sequences = torch.cat([sequences, token[:, None]], dim=-1)
         if streamer is not None:

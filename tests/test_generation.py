@@ -1,0 +1,300 @@
+"""Generation: components found by decompose_for_generation, export_for_generation, and generate() on every
+backend with exactly the greedy tokens of `model.generate`.
+
+Tiny random models from config; prompts are left-padded so masks matter.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from hfexport import (
+    DynamoConfig,
+    DynamoExporter,
+    ExecutorchConfig,
+    ExecutorchExporter,
+    OnnxConfig,
+    OnnxExporter,
+    OpenVINOConfig,
+    OpenVINOExporter,
+)
+from hfexport.frontends.generation import decompose_for_generation
+from hfexport.runtime.generation import generate
+from hfexport.tiny import get_tiny_model
+
+MAX_CACHE = 32
+NEW_TOKENS = 6
+
+
+def _static() -> GenerationConfig:
+    return GenerationConfig(cache_implementation="static", max_cache_len=MAX_CACHE)
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return get_tiny_model("tiny-llama").build()
+
+
+def _sample(batch: int = 2, length: int = 5, seed: int = 0) -> dict[str, torch.Tensor]:
+    ids = torch.randint(3, 128, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids}
+
+
+def _padded_prompt() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+    return ids, mask
+
+
+def _reference(model: torch.nn.Module, static: bool) -> torch.Tensor:
+    ids, mask = _padded_prompt()
+    extra = {"generation_config": _static()} if static else {}
+    config = extra.get("generation_config") or GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = NEW_TOKENS
+    config.do_sample = False
+    config.pad_token_id = 0
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+
+
+# -- decomposition ---------------------------------------------------------------------------------------
+
+
+def _names(model_name: str, **kwargs: object) -> dict[str, tuple[str, list[str]]]:
+    tiny = get_tiny_model(model_name)
+    inputs = tiny.sample_inputs()
+    inputs.pop("decoder_input_ids", None)
+    components = decompose_for_generation(tiny.build(), inputs, **kwargs)
+    return {name: (type(module).__name__, sorted(kw)) for name, (module, kw) in components.items()}
+
+
+def test_decoder_only_components_take_a_mask_even_when_the_sample_has_none(llama: torch.nn.Module) -> None:
+    components = decompose_for_generation(llama, _sample())
+    assert list(components) == ["prefill", "decode"]
+    prefill, decode = components["prefill"][1], components["decode"][1]
+    # generate drops an all-ones mask; the components must still take one.
+    assert prefill["attention_mask"].shape == (2, 5)
+    assert decode["attention_mask"].shape == (2, 6)
+    assert decode["input_ids"].shape == (2, 1)
+    assert decode["cache"].get_seq_length() == 5
+
+
+def test_multi_token_decode_merges_two_steps(llama: torch.nn.Module) -> None:
+    components = decompose_for_generation(llama, _sample(), generation_config=_static(), multi_token_decode=True)
+    decode = components["decode"][1]
+    assert decode["input_ids"].shape == (2, 2)
+    assert decode["attention_mask"].shape == (2, 1, 2, MAX_CACHE)
+    assert decode["logits_to_keep"] == 0
+    assert int(decode["cache"].layers[0].cumulative_length) == 5
+    # The merged call reproduces the two steps it replaces.
+    model_kwargs = copy.deepcopy(decode)
+    with torch.no_grad():
+        merged = llama(**model_kwargs).logits
+    assert merged.shape[:2] == (2, 2)
+    # The prefill sample is an allocated, empty static cache.
+    prefill_cache = components["prefill"][1]["cache"]
+    assert int(prefill_cache.layers[0].cumulative_length) == 0
+    assert prefill_cache.layers[0].keys.shape[2] == MAX_CACHE
+
+
+@pytest.mark.parametrize(
+    ("model_name", "expected"),
+    [
+        ("tiny-qwen3-moe", ["prefill", "decode"]),
+        ("tiny-mamba", ["prefill", "decode"]),
+        ("tiny-t5", ["encoder", "prefill", "decode"]),
+        ("tiny-whisper", ["encoder", "prefill", "decode"]),
+        ("tiny-llava", ["image_encoder", "multi_modal_projector", "language_model", "lm_head", "decode"]),
+    ],
+)
+def test_component_names(model_name: str, expected: list[str]) -> None:
+    names = _names(model_name)
+    assert list(names) == expected
+    if "encoder" in names:
+        assert names["prefill"][1].count("encoder_outputs") == 1
+    if "language_model" in names:
+        assert "inputs_embeds" in names["language_model"][1]
+        assert "attention_mask" in names["language_model"][1]
+        assert names["decode"][1].count("input_ids") == 1
+
+
+def test_vision_model_without_projector() -> None:
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    text = {
+        "vocab_size": 160,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+        "max_position_embeddings": 256,
+    }
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2, "patch_size": 4}
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config={**vision, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3},
+        image_token_id=151,
+        video_token_id=152,
+        vision_start_token_id=153,
+        vision_end_token_id=154,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    # One 8x8 image as 4x4 patches of 4x4 pixels (2 frames), merged 2x2: 4 image tokens.
+    ids = torch.cat([torch.tensor([[5, 153]]), torch.full((1, 4), 151), torch.tensor([[154, 7, 8]])], 1)
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(16, 96), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+    components = decompose_for_generation(model, inputs)
+    assert list(components) == ["image_encoder", "language_model", "lm_head", "decode"]
+    assert sorted(k for k, v in components["image_encoder"][1].items() if torch.is_tensor(v)) == [
+        "grid_thw",
+        "hidden_states",
+    ]
+
+
+def test_config_dict_must_name_every_component(llama: torch.nn.Module) -> None:
+    exporter = DynamoExporter()
+    with pytest.raises(ValueError, match=r"missing \['decode'\]"):
+        exporter.export_for_generation(llama, _sample(), {"prefill": DynamoConfig()})
+    assert exporter.report is None  # nothing was traced
+
+
+# -- export + generate on every backend ----------------------------------------------------------------------
+
+BACKENDS = {
+    "dynamo": (DynamoExporter, DynamoConfig),
+    "onnx": (OnnxExporter, OnnxConfig),
+    "openvino": (OpenVINOExporter, OpenVINOConfig),
+    "executorch": (ExecutorchExporter, ExecutorchConfig),
+}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def static_export(request: pytest.FixtureRequest, llama: torch.nn.Module) -> tuple[str, dict]:
+    exporter_class, config_class = BACKENDS[request.param]
+    components = exporter_class().export_for_generation(
+        llama, _sample(), config_class(dynamic=True), generation_config=_static(), multi_token_decode=True
+    )
+    return request.param, components
+
+
+def test_static_single_graph_generate_matches_generate(static_export: tuple[str, dict], llama) -> None:
+    backend, components = static_export
+    ids, mask = _padded_prompt()
+    expected = _reference(llama, static=True)
+    # The decode graph alone: the whole prompt on an empty cache, then one token a step.
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected), backend
+    # The cache length is symbolic: a longer cache at run time gives the same tokens.
+    longer = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, max_cache_len=48)
+    assert torch.equal(longer, expected), backend
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_dynamic_cache_pair_generate_matches_generate(backend: str, llama: torch.nn.Module) -> None:
+    exporter_class, config_class = BACKENDS[backend]
+    components = exporter_class().export_for_generation(llama, _sample(), config_class(dynamic=True))
+    ids, mask = _padded_prompt()
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, _reference(llama, static=False))
+
+
+def test_static_decode_graph_takes_any_query_length(static_export: tuple[str, dict], llama) -> None:
+    backend, components = static_export
+    if backend != "dynamo":
+        pytest.skip("query lengths are checked on the ExportedProgram; the runtimes run the same graph")
+    from transformers import StaticCache
+
+    decode = components["decode"].module()
+    for query in (1, 3, 9):
+        cache = StaticCache(config=llama.config, max_cache_len=MAX_CACHE)
+        cache.early_initialization(1, 2, 8, torch.float32, "cpu")
+        reference_cache = copy.deepcopy(cache)
+        positions = torch.arange(query)[None]
+        mask = torch.arange(MAX_CACHE)[None, None, None, :] <= positions[:, None, :, None]
+        ids = torch.randint(3, 128, (1, query), generator=torch.Generator().manual_seed(query))
+        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "logits_to_keep": 0}
+        got = decode(**kwargs, cache=cache, use_cache=True, return_dict=True).logits
+        with torch.no_grad():
+            want = llama(**kwargs, cache=reference_cache, use_cache=True).logits
+        assert got.shape == (1, query, 128)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert int(cache.layers[0].cumulative_length) == query  # written in place
+
+
+def test_dynamo_cache_write_is_an_input_mutation_and_survives_save_load(static_export, llama, tmp_path) -> None:
+    backend, components = static_export
+    if backend != "dynamo":
+        pytest.skip("ExportedProgram only")
+    from torch.export.graph_signature import OutputKind
+
+    from hfexport import load_program
+
+    program = components["decode"]
+    kinds = [spec.kind for spec in program.graph_signature.output_specs]
+    assert kinds.count(OutputKind.USER_INPUT_MUTATION) == 6  # keys, values, length of 2 layers
+    path = tmp_path / "decode.pt2"
+    torch.export.save(program, str(path))
+    loaded = load_program(path)
+    _, example = loaded.example_inputs
+    cache = copy.deepcopy(example["cache"])
+    cache.reset()
+    ids, mask = _padded_prompt()
+    positions = torch.arange(9)[None].expand(2, 9)
+    slots = torch.arange(MAX_CACHE)
+    full = torch.zeros(2, MAX_CACHE, dtype=torch.bool)
+    full[:, :9] = mask.bool()
+    attention = ((slots[None, :] <= positions[0][:, None])[None] & full[:, None, :])[:, None]
+    logits = loaded.module()(
+        input_ids=ids,
+        attention_mask=attention,
+        position_ids=(mask.cumsum(-1) - 1).masked_fill(mask == 0, 1),
+        cache=cache,
+        logits_to_keep=0,
+        use_cache=True,
+        return_dict=True,
+    ).logits
+    assert int(cache.layers[0].cumulative_length) == 9
+    assert torch.equal(logits[:, -1].argmax(-1), _reference(llama, static=True)[:, 9])
+
+
+def test_onnx_cache_pairs_are_double_buffered_without_copies(static_export: tuple[str, dict], llama) -> None:
+    backend, components = static_export
+    if backend != "onnx":
+        pytest.skip("ONNX Runtime IO binding only")
+    seen: list[dict[str, int]] = []
+    buffers: dict[str, set[int]] = {}
+
+    def record(driver) -> None:
+        if not buffers:
+            buffers.update({k: {driver.cache[k].data_ptr(), driver.spare[k].data_ptr()} for k in driver.cache})
+        seen.append(driver.bound_pointers[-1])
+
+    ids, mask = _padded_prompt()
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, on_step=record)
+    assert torch.equal(got, _reference(llama, static=True))
+    assert len(seen) == NEW_TOKENS - 1 and buffers
+    for pointers in seen:
+        assert pointers.keys() == buffers.keys()
+        for name, pointer in pointers.items():
+            assert pointer in buffers[name], name  # only ever one of the two preallocated buffers
+
+
+def test_state_space_model_generates_like_eager() -> None:
+    tiny = get_tiny_model("tiny-mamba")
+    model = tiny.build()
+    components = DynamoExporter().export_for_generation(model, _sample(length=6), DynamoConfig(dynamic=True))
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(generate(components, ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)

@@ -1,0 +1,83 @@
+"""Generation sweep: export_for_generation on every corpus entry, then generate() against `model.generate`.
+
+    python tools/sweep_generation.py --format onnx --family causal_lm --jobs 1 --out sweep_gen.md
+    python tools/sweep_generation.py --format dynamo --static 64   # static cache + multi-token decode
+
+Each model runs in its own subprocess. For each: decompose and export with `dynamic=True` (a growing cache,
+or with `--static N` a static cache of N slots and one multi-token decode graph), then generate 8 greedy
+tokens with `hfexport.runtime.generate` from a left-padded prompt and compare them with the model's own
+`generate` (same cache kind). `ok` means every token is equal.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sweep import _CHILD_HEAD, _CHILD_TAIL, run_sweep  # tools/ is on sys.path when this script runs
+
+_CHILD = (
+    _CHILD_HEAD
+    + r"""
+import copy
+from transformers import GenerationConfig
+from hfexport import AutoExportConfig, AutoHfExporter
+from hfexport.runtime.generation import generate
+
+entry = load_entry(sys.argv[1])
+fmt, static = sys.argv[2], int(sys.argv[3])
+row = {"model": entry.model_type, "status": "eager-error"}
+tmp = tempfile.mkdtemp()
+NEW = 8
+try:
+    model = entry.build_model()
+    sample = entry.sample_inputs()
+    generation_config = GenerationConfig(cache_implementation="static", max_cache_len=static) if static else None
+    prompt = entry.grown_inputs()["input_ids"]
+    mask = torch.ones_like(prompt)
+    if prompt.shape[0] > 1:  # left padding on the second row: masks and positions must follow it
+        mask[1, :2] = 0
+    config = copy.deepcopy(generation_config or model.generation_config)
+    config.max_new_tokens = config.min_new_tokens = NEW
+    config.do_sample, config.num_beams = False, 1
+    if config.pad_token_id is None:
+        config.pad_token_id = 0
+    with torch.no_grad():
+        expected = model.generate(input_ids=prompt, attention_mask=mask, generation_config=config)
+    row["status"] = "export-error"
+    export_config = AutoExportConfig.from_dict({"export_format": fmt, "dynamic": True})
+    exporter = AutoHfExporter.from_config(export_config)
+    start = time.perf_counter()
+    components = exporter.export_for_generation(
+        model, sample, export_config, generation_config=generation_config, multi_token_decode=bool(static)
+    )
+    row["export_s"] = round(time.perf_counter() - start, 2)
+    row["rules"] = {}
+    for report in exporter.reports.values():
+        for stage in report.hits.values():
+            for rule, hits in stage.items():
+                row["rules"][rule] = row["rules"].get(rule, 0) + hits
+    row["status"] = "generate-error"
+    got = generate(
+        components, prompt, mask, max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=config.pad_token_id
+    )
+    new_expected, new_got = expected[:, prompt.shape[1]:], got[:, prompt.shape[1]:]
+    agree = (new_expected == new_got).float().mean().item() if new_got.shape == new_expected.shape else 0.0
+    row["sample_diff"] = 1.0 - agree  # fraction of new tokens that differ
+    row["status"] = "ok" if torch.equal(got, expected) else "token-mismatch"
+"""
+    + _CHILD_TAIL
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    static = "0"
+    if "--static" in argv:
+        at = argv.index("--static")
+        static = argv[at + 1]
+        del argv[at : at + 2]
+    return run_sweep(argv, _CHILD, "generation", child_args=[static])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
