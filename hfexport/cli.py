@@ -164,6 +164,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         start = progress.step(f"building {args.model}")
         model, inputs = _load_model(args.model)
         exporter = AutoHfExporter.from_config(config)
+        if args.generation:
+            return _export_generation(args, model, inputs, exporter, config, progress, start)
         progress.step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
         try:
             with stage_listener(progress.stage):
@@ -200,6 +202,77 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress.close()
     print(report)
     print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {output}")
+    return status
+
+
+def _export_generation(
+    args: argparse.Namespace,
+    model: Any,
+    inputs: dict[str, Any],
+    exporter: Any,
+    config: Any,
+    progress: Progress,
+    start: float,
+) -> int:
+    """`export --generation`: every component `generate` runs, saved as one artifact of several components.
+
+    `--validate` loads the saved artifact (every component must open and run on the inputs recorded for it)
+    and compares `--new-tokens` greedy tokens of the exported components with `model.generate`.
+    """
+    import torch
+
+    from hfexport.errors import HfExportError
+    from hfexport.rewrites.engine import stage_listener
+    from hfexport.saving import load, save, update_manifest
+
+    progress.step(f"exporting the generation components of {type(model).__name__} to {args.format}")
+    try:
+        with stage_listener(progress.stage):
+            programs = exporter.export_for_generation(model, inputs, config)
+    except HfExportError as exc:
+        progress.close()
+        for report in getattr(exporter, "reports", {}).values():
+            print(report)
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
+    reports = exporter.reports
+    for name, report in reports.items():
+        progress.step(f"{name}: exported in {report.total_seconds:.1f}s; {len(report.fired)} rule(s) fired")
+    t0 = progress.step(f"saving {len(programs)} components ({', '.join(programs)}) to {args.output}/")
+    save(programs, args.output, overwrite=args.overwrite, config=config, report=reports, model=args.model)
+    progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
+    status = 0
+    if args.validate:
+        from hfexport.runtime.generation import generate
+
+        progress.step("validating: each saved component loads and runs on its recorded inputs")
+        loaded = load(args.output, trust=True)  # written by this process a moment ago
+        ran = {}
+        for name in loaded.components:
+            outputs = loaded.run(programs.samples[name], name)
+            ran[name] = all(bool(torch.isfinite(t).all()) for t in outputs.values() if t.is_floating_point())
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        n = args.new_tokens
+        progress.step(f"validating: {n} greedy tokens of the exported components against model.generate")
+        with torch.no_grad():
+            want = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+            )
+        got = generate(programs, ids, mask, max_new_tokens=n, min_new_tokens=n)
+        prompt = ids.shape[1]
+        same = got.shape == want.shape and torch.equal(got[:, prompt:], want[:, prompt:])
+        agreement = float((got[:, prompt:] == want[:, prompt:]).float().mean()) if got.shape == want.shape else 0.0
+        validation = {"ok": same and all(ran.values()), "components_run": ran, "new_tokens": n, "agreement": agreement}
+        update_manifest(args.output, validation=validation)
+        print(f"components run from the saved artifact: {ran}")
+        print(f"greedy tokens vs model.generate: {agreement:.0%} of {n} x {ids.shape[0]} agree")
+        if not validation["ok"]:
+            print("validation failed: the generated tokens differ from model.generate", file=sys.stderr)
+            status = 1
+    progress.close()
+    for report in reports.values():
+        print(report)
+    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {args.output}")
     return status
 
 
@@ -377,7 +450,15 @@ def build_parser() -> argparse.ArgumentParser:
     _export_options(export)
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
     export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
-    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    export.add_argument("--overwrite", action="store_true", help="replace an earlier artifact in the output folder")
+    export.add_argument(
+        "--generation",
+        action="store_true",
+        help="export the components generate() runs (prefill/decode, ...) as one multi-component artifact",
+    )
+    export.add_argument(
+        "--new-tokens", type=int, default=8, help="with --generation --validate: greedy tokens to compare (8)"
+    )
     export.set_defaults(func=cmd_export)
 
     audit = sub.add_parser("audit", help="export and report what every rule did; optionally ablate fired rules")

@@ -171,3 +171,23 @@ def test_rules_show_non_patch_rule_prints_its_body_and_unknown_ids_fail(capsys) 
     assert "kind optimization" in out and "rewrite_rule:" in out and "def " in out
     with pytest.raises(SystemExit, match="no rule 'fx/nope'"):
         main(["rules", "show", "fx/nope"])
+
+
+def test_export_generation_saves_prefill_and_decode_and_validates_greedy_tokens(tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    result = _hfexport("export", "--model", "tiny-llama", "--generation", "--validate", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["components"]) == {"prefill", "decode"} and set(manifest["generation"]["components"]) == {
+        "prefill",
+        "decode",
+    }
+    assert {p.name for p in out.iterdir()} == {"prefill", "decode", "manifest.json"}
+    assert manifest["validation"] == {
+        "ok": True,
+        "components_run": {"prefill": True, "decode": True},
+        "new_tokens": 8,
+        "agreement": 1.0,
+    }
+    assert "greedy tokens vs model.generate: 100% of 8 x 2 agree" in result.stdout
+    assert "[decode]" in result.stdout and "• saving 2 components (prefill, decode)" in result.stderr
