@@ -27,6 +27,8 @@ _EXPORTS = {
     "register_exporter": "hfexport.auto",
     "register_export_config": "hfexport.auto",
     "register_pytree_node": "hfexport.frontends.cache_pytree",
+    "decompose_for_generation": "hfexport.frontends.generation",
+    "GenerationComponents": "hfexport.frontends.generation",
     "ExportReport": "hfexport.report",
     "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
