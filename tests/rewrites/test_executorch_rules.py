@@ -182,3 +182,22 @@ def test_verifier_exceptions_reach_the_edge_compile_config_only_where_the_progra
     static = torch.export.export(module, (), inputs)
     assert apply_verifier_exception_rule(rule, static) == 0
     assert edge_compile_config(static) is None
+
+
+def test_the_dynamic_empty_example_is_planned_at_the_sample_shape_without_its_rule() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.errors import InputError
+    from hfexport.rewrites.executorch.dynamic_empty import empty_as_zeros as rule
+
+    match = rule.meta.examples[0]
+    module, inputs = match.build()
+    dims = {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}
+    program = torch.export.export(module.eval(), (), inputs, dynamic_shapes={"nope": dims, "rot": dims})
+    # `_empty_dim_order` takes int sizes: to_edge guards batch and length to the sample's.
+    lowered = ExecutorchProgram(
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    )
+    with pytest.raises(InputError, match="planned for at most"):
+        lowered.run(match.other_inputs())
