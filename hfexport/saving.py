@@ -42,6 +42,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -208,6 +209,16 @@ def _tmp_prefix(destination: Path) -> str:
     return f".{destination.name}.hfexport-tmp-"
 
 
+def _host() -> str:
+    # A folder on a shared filesystem can be written from several machines: a process id means something
+    # only on the host that made it.
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _tmp_name(destination: Path, kind: str = "") -> Path:
+    return destination.parent / f"{_tmp_prefix(destination)}{_host()}-{os.getpid()}-{kind}{secrets.token_hex(4)}"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -219,8 +230,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_dead_temporaries(destination: Path) -> None:
-    """Remove temporary folders that a killed save into `destination` left beside it."""
-    prefix = _tmp_prefix(destination)
+    """Remove temporary folders that a killed save into `destination` on this host left beside it."""
+    prefix = f"{_tmp_prefix(destination)}{_host()}-"
     parent = destination.parent
     if not parent.is_dir():
         return
@@ -289,7 +300,7 @@ def _commit(tmp: Path, destination: Path, overwrite: bool) -> None:
             shutil.rmtree(tmp, ignore_errors=True)  # now the previous artifact
         else:
             # Two renames: a kill between them leaves no destination (and the old artifact in `old`).
-            old = destination.parent / f"{_tmp_prefix(destination)}{os.getpid()}-old-{secrets.token_hex(4)}"
+            old = _tmp_name(destination, "old-")
             os.rename(destination, old)
             os.rename(tmp, destination)
             shutil.rmtree(old, ignore_errors=True)
@@ -339,7 +350,7 @@ def save(
 
     destination.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_temporaries(destination)
-    tmp = destination.parent / f"{_tmp_prefix(destination)}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = _tmp_name(destination)
     tmp.mkdir()
     try:
         components: dict[str, Any] = {}
