@@ -298,3 +298,35 @@ def test_state_space_model_generates_like_eager() -> None:
     with torch.no_grad():
         expected = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(generate(components, ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
+
+
+def test_encoder_decoder_generates_like_eager() -> None:
+    tiny = get_tiny_model("tiny-t5")
+    model = tiny.build()
+    inputs = tiny.sample_inputs()
+    inputs.pop("decoder_input_ids")
+    components = DynamoExporter().export_for_generation(model, inputs, DynamoConfig(dynamic=True))
+    assert list(components) == ["encoder", "prefill", "decode"]
+    prompt = tiny.sample_inputs(seed=5)
+    ids, mask = prompt["input_ids"][:, :6], prompt["attention_mask"][:, :6].clone()
+    mask[1, 4:] = 0  # right padding on the encoder side
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.slow
+def test_executorch_caller_owned_buffers_generate_like_eager(llama: torch.nn.Module) -> None:
+    # alloc_* = False: inputs, outputs and the mutable cache live in caller memory, not the planned arena.
+    config = ExecutorchConfig(
+        dynamic=True, alloc_graph_input=False, alloc_graph_output=False, alloc_mutable_buffers=False
+    )
+    components = ExecutorchExporter().export_for_generation(
+        llama, _sample(), config, generation_config=_static(), multi_token_decode=True
+    )
+    ids, mask = _padded_prompt()
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, _reference(llama, static=True))

@@ -278,7 +278,10 @@ def decompose_for_generation(
     for name, module in parts.items():
         recorder.watch(name, module)
 
-    steps = 3 if multi_token_decode else 2
+    # An encoder-decoder's first decode step sees a self-attention cache of length 1, which torch.export would
+    # specialise; its second step (length 2) is the decode sample.
+    first_decode = 2 if is_encoder_decoder else 1
+    steps = first_decode + (2 if multi_token_decode else 1)
     _, loop = _loop_config(model, generation_config, steps)
     try:
         with torch.no_grad():
@@ -293,7 +296,8 @@ def decompose_for_generation(
             f"{type(model).__name__}.generate ran its forward {len(model_calls)} times for {steps} new tokens; "
             "expected one call per token (prefill, then decode steps)"
         )
-    prefill, decode, after = model_calls[0], model_calls[1], model_calls[2] if multi_token_decode else None
+    prefill, decode = model_calls[0], model_calls[first_decode]
+    after = model_calls[first_decode + 1] if multi_token_decode else None
     cache_key = _cache_key(decode)
     if cache_key is not None and _is_static(decode[cache_key]):
         prefill = {**prefill, cache_key: _empty_like_static(decode[cache_key])}
@@ -379,6 +383,7 @@ class GenerationSpec:
     mask_current_only: bool = False
     eos_token_id: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
+    decoder_start_token_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
@@ -432,7 +437,9 @@ def describe(
         key = _cache_key(kwargs)
         cache_key = cache_key or key
         tensors = [k for k, v in kwargs.items() if isinstance(v, (torch.Tensor, tuple, list)) or k == key]
-        constants = {k: v for k, v in kwargs.items() if k not in tensors and isinstance(v, (int, float, bool, str))}
+        constants = {
+            k: v for k, v in kwargs.items() if k not in tensors and isinstance(v, (int, float, bool, str, type(None)))
+        }
         mask = kwargs.get("attention_mask")
         leaves: list[CacheLeaf] = []
         if key is not None:
@@ -456,6 +463,9 @@ def describe(
     eos = getattr(config, "eos_token_id", None)
     eos_list = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
     pad = getattr(config, "pad_token_id", None)
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(getattr(model, "config", None), "decoder_start_token_id", None)
     return GenerationSpec(
         components=specs,
         cache_key=cache_key,
@@ -467,4 +477,5 @@ def describe(
         mask_current_only=current_only,
         eos_token_id=eos_list,
         pad_token_id=None if pad is None else int(pad),
+        decoder_start_token_id=start if isinstance(start, int) else None,
     )

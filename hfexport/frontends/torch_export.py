@@ -64,6 +64,8 @@ def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None
     for name, value in inputs.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise InputError(f"sample input name {name!r} is not a valid forward argument name")
+        if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            continue  # e.g. an encoder-decoder's `encoder_outputs`: a tuple of tensors (a pytree)
         if not (isinstance(value, (torch.Tensor, bool, int, float, type(None))) or _is_cache(value)):
             raise InputError(
                 f"sample input {name!r} is a {type(value).__name__}; export takes tensors, transformers "
@@ -111,6 +113,8 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
             shapes[name] = every_axis(value)
         elif _is_cache(value):
             shapes[name] = cache_dynamic_shapes(value, every_axis)
+        elif isinstance(value, (tuple, list)):
+            shapes[name] = type(value)(every_axis(v) for v in value)
         else:
             shapes[name] = None
     return shapes

@@ -48,6 +48,8 @@ class Step:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
     position_ids: torch.Tensor
+    # Inputs that stay the same every step (an encoder-decoder's encoder output and encoder mask).
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _initial_leaf(leaf: CacheLeaf, spec: GenerationSpec, batch: int, max_cache_len: int | None) -> torch.Tensor:
@@ -76,10 +78,20 @@ class Driver:
 
     def _kwargs(self, name: str, step: Step) -> dict[str, Any]:
         spec = self.spec.components[name]
-        kwargs: dict[str, Any] = {"input_ids": step.input_ids, "position_ids": step.position_ids}
+        ids_key = "decoder_input_ids" if "decoder_input_ids" in spec.inputs else "input_ids"
+        kwargs: dict[str, Any] = {ids_key: step.input_ids, "position_ids": step.position_ids}
         if spec.mask_rank is not None:
             kwargs["attention_mask"] = step.attention_mask
+        kwargs.update(step.extra)
         return {k: v for k, v in kwargs.items() if k in spec.inputs}
+
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """Run a cache-free component (an encoder) on forward kwargs; return its first output."""
+        raise NotImplementedError
+
+    def _encoder_kwargs(self, name: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        spec = self.spec.components[name]
+        return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
 
 
 class DynamoDriver(Driver):
@@ -116,6 +128,13 @@ class DynamoDriver(Driver):
             self.cache = out[key]
         return out["logits"]
 
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        if not hasattr(self, "modules"):
+            self.modules = {n: program.module() for n, program in self.components.items()}
+        with torch.no_grad():
+            out = self.modules[name](**self._encoder_kwargs(name, inputs))
+        return out[0]
+
 
 class _NamedDriver(Driver):
     """A driver whose runtime takes and returns flat, named tensors; the cache is a dict by leaf name."""
@@ -127,7 +146,7 @@ class _NamedDriver(Driver):
         }
 
     def _flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
-        values = {**self._kwargs(name, step), **self.cache}
+        values = {**_flat(self._kwargs(name, step)), **self.cache}
         feed = {}
         for graph_name in input_names:
             plain = graph_name.removeprefix(INPUT_PREFIX)
@@ -144,6 +163,13 @@ class _NamedDriver(Driver):
                 self.cache[plain] = torch.as_tensor(np.asarray(value)) if not torch.is_tensor(value) else value
         logits = outputs["logits"]
         return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
+
+
+def _flat(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensors of forward kwargs by flat name (`encoder_outputs.0`), as the lowerings name graph inputs."""
+    from hfexport.lowerings.onnx import leaf_names
+
+    return {name: value for name, value in leaf_names(dict(kwargs)) if isinstance(value, torch.Tensor)}
 
 
 class OpenVINODriver(_NamedDriver):
@@ -164,21 +190,37 @@ class OpenVINODriver(_NamedDriver):
         }
         return self._take_outputs(outputs)
 
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        if not hasattr(self, "runners"):
+            from hfexport.runtime.openvino import OpenVINORunner
+
+            self.runners = {n: OpenVINORunner(model) for n, model in self.components.items()}
+        return next(iter(self.runners[name](**self._encoder_kwargs(name, inputs)).values()))
+
 
 class ExecutorchDriver(_NamedDriver):
     """The ExecuTorch Python runtime: inputs in the program's pytree order, outputs read back by name."""
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        super().start(first, batch, max_cache_len)
+        self._load()
+
+    def _load(self) -> None:
         from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
 
-        super().start(first, batch, max_cache_len)
         if not hasattr(self, "programs"):  # loaded once per components object
             self.programs = {name: ExecutorchProgram(manager) for name, manager in self.components.items()}
             self.order = {name: executorch_named_feed(self.samples[name]) for name in self.components}
             self.output_names = {name: _executorch_output_names(m) for name, m in self.components.items()}
 
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        self._load()
+        values = _flat(self._encoder_kwargs(name, inputs))
+        flat = [values.get(leaf, constant) for leaf, constant in self.order[name]]
+        return self.programs[name].method.execute(flat)[-1]
+
     def run(self, name: str, step: Step) -> torch.Tensor:
-        values = {**self._kwargs(name, step), **self.cache}
+        values = {**_flat(self._kwargs(name, step)), **self.cache}
         flat = [values.get(leaf, constant) for leaf, constant in self.order[name]]
         program = self.programs[name]
         outputs = program.method.execute(flat)
@@ -236,7 +278,7 @@ class OnnxDriver(_NamedDriver):
 
         session = self.sessions[name]
         binding = session.io_binding()
-        inputs = {**self._kwargs(name, step)}
+        inputs = _flat(self._kwargs(name, step))
         pointers: dict[str, int] = {}
         for arg in session.get_inputs():
             plain = arg.name.removeprefix(INPUT_PREFIX)
@@ -271,6 +313,12 @@ class OnnxDriver(_NamedDriver):
         self.bound_pointers.append(pointers)
         logits: ort.OrtValue = results["logits"]
         return torch.from_numpy(logits.numpy())
+
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        session = self.sessions[name]
+        values = _flat(self._encoder_kwargs(name, inputs))
+        feed = {arg.name: values[arg.name].numpy() for arg in session.get_inputs()}
+        return torch.from_numpy(session.run(None, feed)[0])
 
 
 _NP = {
@@ -343,7 +391,7 @@ def _static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tens
 
 def generate(
     components: Mapping[str, Any],
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None,
     attention_mask: torch.Tensor | None = None,
     max_new_tokens: int = 20,
     do_sample: bool = False,
@@ -355,6 +403,7 @@ def generate(
     streamer: Any = None,
     *,
     min_new_tokens: int = 0,
+    encoder_inputs: Mapping[str, Any] | None = None,
     spec: GenerationSpec | None = None,
     max_cache_len: int | None = None,
     generator: torch.Generator | None = None,
@@ -365,14 +414,14 @@ def generate(
     `components` is an `export_for_generation` result (any backend). Greedy (`do_sample=False`) tokens
     equal `model.generate(do_sample=False)` with the same cache kind. `max_cache_len` sizes a static cache
     (default: the exported one). `streamer` gets `put(tokens)` per step and `end()`, like transformers'.
-    `min_new_tokens` keeps `eos_token_id` (default: the model's) from ending a sequence earlier.
+    `min_new_tokens` keeps `eos_token_id` (default: the model's) from ending a sequence earlier. For an
+    encoder-decoder export, `input_ids`/`attention_mask` (or `encoder_inputs`, e.g. Whisper's `input_features`)
+    feed the encoder, and the returned ids are the decoder's, from its start token.
     """
     spec = spec or getattr(components, "spec", None)
     samples = getattr(components, "samples", None)
     if spec is None or samples is None:
         raise InputError("components carry no generation spec: pass the result of export_for_generation")
-    if spec.is_encoder_decoder:
-        raise InputError("generate() over exported encoder-decoder components is not supported yet")
     backends = {backend_of(p) for p in components.values()}
     if len(backends) != 1:
         raise InputError(f"components come from several backends: {sorted(backends)}")
@@ -383,6 +432,25 @@ def generate(
         with contextlib.suppress(AttributeError):  # a plain dict cannot keep it: no reuse
             components._driver = driver  # type: ignore[attr-defined]
 
+    extra: dict[str, Any] = {}
+    if spec.is_encoder_decoder:
+        # The encoder runs once; its output and mask are inputs of every decoder step. Decoding starts
+        # from the decoder start token, as transformers' generate does.
+        encoder = {**dict(encoder_inputs or {})}
+        if input_ids is not None:
+            encoder["input_ids"] = torch.as_tensor(input_ids)
+            if attention_mask is not None:
+                encoder["attention_mask"] = torch.as_tensor(attention_mask)
+        hidden = driver.encode("encoder", encoder)
+        extra["encoder_outputs"] = (hidden,)
+        if "attention_mask" in encoder:
+            extra["attention_mask"] = encoder["attention_mask"]
+        if spec.decoder_start_token_id is None:
+            raise InputError("the export records no decoder_start_token_id; set it on the model's config")
+        input_ids = torch.full((hidden.shape[0], 1), spec.decoder_start_token_id, dtype=torch.long)
+        attention_mask = None
+    elif input_ids is None:
+        raise InputError("generate() needs input_ids")
     input_ids = torch.as_tensor(input_ids)
     batch, prompt = input_ids.shape
     mask2d = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
@@ -411,7 +479,7 @@ def generate(
 
     if valid is not None:
         valid[:, :prompt] = mask2d
-    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions))
+    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, extra))
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     if streamer is not None:
@@ -436,7 +504,8 @@ def generate(
         if valid is not None:
             valid[:, written] = 1
         last_position = last_position + 1
-        logits = driver.run("decode", Step(token[:, None], mask_for("decode", 1, written), last_position))
+        step = Step(token[:, None], mask_for("decode", 1, written), last_position, extra)
+        logits = driver.run("decode", step)
         written += 1
         if on_step is not None:
             on_step(driver)
