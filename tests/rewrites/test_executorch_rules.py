@@ -201,3 +201,22 @@ def test_the_dynamic_empty_example_is_planned_at_the_sample_shape_without_its_ru
     )
     with pytest.raises(InputError, match="planned for at most"):
         lowered.run(match.other_inputs())
+
+
+def test_the_split_example_is_planned_at_the_sample_batch_without_its_rule() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.errors import InputError
+    from hfexport.rewrites.executorch.split_slices import split_as_slices as rule
+
+    match = rule.meta.examples[0]
+    module, inputs = match.build()
+    shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
+    program = torch.export.export(module.eval(), (), inputs, dynamic_shapes=shapes)
+    # The verifier's len() of the first split piece guards the batch axis to the sample's 2.
+    lowered = ExecutorchProgram(
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    )
+    with pytest.raises(InputError, match="planned for at most 2"):
+        lowered.run(match.other_inputs())
