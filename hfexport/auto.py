@@ -78,8 +78,10 @@ class AutoExportConfig:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ExportConfigMixin:
-        if "export_format" not in data:
+        if not isinstance(data, dict) or "export_format" not in data:
             raise ValueError(f"the config dict needs an 'export_format' key (one of {sorted(AUTO_CONFIG_MAPPING)})")
+        if not isinstance(data["export_format"], str):
+            raise ConfigError(f"export_format must be a string (one of {sorted(AUTO_CONFIG_MAPPING)})")
         cls = _lookup(AUTO_CONFIG_MAPPING, data["export_format"], "AutoExportConfig")
         return cls.from_dict(data)
 

@@ -134,10 +134,19 @@ class ExportConfigMixin:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ConfigError(f"{cls.__name__} has no field(s) {unknown}; fields: {sorted(names)}")
-        if "dynamic_shapes" in data:
-            data["dynamic_shapes"] = dynamic_shapes_from_json(data["dynamic_shapes"])
+        if data.get("dynamic_shapes") is not None:
+            if not isinstance(data["dynamic_shapes"], dict):
+                raise ConfigError("dynamic_shapes must be a dict keyed by input name, as to_dict writes it")
+            try:
+                data["dynamic_shapes"] = dynamic_shapes_from_json(data["dynamic_shapes"])
+            except (AttributeError, TypeError, ValueError, KeyError) as exc:
+                raise ConfigError(f"dynamic_shapes cannot be read back: {type(exc).__name__}: {exc}") from exc
         if isinstance(data.get("rules"), dict):
-            data["rules"] = RuleSelection(**data["rules"])
+            try:
+                data["rules"] = RuleSelection(**data["rules"])
+            except TypeError as exc:
+                raise ConfigError(f"rules takes the keys 'enable' and 'disable': {exc}") from exc
+        _check_field_types(cls, data)
         # A recorded quantizer is a description, not the object: it is not rebuilt (see the class docstring).
         data.pop("quantizer", None)
         return cls(**data)
@@ -148,6 +157,24 @@ class ExportConfigMixin:
     @classmethod
     def from_json(cls, text: str) -> ExportConfigMixin:
         return cls.from_dict(json.loads(text))
+
+
+_SIMPLE_TYPES = {"bool": (bool,), "int": (int,), "str": (str,), "float": (int, float)}
+
+
+def _check_field_types(cls: type, data: dict[str, Any]) -> None:
+    """Refuse a value of the wrong type for the plain fields (bool, int, str, float, optionally None)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        annotation = str(f.type).replace(" ", "")
+        optional = annotation.endswith("|None")
+        allowed = _SIMPLE_TYPES.get(annotation.removesuffix("|None"))
+        if allowed is None or (value is None and optional):
+            continue
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
+            raise ConfigError(f"{cls.__name__}.{f.name} takes {annotation.replace('|', ' | ')}, got {value!r}")
 
 
 @dataclass

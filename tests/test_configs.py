@@ -85,6 +85,7 @@ def test_to_dict_of_defaults() -> None:
         "strict": False,
         "prefer_deferred_runtime_asserts_over_guards": False,
         "rules": {"enable": [], "disable": []},
+        "quantizer": None,
     }
 
 
