@@ -489,8 +489,10 @@ def generate(
     for index in range(max_new_tokens):
         scores = logits[:, -1, :]
         if index < min_new_tokens and len(eos_ids):
-            # As transformers' MinNewTokensLengthLogitsProcessor: no end of sequence before min_new_tokens.
-            scores = scores.float().index_fill(-1, eos_ids, float("-inf"))
+            # As transformers' MinNewTokensLengthLogitsProcessor: no end of sequence before min_new_tokens
+            # (ids beyond the vocabulary, which some configs carry, cannot be produced anyway).
+            in_vocab = eos_ids[eos_ids < scores.shape[-1]]
+            scores = scores.float().index_fill(-1, in_vocab, float("-inf"))
         token = sampler(scores)
         token = torch.where(unfinished, token, torch.full_like(token, pad))
         sequences = torch.cat([sequences, token[:, None]], dim=-1)
