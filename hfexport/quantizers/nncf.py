@@ -216,6 +216,15 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
             )
 
     def check_config(self, config: Any) -> None:
+        if getattr(config, "export_format", None) == ExportFormat.EXECUTORCH.value and config.backend == "xnnpack":
+            # Measured with executorch 1.4.1 and nncf 3.4: int8 decompression subgraphs break XNNPACK's
+            # ConvertToLinearPass ("t() expects a tensor with <= 2 dimensions"), and int4 unpacking uses
+            # aten.bitwise_right_shift, which is not core ATen, so to_edge refuses it.
+            raise ConfigError(
+                "NNCFTorchFXQuantizer's weight compression does not lower to ExecuTorch's XNNPACK backend "
+                "(executorch 1.4.1, nncf 3.4; see docs/quantization.md); use "
+                "PT2EQuantizer(XNNPACKQuantizer(...)) for ExecuTorch"
+            )
         if not self.weight_only and (getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None)):
             raise ConfigError(
                 "NNCFTorchFXQuantizer with NNCFQuantizationConfig needs a static export: nncf.quantize cannot read "
