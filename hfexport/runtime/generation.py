@@ -123,9 +123,11 @@ class DynamoDriver(Driver):
         kwargs.update(self.spec.components[name].constants)
         with torch.no_grad():
             out = self.modules[name](**kwargs)
-        key = self.spec.cache_key
-        if key is not None and out.get(key) is not None and not self.spec.static_cache:
-            self.cache = out[key]
+        if self.spec.cache_key is not None and not self.spec.static_cache:
+            from transformers.cache_utils import Cache
+
+            # The output may name the cache differently from the input (`past_key_values` vs `cache`).
+            self.cache = next((v for v in out.values() if isinstance(v, Cache)), self.cache)
         return out["logits"]
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
@@ -158,11 +160,25 @@ class _NamedDriver(Driver):
     def _take_outputs(self, outputs: Mapping[str, Any]) -> torch.Tensor:
         key = self.spec.cache_key
         for out_name, value in outputs.items():
-            plain = out_name.removeprefix(OUTPUT_PREFIX)
+            plain = _cache_name(out_name.removeprefix(OUTPUT_PREFIX), key)
             if key is not None and plain.startswith(key + "."):
                 self.cache[plain] = torch.as_tensor(np.asarray(value)) if not torch.is_tensor(value) else value
         logits = outputs["logits"]
         return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
+
+
+# Names a model output gives the cache it returns, when the forward's cache kwarg is named otherwise.
+_CACHE_OUTPUT_NAMES = ("cache", "past_key_values", "cache_params")
+
+
+def _cache_name(name: str, key: str | None) -> str:
+    """An output leaf name with its cache prefix renamed to the input's (`past_key_values.x` -> `cache.x`)."""
+    if key is None:
+        return name
+    for alias in _CACHE_OUTPUT_NAMES:
+        if name.startswith(alias + "."):
+            return key + name[len(alias) :]
+    return name
 
 
 def _flat(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -304,7 +320,7 @@ class OnnxDriver(_NamedDriver):
         session.run_with_iobinding(binding)
         results = dict(zip(outputs, binding.get_outputs(), strict=True))
         for out, value in results.items():
-            plain = out.removeprefix(OUTPUT_PREFIX)
+            plain = _cache_name(out.removeprefix(OUTPUT_PREFIX), self.spec.cache_key)
             if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
                 self.cache[plain], self.spare[plain] = self.spare[plain], self.cache[plain]
             elif self.spec.cache_key is not None and plain.startswith(self.spec.cache_key + "."):
