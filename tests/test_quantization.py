@@ -354,6 +354,7 @@ def test_nncf_openvino_int8(lm: MiniLM, fp32_openvino: Any) -> None:
     _gate("nncf int8 (openvino)", lm.cosine(_ov_run(model, lm.batch)), lm.cosine(_ov_run(direct_model, lm.batch)))
 
 
+@pytest.mark.slow
 def test_nncf_openvino_int4_weight_compression(lm: MiniLM, fp32_openvino: Any) -> None:
     import nncf
 
