@@ -708,3 +708,22 @@ def test_config_records_the_quantizer_as_json_data() -> None:
     # The description is not rebuilt into an object: the loaded config has no quantizer.
     loaded = OnnxConfig.from_json(config.to_json())
     assert loaded.quantizer is None and loaded.dynamic is True
+
+
+def test_xnnpack_scalar_constants_keep_their_integer_dtype() -> None:
+    pytest.importorskip("executorch")
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+
+    from hfexport.quantizers.pt2e import restore_integer_constants
+
+    class Shift(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[torch.arange(x.shape[0] - 1) + 1]  # index arithmetic, as in mask creation
+
+    x = torch.randn(4, 3)
+    graph = XNNPACKQuantizer().transform_for_annotation(torch.export.export(Shift(), (x,)).module())
+    with pytest.raises(IndexError, match="indices must be long"):
+        graph(x)  # the scalar 1 became a float tensor constant
+    assert restore_integer_constants(graph) == 1
+    graph.recompile()
+    assert torch.equal(graph(x), x[1:])
