@@ -220,3 +220,12 @@ def test_the_split_example_is_planned_at_the_sample_batch_without_its_rule() -> 
     )
     with pytest.raises(InputError, match="planned for at most 2"):
         lowered.run(match.other_inputs())
+
+
+def test_the_conv1d_example_fails_to_lower_without_its_rule() -> None:
+    from hfexport.rewrites.executorch.conv1d_as_conv2d import conv1d_as_conv2d as rule
+
+    # Batch and length dynamic: XNNPACK's own unsqueeze of the conv1d input has two dynamic axes.
+    shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
+    with pytest.raises(Exception, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        _lower_example_without_its_rule(rule, shapes)

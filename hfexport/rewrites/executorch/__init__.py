@@ -1,11 +1,19 @@
 """ExecuTorch backend fixes (stage `executorch`), in the order they run on the program before lowering."""
 
 import hfexport.rewrites.executorch_kinds  # noqa: F401 - registers the stage's applier and example checker
-from hfexport.rewrites.executorch import dynamic_empty, dynamic_unsqueeze, sdpa_strides, split_slices, sym_min_max
+from hfexport.rewrites.executorch import (
+    conv1d_as_conv2d,
+    dynamic_empty,
+    dynamic_unsqueeze,
+    sdpa_strides,
+    split_slices,
+    sym_min_max,
+)
 
 RULES: list = [
     sdpa_strides.sdpa_output_contiguous_before_view,
     dynamic_unsqueeze.trailing_unsqueeze_as_view,
+    conv1d_as_conv2d.conv1d_as_conv2d,
     dynamic_empty.empty_as_zeros,
     split_slices.split_as_slices,
     # Last: counts the calls the node rules leave in the graph.
