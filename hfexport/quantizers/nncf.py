@@ -225,6 +225,21 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
                 "(executorch 1.4.1, nncf 3.4; see docs/quantization.md); use "
                 "PT2EQuantizer(XNNPACKQuantizer(...)) for ExecuTorch"
             )
+        export_format = getattr(config, "export_format", None)
+        opset = getattr(config, "opset_version", None)
+        if export_format == ExportFormat.ONNX.value and not self.weight_only and (opset or 99) > MAX_ONNX_INT8_OPSET:
+            raise ConfigError(
+                f"NNCFTorchFXQuantizer int8 on ONNX needs OnnxConfig(opset_version={MAX_ONNX_INT8_OPSET}) or lower: "
+                "ONNX Runtime cannot load NNCF's int8 QDQ graph at newer opsets (see NNCFOnnxQuantizer)"
+            )
+        if export_format == ExportFormat.OPENVINO.value and self.weight_only and not self.config.is_int8:
+            # Packed int4 weights are unpacked with aten.bitwise_right_shift, which openvino.convert_model
+            # (2026.4.1) has no conversion rule for.
+            raise ConfigError(
+                "NNCFTorchFXQuantizer's int4 weight compression does not convert to OpenVINO "
+                "(no conversion rule for aten.bitwise_right_shift); compress the OpenVINO model itself with "
+                "NNCFOpenVINOQuantizer(NNCFWeightCompressionConfig(mode=...))"
+            )
         if not self.weight_only and (getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None)):
             raise ConfigError(
                 "NNCFTorchFXQuantizer with NNCFQuantizationConfig needs a static export: nncf.quantize cannot read "
