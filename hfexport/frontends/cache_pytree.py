@@ -77,6 +77,11 @@ _DERIVED_SIZES: dict[str, tuple[str, int]] = {
     "num_heads": ("keys", 1),
     "k_head_dim": ("keys", -1),
     "v_head_dim": ("values", -1),
+    # A sliding-window layer's Python-int token counter equals its keys' length until the window is full;
+    # kept as that size, one decode graph serves every step (as a number, each step was another pytree).
+    # Once the window is full the two differ, the counter is kept as a number, and a program traced before
+    # that refuses the cache loudly rather than masking with a wrong offset.
+    "cumulative_length": ("keys", -2),
 }
 
 
