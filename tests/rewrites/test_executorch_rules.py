@@ -229,3 +229,18 @@ def test_the_conv1d_example_fails_to_lower_without_its_rule() -> None:
     shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
     with pytest.raises(Exception, match="XNNPACK reshape only supports 1 dynamic dimension"):
         _lower_example_without_its_rule(rule, shapes)
+
+
+def test_node_rules_see_the_shapes_of_nodes_an_earlier_graph_rule_added() -> None:
+    from hfexport.rewrites.executorch_kinds import fill_missing_values
+
+    module, inputs = _pair(Residual(), 6)
+    program = torch.export.export(module, (), inputs, dynamic_shapes={"x": {1: torch.export.Dim.AUTO}, "y": None})
+    gm = program.graph_module
+    sub = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sub.Tensor)
+    with gm.graph.inserting_after(sub):
+        # As fx/complex-to-real adds its nodes: no fake value in meta.
+        stacked = gm.graph.call_function(torch.ops.aten.stack.default, ([sub, sub], -1))
+    assert "val" not in stacked.meta
+    assert fill_missing_values(gm) == 1
+    assert stacked.meta["val"].shape[-1] == 2 and stacked.meta["val"].shape[0] == 2
