@@ -16,6 +16,7 @@ Exit codes: 0 success; 1 the artifact differs from eager beyond the tolerance (o
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -205,6 +206,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return status
 
 
+def _generation_config(args: argparse.Namespace) -> Any:
+    """`--static-cache N`: a static cache of N slots (None: generate's default, a growing cache)."""
+    if not args.static_cache:
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig(cache_implementation="static", max_cache_len=args.static_cache)
+
+
 def _export_generation(
     args: argparse.Namespace,
     model: Any,
@@ -228,7 +238,13 @@ def _export_generation(
     progress.step(f"exporting the generation components of {type(model).__name__} to {args.format}")
     try:
         with stage_listener(progress.stage):
-            programs = exporter.export_for_generation(model, inputs, config)
+            programs = exporter.export_for_generation(
+                model,
+                inputs,
+                config,
+                generation_config=_generation_config(args),
+                multi_token_decode=args.multi_token_decode,
+            )
     except HfExportError as exc:
         progress.close()
         for report in getattr(exporter, "reports", {}).values():
@@ -254,10 +270,11 @@ def _export_generation(
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
         n = args.new_tokens
         progress.step(f"validating: {n} greedy tokens of the exported components against model.generate")
-        with torch.no_grad():
-            want = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
-            )
+        reference = _generation_config(args) or copy.deepcopy(model.generation_config)
+        reference.max_new_tokens = reference.min_new_tokens = n
+        reference.do_sample = False
+        with torch.no_grad():  # the same cache kind as the export
+            want = model.generate(input_ids=ids, attention_mask=mask, generation_config=reference)
         got = generate(programs, ids, mask, max_new_tokens=n, min_new_tokens=n)
         prompt = ids.shape[1]
         same = got.shape == want.shape and torch.equal(got[:, prompt:], want[:, prompt:])
@@ -458,6 +475,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--new-tokens", type=int, default=8, help="with --generation --validate: greedy tokens to compare (8)"
+    )
+    export.add_argument(
+        "--static-cache", type=int, metavar="N", help="with --generation: export against a static cache of N slots"
+    )
+    export.add_argument(
+        "--multi-token-decode",
+        action="store_true",
+        help="with --generation: one decode graph for any number of query tokens (prompt, speculative blocks)",
     )
     export.set_defaults(func=cmd_export)
 

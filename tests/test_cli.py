@@ -191,3 +191,14 @@ def test_export_generation_saves_prefill_and_decode_and_validates_greedy_tokens(
     }
     assert "greedy tokens vs model.generate: 100% of 8 x 2 agree" in result.stdout
     assert "[decode]" in result.stdout and "• saving 2 components (prefill, decode)" in result.stderr
+
+
+def test_export_generation_with_a_static_cache_and_multi_token_decode(tmp_path: Path) -> None:
+    out = tmp_path / "gen-static"
+    args = ["--generation", "--static-cache", "32", "--multi-token-decode", "--validate", "--output", str(out)]
+    result = _hfexport("export", "--model", "tiny-llama", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    layout = manifest["generation"]
+    assert layout["static_cache"] is True and layout["max_cache_len"] == 32 and layout["multi_token_decode"] is True
+    assert manifest["validation"]["ok"] is True and manifest["validation"]["agreement"] == 1.0
