@@ -1,13 +1,15 @@
 """ExecuTorch sweep: export every corpus entry with ExecutorchExporter (XNNPACK), run the program in the
 ExecuTorch runtime, and compare with eager.
 
-    python tools/sweep_executorch.py --family causal_lm --jobs 2 --out sweep_executorch.md
+    python tools/sweep_executorch.py --family causal_lm --jobs 1 --out sweep_executorch.md
+    python tools/sweep_executorch.py --family encoder --only bert,convbert --json rows.json
 
 Each model runs in its own subprocess. For each: export with `ExecutorchConfig(dynamic=True)` and the
 bounded dynamic shapes ExecuTorch needs (`bounded_dynamic_shapes`: batch <= 8, sequence <= the model's
 max_position_embeddings), save `model.pte`, load it with `executorch.runtime`, and compare the model's
 main output with eager on the sample and on the grown input (tolerance 1e-4 x max(1, max|ref|)).
-Lists the rules that fired per model, then a summary line.
+Lists the rules that fired per model, then a summary line. A model takes minutes (XNNPACK preprocesses every
+partition): on a shared 2-core machine run a family in chunks with `--only`. Results: docs/coverage.md.
 """
 
 from __future__ import annotations
