@@ -28,7 +28,34 @@ from hfexport.rewrites.rule import BACKENDS, STAGES
 FORMATS = BACKENDS
 
 
-def _load_model(spec: str) -> tuple[Any, dict[str, Any]]:
+# --task -> the transformers Auto class a local model folder is loaded with.
+TASKS: dict[str, str] = {
+    "causal-lm": "AutoModelForCausalLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+}
+
+
+def _task_class(path: Path, task: str) -> Any:
+    """The Auto class for `task`; `auto` reads the folder's config (`architectures`) to choose."""
+    import transformers
+
+    if task == "auto":
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        architecture = (getattr(config, "architectures", None) or [""])[0]
+        suffixes = {
+            "ForCausalLM": "causal-lm",
+            "ForConditionalGeneration": "seq2seq-lm",
+            "ForSequenceClassification": "sequence-classification",
+            "ForMaskedLM": "masked-lm",
+        }
+        task = next((t for suffix, t in suffixes.items() if architecture.endswith(suffix)), "feature-extraction")
+    return getattr(transformers, TASKS[task])
+
+
+def _load_model(spec: str, task: str = "auto") -> tuple[Any, dict[str, Any]]:
     from hfexport.tiny import TINY_MODELS
 
     if spec in TINY_MODELS:
@@ -38,9 +65,9 @@ def _load_model(spec: str) -> tuple[Any, dict[str, Any]]:
     if not path.is_dir():
         raise SystemExit(f"--model {spec!r} is neither a built-in ({', '.join(TINY_MODELS)}) nor a local model folder")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    model = _task_class(path, task).from_pretrained(path, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     inputs = tokenizer(["Hello, world!", "Export me"], padding=True, return_tensors="pt")
     return model, {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -131,10 +158,38 @@ def _config(args: argparse.Namespace) -> Any:
     if args.enable or args.disable:
         data["rules"] = {"enable": list(_split(args.enable)), "disable": list(_split(args.disable))}
     config = AutoExportConfig.from_dict(data)
+    if args.quantize:
+        config.quantizer = _quantizer(args.quantize, args.format)
     from hfexport.rewrites.engine import default_registry
 
     default_registry().validate_selection(config.rules)
     return config
+
+
+QUANTIZE_RECIPES = ("ort-dynamic", "ort-static", "pt2e-x86", "nncf-int8", "nncf-int4")
+
+
+def _quantizer(recipe: str, export_format: str) -> Any:
+    """The quantizer of a `--quantize` recipe for a format (the export checks the pair before tracing)."""
+    from hfexport import quantizers as q
+
+    if recipe == "ort-dynamic":
+        return q.OnnxRuntimeQuantizer(q.OnnxRuntimeDynamicConfig())
+    if recipe == "ort-static":
+        return q.OnnxRuntimeQuantizer(q.OnnxRuntimeStaticConfig())
+    if recipe == "pt2e-x86":
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer,
+            get_default_x86_inductor_quantization_config,
+        )
+
+        return q.PT2EQuantizer(X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
+    nncf = {"onnx": q.NNCFOnnxQuantizer, "openvino": q.NNCFOpenVINOQuantizer}.get(export_format, q.NNCFTorchFXQuantizer)
+    if recipe == "nncf-int8":
+        return nncf(q.NNCFQuantizationConfig())
+    if recipe == "nncf-int4":
+        return nncf(q.NNCFWeightCompressionConfig(mode="int4_sym", group_size=32))
+    raise SystemExit(f"--quantize {recipe!r}: choose one of {', '.join(QUANTIZE_RECIPES)}")
 
 
 def _default_rtol(config: Any) -> float:
@@ -163,7 +218,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     progress = Progress()
     try:
         start = progress.step(f"building {args.model}")
-        model, inputs = _load_model(args.model)
+        model, inputs = _load_model(args.model, args.task)
         exporter = AutoHfExporter.from_config(config)
         if args.generation:
             return _export_generation(args, model, inputs, exporter, config, progress, start)
@@ -298,7 +353,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     config = _config(args)
     _step(f"building {args.model}")
-    model, inputs = _load_model(args.model)
+    model, inputs = _load_model(args.model, args.task)
     ablate: bool | tuple[str, ...] = False
     if args.ablate is not None:
         ablate = _split(args.ablate) or True
@@ -444,6 +499,17 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="dynamo", help=f"export format: {', '.join(FORMATS)} (default: dynamo)")
     parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
+        "--task",
+        default="auto",
+        choices=["auto", *TASKS],
+        help="for a local model folder: the Auto class to load it with (auto: from its config's architectures)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_RECIPES,
+        help="quantize while exporting (ort-*: onnx; nncf-*: onnx/openvino/dynamo; pt2e-x86: dynamo/onnx/openvino)",
+    )
+    parser.add_argument(
         "--config", help="extra config fields as JSON (or @file.json), e.g. '{\"compress_to_fp16\": false}'"
     )
     parser.add_argument("--enable", action="append", help="enable rules by id or prefix (comma-separated)")
@@ -536,8 +602,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hfexport.errors import ConfigError, InputError, MissingPackageError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, InputError, MissingPackageError) as exc:
+        # Refused before any tracing (a config, input or package problem): the message says what to do.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

