@@ -5,8 +5,7 @@ Names load lazily so that `import hfexport` imports neither transformers nor any
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hfexport._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -60,13 +59,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hfexport' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("hfexport", _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

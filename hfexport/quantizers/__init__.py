@@ -7,9 +7,7 @@ onnxruntime.quantization) only inside `quantize`.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from hfexport._lazy import lazy_getattr
 from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, onnx_feed, openvino_feed, traced_inputs
 
 _LAZY = {
@@ -42,10 +40,4 @@ __all__ = [  # noqa: RUF022 - the eager names first, then the lazy ones
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hfexport.quantizers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("hfexport.quantizers", _LAZY, globals())

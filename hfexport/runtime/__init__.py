@@ -6,8 +6,7 @@ Names load lazily, so importing this package imports no backend.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hfexport._lazy import lazy_getattr
 
 _EXPORTS = {
     "generate": "hfexport.runtime.generation",
@@ -17,8 +16,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hfexport.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("hfexport.runtime", _EXPORTS, globals())

@@ -18,7 +18,6 @@ static cache, 4-D `[batch, 1, query, max_cache_len]` rows (causal over cache slo
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,16 +26,8 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.frontends.generation import CacheLeaf, GenerationComponents, GenerationSpec
+from hfexport.frontends.generation import CacheLeaf, GenerationSpec
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "bool": torch.bool,
-}
 INPUT_PREFIX = "input."
 OUTPUT_PREFIX = "output."
 
@@ -58,7 +49,7 @@ def _initial_leaf(leaf: CacheLeaf, spec: GenerationSpec, batch: int, max_cache_l
         shape[0] = batch
     if spec.static_cache and max_cache_len and spec.max_cache_len and len(shape) >= 3:
         shape = [max_cache_len if (i >= 2 and s == spec.max_cache_len) else s for i, s in enumerate(shape)]
-    return torch.zeros(shape, dtype=_DTYPES.get(leaf.dtype, torch.float32))
+    return torch.zeros(shape, dtype=getattr(torch, leaf.dtype))  # recorded as torch names
 
 
 class Driver:
@@ -530,8 +521,3 @@ def generate(
     if streamer is not None:
         streamer.end()
     return sequences
-
-
-def copy_samples(components: GenerationComponents) -> dict[str, dict[str, Any]]:
-    """Deep copies of the captured forward kwargs (safe to run the source model on)."""
-    return {name: copy.deepcopy(kwargs) for name, kwargs in components.samples.items()}
