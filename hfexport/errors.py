@@ -10,6 +10,7 @@ class HfExportError(RuntimeError):
         where = f"stage {stage!r}" + (f", rule {rule_id!r}" if rule_id else "")
         subject = f" exporting {model}" if model else ""
         super().__init__(f"[{where}]{subject}: {message}")
+        self.detail = message
         self.stage = stage
         self.rule_id = rule_id
         self.model = model
@@ -25,3 +26,7 @@ class ConfigError(TypeError):
 
 class MissingPackageError(ImportError):
     """A package the exporter needs is missing or older than the minimum it supports."""
+
+
+class OutputPathError(ConfigError):
+    """An `output_path` that cannot be written (a folder, under a file, no permission); raised before tracing."""

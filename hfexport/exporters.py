@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import shutil
+import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -18,11 +24,22 @@ from hfexport.configs import (
     OnnxConfig,
     OpenVINOConfig,
 )
-from hfexport.errors import ConfigError, HfExportError, InputError
+from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError, OutputPathError
 from hfexport.report import ExportReport
 from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")
+
+# One export at a time per process (docs/reliability.md, "Concurrency"). torch.export itself is not
+# thread-safe: it sets process-wide flags (torch.compiler.is_exporting), registers pytree nodes and patches
+# dispatch tables while it traces, and the export switches the model's own state (eval mode, attention
+# implementation) for the trace. Exports in other threads wait here; an eager forward in another thread does
+# not wait and never sees a patch (patches are bound per instance and thread, or dispatch on a ContextVar).
+# Reentrant: export_for_generation holds it across its components' exports.
+EXPORT_LOCK = threading.RLock()
+
+# Raised as they are: they say what to fix in the call, and are raised before the model is touched.
+_API_ERRORS = (InputError, ConfigError, MissingPackageError, HfExportError)
 
 
 class HfExporter(ABC):
@@ -74,6 +91,23 @@ class HfExporter(ABC):
         `config` is one config for all components or a dict keyed by component name that names every one.
         `self.reports` holds each component's report (`self.report` is the last one's).
         """
+        if isinstance(config, Mapping):
+            for each in config.values():
+                self.check_config(each)
+        else:
+            self.check_config(config)
+        self.validate_environment()
+        with EXPORT_LOCK:
+            return self._export_components(model, generate_kwargs, config, generation_config, multi_token_decode)
+
+    def _export_components(
+        self,
+        model: torch.nn.Module,
+        generate_kwargs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None,
+        generation_config: Any,
+        multi_token_decode: bool,
+    ) -> dict[str, Any]:
         from hfexport.frontends.generation import (
             GenerationComponents,
             decompose_for_generation,
@@ -81,12 +115,6 @@ class HfExporter(ABC):
             split_config,
         )
 
-        if isinstance(config, Mapping):
-            for each in config.values():
-                self.check_config(each)
-        else:
-            self.check_config(config)
-        self.validate_environment()
         components = decompose_for_generation(
             model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
@@ -171,6 +199,7 @@ class DynamoExporter(HfExporter):
         )
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        context.current_stage = "lower"
         # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
         # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
         if _mutates(program):
@@ -180,35 +209,67 @@ class DynamoExporter(HfExporter):
     def _capture_and_lower(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None
     ) -> Any:
-        from hfexport.frontends.torch_export import capture, validate_inputs
+        from hfexport.frontends.torch_export import capture, check_attention_implementation, validate_inputs
         from hfexport.rewrites.engine import RewriteContext, default_registry
 
+        # Every check that needs no tracing runs first: a bad call fails in milliseconds, the model untouched.
         config = self.check_config(config)
         if not isinstance(model, torch.nn.Module):
             raise InputError(f"model must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}")
         validate_inputs(sample_inputs, getattr(config, "dynamic_shapes", None))
+        check_attention_implementation(model)
         versions = self.validate_environment()
         default_registry().validate_selection(config.rules)
+        output_path = getattr(config, "output_path", None)
+        if output_path is not None:
+            check_output_path(output_path)
         quantizer = getattr(config, "quantizer", None)
         if quantizer is not None:
             # Before tracing: a quantizer that does not fit the format, or lacks its packages, fails in milliseconds.
             from hfexport.quantizers.apply import check_quantizer
 
             versions = {**versions, **check_quantizer(quantizer, self.export_format, config)}
+        # The lowering never writes: the result is saved here, at stage "save", all or nothing.
+        unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
         context = RewriteContext(backend=self.export_format, selection=config.rules)
         warnings: list[str] = []
         quantization = None
         start = time.perf_counter()
         try:
-            options = self.capture_options(model, sample_inputs, config, warnings)
-            program = capture(model, sample_inputs, options, context, warnings)
-            if quantizer is None:
-                result = self.lower(program, config, context)
-            else:
-                result, quantization = self._quantize_and_lower(
-                    quantizer, program, sample_inputs, options, config, context
-                )
+            with EXPORT_LOCK:
+                options = self.capture_options(model, sample_inputs, config, warnings)
+                program = capture(model, sample_inputs, options, context, warnings)
+                if quantizer is None:
+                    result = self.lower(program, unsaved, context)
+                else:
+                    result, quantization = self._quantize_and_lower(
+                        quantizer, program, sample_inputs, options, unsaved, context
+                    )
+                if output_path is not None:
+                    context.current_stage = "save"
+                    saving = time.perf_counter()
+                    self._save_lowered(result, config)
+                    context.stage_seconds["save"] = time.perf_counter() - saving
+        except HfExportError as exc:
+            if exc.rule_id is not None or context.current_rule is None:
+                raise
+            # A stage that caught a failure inside a rule's code (a patch replacement during the trace) names the
+            # stage only; the engine knows which rule was running.
+            raise HfExportError(
+                exc.detail, stage=exc.stage, rule_id=context.current_rule, model=exc.model or type(model).__name__
+            ) from (exc.__cause__ or exc)
+        except _API_ERRORS:
+            raise
+        except Exception as exc:
+            # Whatever failed (a rule, torch, a backend, a hook), the caller learns where: the stage and rule
+            # the engine was in. The original exception is chained as __cause__.
+            raise HfExportError(
+                f"{type(exc).__name__}: {exc}",
+                stage=context.current_stage or "export",
+                rule_id=context.current_rule,
+                model=type(model).__name__,
+            ) from exc
         finally:
             for warning in warnings:
                 logger.warning("%s: %s", type(model).__name__, warning)
@@ -234,39 +295,76 @@ class DynamoExporter(HfExporter):
         context: Any,
     ) -> tuple[Any, Any]:
         """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
-        (and before saving, so a saved artifact is the quantized one)."""
-        import dataclasses
-
+        (the caller saves afterwards, so a saved artifact is the quantized one)."""
         from hfexport.quantizers.apply import quantize_backend_model, quantize_program
 
         if quantizer.quantizes_fx_graph:
+            context.current_stage = "quantize"
             program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)
             context.stage_seconds["quantize"] = record.seconds
             return self.lower(program, config, context), record
-        output_path = getattr(config, "output_path", None)
-        unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
-        result = self.lower(program, unsaved, context)
+        result = self.lower(program, config, context)
+        context.current_stage = "quantize"
         result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         context.stage_seconds["quantize"] = record.seconds
-        if output_path is not None:
-            start = time.perf_counter()
-            self._save_lowered(result, config)
-            context.stage_seconds["save"] = time.perf_counter() - start
         return result, record
 
     def _save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
-        """Save a lowered (and quantized) model to `config.output_path` as the lowering itself would."""
+        """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
+        destination = Path(config.output_path)
         if self.export_format == ExportFormat.ONNX.value:
-            result.save(config.output_path, external_data=config.external_data)
+            save_atomically(destination, lambda path: result.save(path, external_data=config.external_data))
         elif self.export_format == ExportFormat.OPENVINO.value:
-            from pathlib import Path
-
             import openvino as ov
 
-            Path(config.output_path).parent.mkdir(parents=True, exist_ok=True)
-            ov.save_model(result, str(config.output_path), compress_to_fp16=config.compress_to_fp16)
+            save_atomically(
+                destination, lambda path: ov.save_model(result, str(path), compress_to_fp16=config.compress_to_fp16)
+            )
         else:
-            raise ConfigError(f"{type(self).__name__} has no output_path to save a quantized model to")
+            raise ConfigError(f"{type(self).__name__} has no output_path to save a model to")
+
+
+def check_output_path(output_path: str | os.PathLike[str]) -> None:
+    """Refuse, before tracing, an `output_path` that cannot be written: a folder, or under a file or a read-only
+    folder. An existing file is replaced (atomically, when the export succeeds)."""
+    path = Path(output_path)
+    if path.is_dir():
+        raise OutputPathError(
+            f"output_path {str(path)!r} is a folder; name the model file in it (e.g. {path}/model...)"
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputPathError(
+            f"output_path {str(path)!r} cannot be created: {str(parent)!r} is a file, not a folder; choose another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"output_path {str(path)!r} cannot be written: no write permission in {str(parent)!r}")
+
+
+def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
+    """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
+
+    The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
+    sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
+    """
+    created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    try:
+        write(staging / destination.name)
+        for produced in sorted(staging.iterdir(), key=lambda p: p.name == destination.name):
+            os.replace(produced, destination.parent / produced.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 class OnnxExporter(DynamoExporter):

@@ -47,6 +47,28 @@ def stage_listener(callback: Callable[[str], None] | None) -> Iterator[None]:
         _STAGE_LISTENER.reset(token)
 
 
+# Test hook: called at every point an export passes (see `fault_injection`). A ContextVar, so only the
+# exports started in the injecting context (thread) see it.
+_FAULT_HOOK: ContextVar[Callable[[str, str | None], None] | None] = ContextVar("hfexport_fault_hook", default=None)
+
+
+@contextmanager
+def fault_injection(hook: Callable[[str, str | None], None]) -> Iterator[None]:
+    """Call `hook(stage, rule_id)` at every point of the exports started in this block, for fault-injection tests.
+
+    The points are: entering a stage (`rule_id` None: "patch", "trace", "fx", "aten", "translate", "onnx",
+    "executorch", "edge", "to_executorch", "openvino", "convert", "lower", "quantize", "save", ...) and
+    starting a rule in it (installing a patch, applying an FX/ATen/ONNX/backend rule). A hook that raises
+    makes the export fail at exactly that point; the exporter must then report the stage and rule and leave
+    the model and the process as they were (tests/test_reliability_faults.py).
+    """
+    token = _FAULT_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _FAULT_HOOK.reset(token)
+
+
 @dataclass
 class RewriteContext:
     """Per-export state the engine owns: the backend, the selection, and what fired.
@@ -64,14 +86,29 @@ class RewriteContext:
     current_stage: str | None = None
     current_rule: str | None = None
     on_stage: Callable[[str], None] | None = field(default_factory=_STAGE_LISTENER.get, repr=False, compare=False)
+    fault_hook: Callable[[str, str | None], None] | None = field(
+        default_factory=_FAULT_HOOK.get, repr=False, compare=False
+    )
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Stages are entered by assigning current_stage (here and in the lowerings): one place to notify.
-        if name == "current_stage" and value is not None and value != self.__dict__.get("current_stage"):
+        # Stages are entered by assigning current_stage (here and in the lowerings), rules by assigning
+        # current_rule: one place to notify. The value is stored first, so a hook that raises leaves the
+        # context naming the point it failed at.
+        previous = self.__dict__.get(name)
+        object.__setattr__(self, name, value)
+        if value is None or name not in ("current_stage", "current_rule"):
+            return
+        if name == "current_stage" and value != previous:
             listener = self.__dict__.get("on_stage")
             if listener is not None:
                 listener(value)
-        object.__setattr__(self, name, value)
+            hook = self.__dict__.get("fault_hook")
+            if hook is not None:
+                hook(value, None)
+        elif name == "current_rule":
+            hook = self.__dict__.get("fault_hook")
+            if hook is not None:
+                hook(self.__dict__.get("current_stage") or "", value)
 
     def hit(self, rule_id: str) -> None:
         self.hits[rule_id] += 1
@@ -156,7 +193,8 @@ def _timed(context: RewriteContext, stage: str) -> Iterator[None]:
         yield
     finally:
         context.stage_seconds[stage] = context.stage_seconds.get(stage, 0.0) + time.perf_counter() - start
-        context.current_rule = None
+    # Only on success: after a failure, `current_rule` still names the rule that raised, for the error message.
+    context.current_rule = None
 
 
 @contextmanager
@@ -170,7 +208,7 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
 
     registry = registry or default_registry()
     rules = registry.selected("patch", context)
-    session = PatchSession(context.hit)
+    session = PatchSession(context.hit, on_rule=lambda rule_id: setattr(context, "current_rule", rule_id))
     context.current_stage = "patch"
     # The stage time is install + restore; the trace in between is timed by the caller.
     start = installed = time.perf_counter()

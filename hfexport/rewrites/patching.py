@@ -3,7 +3,9 @@
 Three forms, each scoped so that nothing outside the export ever sees a patch (DESIGN.md):
 
 - `MethodPatch`: a replacement bound on the model's own module instances (an instance attribute that
-  shadows the class method), never on the class, so other models of the same class are untouched.
+  shadows the class method), never on the class, so other models of the same class are untouched; the
+  bound replacement runs only in the thread that installed it, so another thread that calls the very
+  instance being exported runs the original method.
 - `TorchFunctionPatch`: intercepts a torch function through a `TorchFunctionMode`, which is
   thread-local and active only inside the trace.
 - `ModuleFunctionPatch`: replaces a module-level function by a gate that calls the replacement only in
@@ -117,6 +119,13 @@ _ACTIVE: contextvars.ContextVar[dict[tuple[int, str], tuple[tuple[str, Callable[
 )
 
 
+@torch.compiler.assume_constant_result
+def _in_thread(ident: int) -> bool:
+    # assume_constant_result: TorchDynamo (strict=True) calls this at trace time and bakes in the answer
+    # instead of tracing into `threading`; eagerly it is a plain call, evaluated in the calling thread.
+    return threading.get_ident() == ident
+
+
 @dataclass
 class _Gate:
     owner: Any
@@ -161,8 +170,10 @@ class PatchSession:
     Restoration runs even when the body raises, and every undo step runs even if an earlier one fails.
     """
 
-    def __init__(self, on_hit: HitCallback) -> None:
+    def __init__(self, on_hit: HitCallback, on_rule: Callable[[str | None], None] | None = None) -> None:
         self._on_hit = on_hit
+        # Told which rule's replacement is running (None when it returned), so a failure inside one names it.
+        self._on_rule = on_rule
         self._undo: list[Callable[[], None]] = []
         self._torch_handlers: dict[Any, list[tuple[str, Callable[..., Any]]]] = {}
         self._module_handlers: dict[tuple[int, str], list[tuple[str, Callable[..., Any], HitCallback]]] = {}
@@ -189,7 +200,7 @@ class PatchSession:
         if isinstance(rule, MethodPatch):
             return self._install_method(rule, model)
         if isinstance(rule, TorchFunctionPatch):
-            self._torch_handlers.setdefault(rule.function, []).append((rule.id, rule.handler))
+            self._torch_handlers.setdefault(rule.function, []).append((rule.id, self._running(rule.id, rule.handler)))
             return None
         if isinstance(rule, ModuleFunctionPatch):
             return self._install_module_function(rule, model)
@@ -224,10 +235,31 @@ class PatchSession:
             self.setattr(module, method, types.MethodType(self._method_wrapper(rule, original), module))
         return None
 
+    def _running(self, rule_id: str, replacement: Callable[..., Any] | None) -> Callable[..., Any]:
+        """`replacement`, reporting to `on_rule` while it runs; after an exception the rule stays reported."""
+        on_rule = self._on_rule
+        if on_rule is None or replacement is None:
+            return replacement  # type: ignore[return-value]
+
+        def running(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_dynamo_compiling():
+                # strict=True: TorchDynamo would trace the bookkeeping into the graph's side effects.
+                return replacement(*args, **kwargs)
+            on_rule(rule_id)
+            result = replacement(*args, **kwargs)
+            on_rule(None)
+            return result
+
+        return running
+
     def _method_wrapper(self, rule: MethodPatch, original: Callable[..., Any]) -> Callable[..., Any]:
-        replacement, on_hit, rule_id = rule.replacement, self._on_hit, rule.id
+        replacement, on_hit, rule_id = self._running(rule.id, rule.replacement), self._on_hit, rule.id
+        owner = threading.get_ident()
 
         def patched(module_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if not _in_thread(owner):
+                # Another thread calling the instance being exported: the original method.
+                return original(*args, **kwargs)
             result = replacement(original, module_self, *args, **kwargs)
             if result is NOT_APPLICABLE:
                 return original(*args, **kwargs)
@@ -265,7 +297,8 @@ class PatchSession:
                 setattr(owner, name, _make_gate(key, gate.original))
                 _GATES[key] = gate
             gate.users += 1
-        self._module_handlers.setdefault(key, []).append((rule.id, rule.replacement, self._on_hit))
+        replacement = self._running(rule.id, rule.replacement)
+        self._module_handlers.setdefault(key, []).append((rule.id, replacement, self._on_hit))
         self._undo.append(lambda: _release_gate(key))
 
     @property
