@@ -5,6 +5,7 @@ from hfexport.rewrites.executorch import (
     conv1d_as_conv2d,
     dynamic_empty,
     dynamic_unsqueeze,
+    max_values,
     sdpa_strides,
     split_slices,
     sym_min_max,
@@ -16,6 +17,7 @@ RULES: list = [
     conv1d_as_conv2d.conv1d_as_conv2d,
     dynamic_empty.empty_as_zeros,
     split_slices.split_as_slices,
+    max_values.max_values_as_amax,
     # Last: counts the calls the node rules leave in the graph.
     sym_min_max.sym_functions_pass_the_verifier,
 ]

@@ -1,0 +1,23 @@
+"""executorch/max-values-as-amax: without the rule its first example fails to lower (the rule's examples, run in
+tests/rewrites/test_examples.py, show that with it the program matches eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("executorch")
+
+
+def test_the_max_values_example_fails_to_lower_without_its_rule() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.rewrites.executorch.max_values import max_values_as_amax as rule
+
+    module, inputs = rule.meta.examples[0].build()
+    shapes = {"logits": {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}}
+    program = torch.export.export(module.eval(), (), inputs, dynamic_shapes=shapes)
+    # XNNPACK's partitioner took max(dim=-1).values; its amax visitor only writes dim 2 or 3 as spelled.
+    with pytest.raises(Exception, match="amax.default only supports dim == 2 or dim == 3"):
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
