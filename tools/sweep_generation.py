@@ -7,6 +7,11 @@ Each model runs in its own subprocess. For each: decompose and export with `dyna
 or with `--static N` a static cache of N slots and one multi-token decode graph), then generate 8 greedy
 tokens with `hfexport.runtime.generate` from a left-padded prompt and compare them with the model's own
 `generate` (same cache kind). `ok` means every token is equal.
+
+Encoder-decoder, speech and vision-language entries (`--family seq2seq|speech|vlm`, with `--root` at a corpus
+that has them) drop the entry's `generate_exclude` inputs, give `input_ids`/`attention_mask` as the prompt and
+every other input (pixel_values, input_features, image_grid_thw...) as `encoder_inputs`. CTC entries have no
+generate loop and are reported `not-generative`.
 """
 
 from __future__ import annotations
@@ -30,19 +35,32 @@ tmp = tempfile.mkdtemp()
 NEW = 8
 try:
     model = entry.build_model()
-    sample = entry.sample_inputs()
+    if not hasattr(model, "generate") or "CTC" in entry.auto_class:
+        row["status"] = "not-generative"  # a CTC head decodes frames, it has no generate loop
+        raise SystemExit(0)
+    exclude = set(entry.sample.get("generate_exclude", []))  # forward-only inputs (decoder_input_ids)
+    sample = {k: v for k, v in entry.sample_inputs().items() if k not in exclude}
+    grown = {k: v for k, v in entry.grown_inputs().items() if k not in exclude}
     generation_config = GenerationConfig(cache_implementation="static", max_cache_len=static) if static else None
-    prompt = entry.grown_inputs()["input_ids"]
-    mask = torch.ones_like(prompt)
-    if prompt.shape[0] > 1:  # left padding on the second row: masks and positions must follow it
-        mask[1, :2] = 0
+    prompt = grown.pop("input_ids", None)
+    mask = grown.pop("attention_mask", None)
+    if mask is None and prompt is not None:
+        mask = torch.ones_like(prompt)
+    if mask is not None and mask.shape[0] > 1 and prompt is not None:
+        mask = mask.clone()
+        mask[1, :2] = 0  # left padding on the second row: masks and positions must follow it
+    # The other inputs (pixel_values, input_features, image_grid_thw...) go to the encoders.
+    others = grown
     config = copy.deepcopy(generation_config or model.generation_config)
     config.max_new_tokens = config.min_new_tokens = NEW
     config.do_sample, config.num_beams = False, 1
     if config.pad_token_id is None:
         config.pad_token_id = 0
+    feed = {**others, **({"input_ids": prompt} if prompt is not None else {})}
+    if mask is not None:
+        feed["attention_mask"] = mask
     with torch.no_grad():
-        expected = model.generate(input_ids=prompt, attention_mask=mask, generation_config=config)
+        expected = model.generate(**feed, generation_config=config)
     row["status"] = "export-error"
     export_config = AutoExportConfig.from_dict({"export_format": fmt, "dynamic": True})
     exporter = AutoHfExporter.from_config(export_config)
@@ -51,6 +69,7 @@ try:
         model, sample, export_config, generation_config=generation_config, multi_token_decode=bool(static)
     )
     row["export_s"] = round(time.perf_counter() - start, 2)
+    row["components"] = list(components)
     row["rules"] = {}
     for report in exporter.reports.values():
         for stage in report.hits.values():
@@ -58,12 +77,14 @@ try:
                 row["rules"][rule] = row["rules"].get(rule, 0) + hits
     row["status"] = "generate-error"
     got = generate(
-        components, prompt, mask, max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=config.pad_token_id
+        components, prompt, mask, max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=config.pad_token_id,
+        encoder_inputs=others,
     )
-    new_expected, new_got = expected[:, prompt.shape[1]:], got[:, prompt.shape[1]:]
+    width = expected.shape[1] - NEW  # the prompt (decoder-only) or the decoder start (encoder-decoder)
+    new_expected, new_got = expected[:, width:], got[:, width:]
     agree = (new_expected == new_got).float().mean().item() if new_got.shape == new_expected.shape else 0.0
     row["sample_diff"] = 1.0 - agree  # fraction of new tokens that differ
-    row["status"] = "ok" if torch.equal(got, expected) else "token-mismatch"
+    row["status"] = "ok" if got.shape == expected.shape and torch.equal(got, expected) else "token-mismatch"
 """
     + _CHILD_TAIL
 )

@@ -384,6 +384,13 @@ class GenerationSpec:
     eos_token_id: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
     decoder_start_token_id: int | None = None
+    # Logits processors of the model's generation config that the runtime applies (greedy parity needs them):
+    # the first new token forced, the last one forced to end the sequence, token ids never produced, and
+    # ids not produced as the first new token (Whisper's `begin_suppress_tokens`).
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: list[int] = field(default_factory=list)
+    suppress_tokens: list[int] = field(default_factory=list)
+    begin_suppress_tokens: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
@@ -460,9 +467,9 @@ def describe(
             cache_leaves=leaves,
         )
     config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    eos_list = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    eos_list = _ids(getattr(config, "eos_token_id", None))
     pad = getattr(config, "pad_token_id", None)
+    forced_bos = getattr(config, "forced_bos_token_id", None)
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
         start = getattr(getattr(model, "config", None), "decoder_start_token_id", None)
@@ -478,4 +485,15 @@ def describe(
         eos_token_id=eos_list,
         pad_token_id=None if pad is None else int(pad),
         decoder_start_token_id=start if isinstance(start, int) else None,
+        forced_bos_token_id=forced_bos if isinstance(forced_bos, int) else None,
+        forced_eos_token_id=_ids(getattr(config, "forced_eos_token_id", None)),
+        suppress_tokens=_ids(getattr(config, "suppress_tokens", None)),
+        begin_suppress_tokens=_ids(getattr(config, "begin_suppress_tokens", None)),
     )
+
+
+def _ids(value: Any) -> list[int]:
+    """Token ids of a generation config field (None, one id or a list) as a plain list."""
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]

@@ -396,6 +396,32 @@ def _static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tens
     return (causal[None] & valid[:, None, :].bool())[:, None]
 
 
+def _processed(scores: torch.Tensor, spec: GenerationSpec, index: int, max_new_tokens: int, width: int) -> torch.Tensor:
+    """The logits processors of the model's generation config that the spec records, in transformers' order:
+    suppressed ids, ids suppressed at the first new token, then a forced first token and a forced last one.
+    `width` is the length of the ids generation started from (transformers forces a first token only when
+    that is the single decoder start token)."""
+    vocab = scores.shape[-1]
+    forces_first = spec.forced_bos_token_id is not None and width == 1
+
+    def only(ids: list[int]) -> torch.Tensor:
+        return torch.tensor([i for i in ids if 0 <= i < vocab], dtype=torch.long)
+
+    if spec.suppress_tokens:
+        scores = scores.float().index_fill(-1, only(spec.suppress_tokens), float("-inf"))
+    if index == (1 if forces_first else 0) and spec.begin_suppress_tokens:
+        scores = scores.float().index_fill(-1, only(spec.begin_suppress_tokens), float("-inf"))
+    forced: list[int] = []
+    if index == 0 and forces_first:
+        forced = [spec.forced_bos_token_id]
+    elif index == max_new_tokens - 1 and spec.forced_eos_token_id:
+        forced = spec.forced_eos_token_id
+    if forced:
+        kept = torch.full_like(scores.float(), float("-inf"))
+        scores = kept.index_fill(-1, only(forced), 0.0)
+    return scores
+
+
 def generate(
     components: Mapping[str, Any],
     input_ids: torch.Tensor | None,
@@ -446,8 +472,8 @@ def generate(
         encoder = {**dict(encoder_inputs or {})}
         if input_ids is not None:
             encoder["input_ids"] = torch.as_tensor(input_ids)
-            if attention_mask is not None:
-                encoder["attention_mask"] = torch.as_tensor(attention_mask)
+        if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
+            encoder["attention_mask"] = torch.as_tensor(attention_mask)
         hidden = driver.encode("encoder", encoder)
         extra["encoder_outputs"] = (hidden,)
         if "attention_mask" in encoder:
@@ -500,6 +526,7 @@ def generate(
             # (ids beyond the vocabulary, which some configs carry, cannot be produced anyway).
             in_vocab = eos_ids[eos_ids < scores.shape[-1]]
             scores = scores.float().index_fill(-1, in_vocab, float("-inf"))
+        scores = _processed(scores, spec, index, max_new_tokens, input_ids.shape[1])
         token = sampler(scores)
         token = torch.where(unfinished, token, torch.full_like(token, pad))
         sequences = torch.cat([sequences, token[:, None]], dim=-1)
