@@ -1,0 +1,124 @@
+"""The rules that carry NNCF's Torch FX weight compression to ExecuTorch and OpenVINO.
+
+Each rule's examples run here (as they do in test_examples.py once registered), and each rule is shown to be
+needed: its Match example fails to lower without it, with the error the rule's `why` names. When an upstream
+release fixes the cause, the "needed" test fails and says which rule to retire.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hfexport.rewrites.examples import Match, NoMatch, check_example
+
+pytest.importorskip("nncf")
+
+RULE_MODULES = (
+    "hfexport.rewrites.executorch.quant_weight_decompression",
+    "hfexport.rewrites.openvino.quant_weight_decompression",
+)
+
+
+def _rules() -> list:
+    import importlib
+
+    from hfexport.rewrites.rule import Rule
+
+    found = []
+    for name in RULE_MODULES:
+        module = importlib.import_module(name)
+        found += [value for value in vars(module).values() if isinstance(value, Rule)]
+    return found
+
+
+def _examples() -> list:
+    return [
+        pytest.param(rule, example, id=f"{rule.id}[{type(example).__name__.lower()}{i}]")
+        for rule in _rules()
+        for i, example in enumerate(rule.meta.examples)
+    ]
+
+
+@pytest.mark.parametrize(("rule", "example"), _examples())
+def test_quant_rule_example(rule, example: Match | NoMatch) -> None:
+    if rule.stage == "executorch":
+        pytest.importorskip("executorch")
+    else:
+        pytest.importorskip("openvino")
+    hits = check_example(rule, example)
+    assert hits > 0 if isinstance(example, Match) else hits == 0
+
+
+def test_quant_rules_are_registered() -> None:
+    from hfexport.rewrites.engine import default_registry
+
+    registered = set(default_registry().ids())
+    missing = sorted(rule.id for rule in _rules() if rule.id not in registered)
+    assert not missing, f"listed in no stage package's RULES: {missing}"
+
+
+def test_floor_scale_equals_the_shift_on_every_byte() -> None:
+    # The identity the OpenVINO rule rests on, in torch itself, for every value and shift amount.
+    for dtype, low in ((torch.uint8, 0), (torch.int8, -128)):
+        values = torch.arange(low, low + 256).to(dtype)
+        for k in range(8):
+            rewritten = torch.floor(values.to(torch.float32) * 2.0**-k).to(dtype)
+            assert torch.equal(rewritten, torch.bitwise_right_shift(values, k)), (dtype, k)
+
+
+# -- each rule is needed with the installed versions ----------------------------------------------------------------
+
+
+def _program(example: Match) -> torch.export.ExportedProgram:
+    module, inputs = example.build()
+    with torch.no_grad():
+        return torch.export.export(module.eval(), (), inputs, strict=False)
+
+
+def test_executorch_refuses_the_shift_without_the_rule() -> None:
+    pytest.importorskip("executorch")
+    from hfexport.rewrites.executorch.quant_weight_decompression import right_shift_passes_the_verifier
+    from hfexport.rewrites.executorch_kinds import _lower
+
+    with pytest.raises(Exception, match="bitwise_right_shift"):
+        _lower(_program(right_shift_passes_the_verifier.meta.examples[0]))
+
+
+def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
+    pytest.importorskip("executorch")
+    from hfexport.rewrites.executorch.quant_weight_decompression import linear_with_computed_weight_untagged
+    from hfexport.rewrites.executorch_kinds import _lower
+
+    with pytest.raises(Exception, match="ConvertToLinearPass"):
+        _lower(_program(linear_with_computed_weight_untagged.meta.examples[0]))
+
+
+def test_openvino_cannot_convert_the_shift_without_the_rule() -> None:
+    ov = pytest.importorskip("openvino")
+    from hfexport.rewrites.openvino.quant_weight_decompression import right_shift_as_floor_scale
+
+    with pytest.raises(Exception, match="bitwise_right_shift"):
+        ov.convert_model(_program(right_shift_as_floor_scale.meta.examples[0]))
+
+
+def test_openvino_integer_floor_division_is_no_alternative() -> None:
+    # Why the OpenVINO rule goes through float32: on a constant u8 tensor (packed weights are constants) OpenVINO
+    # computes `div(x, 16, rounding_mode="floor")` rounded to nearest (9 // 16 gives 1).
+    ov = pytest.importorskip("openvino")
+
+    class Divide(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("packed", torch.arange(256).to(torch.uint8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.div(self.packed, 16, rounding_mode="floor").to(torch.float32)
+
+    zeros = torch.zeros(256)
+    model = ov.convert_model(torch.export.export(Divide(), (zeros,)))
+    result = ov.Core().compile_model(model, "CPU")([zeros.numpy()])[0]
+    expected = (torch.arange(256) // 16).to(torch.float32).numpy()
+    if np.array_equal(result, expected):
+        pytest.fail("OpenVINO's u8 floor division is exact now: a plain division would do in the OpenVINO rule")
