@@ -567,20 +567,17 @@ def test_mismatches_fail_before_tracing(tiny: Any) -> None:
     _refused(DynamoExporter(), model, inputs, DynamoConfig(quantizer=ort_quantizer), ConfigError, "quantizes onnx")
     ov_quantizer = NNCFOpenVINOQuantizer(NNCFWeightCompressionConfig())
     _refused(OnnxExporter(), model, inputs, OnnxConfig(quantizer=ov_quantizer), ConfigError, "not 'onnx'")
-    # NNCF int8 needs a static graph and, on ONNX, opset <= 20; NNCF's FX int4 does not convert to OpenVINO.
+    # NNCF int8 needs a static graph and, on ONNX, opset <= 20.
     fx_int8 = NNCFTorchFXQuantizer(calibration_dataset=[inputs])
-    fx_int4 = NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(mode="int4_sym", group_size=16))
     _refused(DynamoExporter(), model, inputs, DynamoConfig(dynamic=True, quantizer=fx_int8), ConfigError, "static")
     onnx_int8 = NNCFOnnxQuantizer(NNCFQuantizationConfig())
     _refused(OnnxExporter(), model, inputs, OnnxConfig(quantizer=onnx_int8), ConfigError, "opset_version=20")
     _refused(OnnxExporter(), model, inputs, OnnxConfig(quantizer=fx_int8), ConfigError, "opset_version=20")
-    _refused(OpenVINOExporter(), model, inputs, OpenVINOConfig(quantizer=fx_int4), ConfigError, "bitwise_right_shift")
-    # ExecuTorch (XNNPACK) takes neither NNCF's int8 nor its weight compression.
+    # ExecuTorch takes NNCF's weight compression (tests/test_quantization_nncf_backends.py), not its int8 Q/DQ.
     pytest.importorskip("executorch")
     from hfexport import ExecutorchExporter
 
     _refused(ExecutorchExporter(), model, inputs, ExecutorchConfig(quantizer=fx_int8), ConfigError, "weight")
-    _refused(ExecutorchExporter(), model, inputs, ExecutorchConfig(quantizer=fx_int4), ConfigError, "XNNPACK")
 
 
 def test_missing_package_fails_before_tracing(tiny: Any) -> None:

@@ -194,7 +194,9 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
     """NNCF on the captured FX graph, before lowering: every backend receives the result.
 
     ExecuTorch takes only weight compression (`NNCFWeightCompressionConfig`): int8 activation quantization
-    leaves quantize/dequantize pairs that no ExecuTorch delegate lowers. `nncf.quantize` (nncf 3.4) cannot
+    leaves quantize/dequantize pairs that no ExecuTorch delegate lowers. The compressed weights are decompressed
+    in the graph before each linear; the rules `executorch/quant-*` and `openvino/quant-*` carry that graph
+    through XNNPACK and `openvino.convert_model` (see docs/quantization.md). `nncf.quantize` (nncf 3.4) cannot
     read graphs with symbolic shapes, so int8 quantization needs a static export (`dynamic=False`, no
     `dynamic_shapes`); weight compression works on dynamic graphs.
     """
@@ -216,29 +218,12 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
             )
 
     def check_config(self, config: Any) -> None:
-        if getattr(config, "export_format", None) == ExportFormat.EXECUTORCH.value and config.backend == "xnnpack":
-            # Measured with executorch 1.4.1 and nncf 3.4: int8 decompression subgraphs break XNNPACK's
-            # ConvertToLinearPass ("t() expects a tensor with <= 2 dimensions"), and int4 unpacking uses
-            # aten.bitwise_right_shift, which is not core ATen, so to_edge refuses it.
-            raise ConfigError(
-                "NNCFTorchFXQuantizer's weight compression does not lower to ExecuTorch's XNNPACK backend "
-                "(executorch 1.4.1, nncf 3.4; see docs/quantization.md); use "
-                "PT2EQuantizer(XNNPACKQuantizer(...)) for ExecuTorch"
-            )
         export_format = getattr(config, "export_format", None)
         opset = getattr(config, "opset_version", None)
         if export_format == ExportFormat.ONNX.value and not self.weight_only and (opset or 99) > MAX_ONNX_INT8_OPSET:
             raise ConfigError(
                 f"NNCFTorchFXQuantizer int8 on ONNX needs OnnxConfig(opset_version={MAX_ONNX_INT8_OPSET}) or lower: "
                 "ONNX Runtime cannot load NNCF's int8 QDQ graph at newer opsets (see NNCFOnnxQuantizer)"
-            )
-        if export_format == ExportFormat.OPENVINO.value and self.weight_only and not self.config.is_int8:
-            # Packed int4 weights are unpacked with aten.bitwise_right_shift, which openvino.convert_model
-            # (2026.4.1) has no conversion rule for.
-            raise ConfigError(
-                "NNCFTorchFXQuantizer's int4 weight compression does not convert to OpenVINO "
-                "(no conversion rule for aten.bitwise_right_shift); compress the OpenVINO model itself with "
-                "NNCFOpenVINOQuantizer(NNCFWeightCompressionConfig(mode=...))"
             )
         if not self.weight_only and (getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None)):
             raise ConfigError(

@@ -41,6 +41,8 @@ def _examples() -> list:
     ]
 
 
+# Slow: once the rules are listed in RULES, tests/rewrites/test_examples.py runs the same examples in CI.
+@pytest.mark.slow
 @pytest.mark.parametrize(("rule", "example"), _examples())
 def test_quant_rule_example(rule, example: Match | NoMatch) -> None:
     if rule.stage == "executorch":
