@@ -52,6 +52,10 @@ def _dim_from_json(data: Any) -> Any:
         return getattr(torch.export.Dim, data)
     if isinstance(data, dict):
         kwargs = {k: data[k] for k in ("min", "max") if data.get(k) is not None}
+        low, high = kwargs.get("min"), kwargs.get("max")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            # torch.export.Dim refuses this with a bare AssertionError.
+            raise ConfigError(f"dynamic shape {data.get('dim')!r}: min {low} is greater than max {high}")
         return torch.export.Dim(data["dim"], **kwargs)
     return data
 
@@ -139,7 +143,8 @@ class ExportConfigMixin:
                 raise ConfigError("dynamic_shapes must be a dict keyed by input name, as to_dict writes it")
             try:
                 data["dynamic_shapes"] = dynamic_shapes_from_json(data["dynamic_shapes"])
-            except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            except (AttributeError, TypeError, ValueError, KeyError, AssertionError) as exc:
+                # AssertionError: torch.export.Dim's own checks (e.g. a negative min).
                 raise ConfigError(f"dynamic_shapes cannot be read back: {type(exc).__name__}: {exc}") from exc
         if isinstance(data.get("rules"), dict):
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -64,7 +65,9 @@ class HfExporter(ABC):
     def check_config(self, config: ExportConfigMixin | None) -> ExportConfigMixin:
         if config is None:
             return self.config_class()
-        if not isinstance(config, self.config_class):
+        # The config classes subclass DynamoConfig: an OnnxConfig is a DynamoConfig, but its ONNX options would be
+        # silently ignored by the DynamoExporter, so the format must match too.
+        if not isinstance(config, self.config_class) or str(config.export_format) != str(self.export_format):
             raise ConfigError(
                 f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}; "
                 "AutoHfExporter.from_config(config) picks the exporter that fits a config"
@@ -96,6 +99,7 @@ class HfExporter(ABC):
                 self.check_config(each)
         else:
             self.check_config(config)
+        check_generation_call(model, generate_kwargs, generation_config)
         self.validate_environment()
         with EXPORT_LOCK:
             return self._export_components(model, generate_kwargs, config, generation_config, multi_token_decode)
@@ -199,11 +203,13 @@ class DynamoExporter(HfExporter):
         )
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
-        context.current_stage = "lower"
         # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
         # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
         if _mutates(program):
+            context.current_stage = "lower"
+            start = time.perf_counter()
             program = program.run_decompositions({})
+            context.stage_seconds["lower"] = time.perf_counter() - start
         return program
 
     def _capture_and_lower(
@@ -229,6 +235,7 @@ class DynamoExporter(HfExporter):
             from hfexport.quantizers.apply import check_quantizer
 
             versions = {**versions, **check_quantizer(quantizer, self.export_format, config)}
+            check_calibration_samples(quantizer, sample_inputs)
         # The lowering never writes: the result is saved here, at stage "save", all or nothing.
         unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
@@ -322,6 +329,67 @@ class DynamoExporter(HfExporter):
             )
         else:
             raise ConfigError(f"{type(self).__name__} has no output_path to save a model to")
+
+
+# generate kwargs that hold tensors: input_ids, attention_mask, inputs_embeds, pixel_values, input_features, ...
+_TENSOR_KWARG = re.compile(r"(^|_)(ids|mask|embeds|pixel_values|features)$")
+# Caches whose tensors live elsewhere (offloaded: moved between devices on CUDA streams) or in a quantized
+# store (optimum-quanto/HQQ kernels): none can be an input or output of an exported graph.
+_UNEXPORTABLE_CACHE = re.compile(r"offloaded|quantized")
+
+
+def check_generation_call(model: Any, generate_kwargs: Any, generation_config: Any = None) -> None:
+    """Refuse, before `generate` runs, generate kwargs and cache settings that cannot be exported."""
+    if not isinstance(generate_kwargs, Mapping) or not generate_kwargs:
+        raise InputError("generate_kwargs must be a non-empty mapping, e.g. a tokenizer's BatchEncoding")
+    for name, value in generate_kwargs.items():
+        if isinstance(name, str) and _TENSOR_KWARG.search(name) and not isinstance(value, (torch.Tensor, type(None))):
+            raise InputError(
+                f"generate_kwargs[{name!r}] is a {type(value).__name__}, not a tensor; tokenize with "
+                "return_tensors='pt' and pass the tensors"
+            )
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    cache = getattr(config, "cache_implementation", None)
+    if isinstance(cache, str) and _UNEXPORTABLE_CACHE.search(cache):
+        raise ConfigError(
+            f"cache_implementation={cache!r} cannot be exported (its tensors are offloaded or quantized outside the "
+            "graph); use cache_implementation='static' for a fixed-size cache, or None for the dynamic cache"
+        )
+    max_cache_len = getattr(config, "max_cache_len", None)
+    prompt = generate_kwargs.get("input_ids", generate_kwargs.get("inputs_embeds"))
+    if isinstance(max_cache_len, int) and isinstance(prompt, torch.Tensor) and prompt.ndim >= 2:
+        length = prompt.shape[1]
+        if max_cache_len <= length:
+            # transformers would silently grow the cache to fit; the export would then not have the asked size.
+            raise InputError(
+                f"max_cache_len={max_cache_len} leaves no room after the {length}-token prompt; set max_cache_len "
+                f"to at least the prompt length plus max_new_tokens (here >= {length + 1}), or leave it None"
+            )
+
+
+def check_calibration_samples(quantizer: Any, sample_inputs: Mapping[str, Any]) -> None:
+    """Refuse, before tracing, calibration samples (a list) that lack a tensor input of the export."""
+    dataset = getattr(quantizer, "calibration_dataset", None)
+    if isinstance(dataset, (Mapping, torch.Tensor, str)):
+        raise InputError(
+            "calibration_dataset must be an iterable of samples (a list of tokenizer outputs or a DataLoader), "
+            f"got {type(dataset).__name__}; wrap a single sample in a list"
+        )
+    if not isinstance(dataset, (list, tuple)) or not getattr(quantizer, "needs_calibration", True):
+        return
+    needed = [name for name, value in sample_inputs.items() if isinstance(value, torch.Tensor)]
+    for index, sample in enumerate(dataset):
+        if not isinstance(sample, Mapping):
+            raise InputError(
+                f"calibration sample {index} is a {type(sample).__name__}; each sample must be a mapping of forward "
+                "argument names to tensors, like sample_inputs"
+            )
+        missing = [name for name in needed if name not in sample]
+        if missing:
+            raise InputError(
+                f"calibration sample {index} lacks {missing}, tensor inputs of the export (its keys: "
+                f"{sorted(map(str, sample))}); give every sample the keys of sample_inputs: {needed}"
+            )
 
 
 def check_output_path(output_path: str | os.PathLike[str]) -> None:

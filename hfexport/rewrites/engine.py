@@ -69,6 +69,11 @@ def fault_injection(hook: Callable[[str, str | None], None]) -> Iterator[None]:
         _FAULT_HOOK.reset(token)
 
 
+# Steps that fail like a stage (errors and the fault hook name them) but that the progress display does not
+# list: the Dynamo exporter's functionalisation of a program with in-place ops, a short step of most exports.
+QUIET_STAGES = frozenset({"lower"})
+
+
 @dataclass
 class RewriteContext:
     """Per-export state the engine owns: the backend, the selection, and what fired.
@@ -100,7 +105,7 @@ class RewriteContext:
             return
         if name == "current_stage" and value != previous:
             listener = self.__dict__.get("on_stage")
-            if listener is not None:
+            if listener is not None and value not in QUIET_STAGES:
                 listener(value)
             hook = self.__dict__.get("fault_hook")
             if hook is not None:
