@@ -25,6 +25,7 @@ from hfexport import (
     DynamoConfig,
     DynamoExporter,
     ExecutorchConfig,
+    ExecutorchExporter,
     OnnxConfig,
     OnnxExporter,
     OpenVINOConfig,
@@ -148,6 +149,12 @@ CASES = [
         lambda m, x, t: OpenVINOConfig(output_path=str(t / "model.onnx")),
         ConfigError,
         "must name the IR's .xml file",
+    ),
+    Case(
+        "executorch-cuda-without-a-device",
+        lambda m, x, t: ExecutorchExporter().export(m, x, ExecutorchConfig(backend="cuda")),
+        RuntimeError,
+        "needs a CUDA device.*export with backend='xnnpack' on a CPU-only machine",
     ),
     # -- rule selection -----------------------------------------------------------------------------------------
     Case(
@@ -354,6 +361,10 @@ def test_a_bad_input_is_refused_before_tracing_with_an_actionable_message(case: 
         pytest.importorskip("openvino")
     if "calibration" in case.id or "quantizer-format" in case.id or "output-path-under" in case.id:
         pytest.importorskip("onnxruntime")
+    if case.id == "executorch-cuda-without-a-device":
+        pytest.importorskip("executorch")
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA device")
     model, inputs = case.model(), sample_inputs()
     points: list[tuple[str, str | None]] = []
     with (
