@@ -331,8 +331,20 @@ class DynamoExporter(HfExporter):
             raise ConfigError(f"{type(self).__name__} has no output_path to save a model to")
 
 
-# generate kwargs that hold tensors: input_ids, attention_mask, inputs_embeds, pixel_values, input_features, ...
-_TENSOR_KWARG = re.compile(r"(^|_)(ids|mask|embeds|pixel_values|features)$")
+# generate kwargs that are model inputs, always tensors (others such as `forced_decoder_ids` may be lists).
+_TENSOR_KWARGS = frozenset(
+    {
+        "input_ids",
+        "attention_mask",
+        "inputs_embeds",
+        "pixel_values",
+        "input_features",
+        "decoder_input_ids",
+        "decoder_attention_mask",
+        "token_type_ids",
+        "position_ids",
+    }
+)
 # Caches whose tensors live elsewhere (offloaded: moved between devices on CUDA streams) or in a quantized
 # store (optimum-quanto/HQQ kernels): none can be an input or output of an exported graph.
 _UNEXPORTABLE_CACHE = re.compile(r"offloaded|quantized")
@@ -343,7 +355,7 @@ def check_generation_call(model: Any, generate_kwargs: Any, generation_config: A
     if not isinstance(generate_kwargs, Mapping) or not generate_kwargs:
         raise InputError("generate_kwargs must be a non-empty mapping, e.g. a tokenizer's BatchEncoding")
     for name, value in generate_kwargs.items():
-        if isinstance(name, str) and _TENSOR_KWARG.search(name) and not isinstance(value, (torch.Tensor, type(None))):
+        if name in _TENSOR_KWARGS and not isinstance(value, (torch.Tensor, type(None))):
             raise InputError(
                 f"generate_kwargs[{name!r}] is a {type(value).__name__}, not a tensor; tokenize with "
                 "return_tensors='pt' and pass the tensors"
