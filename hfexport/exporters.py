@@ -381,12 +381,12 @@ def check_generation_call(model: Any, generate_kwargs: Any, generation_config: A
 
 def check_calibration_samples(quantizer: Any, sample_inputs: Mapping[str, Any]) -> None:
     """Refuse, before tracing, calibration samples (a list) that lack a tensor input of the export."""
+    from hfexport.quantizers.base import CalibrationSet
+
     dataset = getattr(quantizer, "calibration_dataset", None)
-    if isinstance(dataset, (Mapping, torch.Tensor, str)):
-        raise InputError(
-            "calibration_dataset must be an iterable of samples (a list of tokenizer outputs or a DataLoader), "
-            f"got {type(dataset).__name__}; wrap a single sample in a list"
-        )
+    if isinstance(dataset, (list, tuple, Mapping, torch.Tensor, str)):
+        # Its own checks (a single sample, a tensor, ...); only an iterator is not built here, as that would consume it.
+        CalibrationSet(dataset, sample_inputs)
     if not isinstance(dataset, (list, tuple)) or not getattr(quantizer, "needs_calibration", True):
         return
     needed = [name for name, value in sample_inputs.items() if isinstance(value, torch.Tensor)]
