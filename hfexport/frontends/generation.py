@@ -122,13 +122,14 @@ def _loop_config(model: torch.nn.Module, generation_config: Any, new_tokens: int
 
 
 def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Model outputs given as inputs (`encoder_outputs`) become tuples of tensors that export can take."""
+    """Model outputs given as inputs (`encoder_outputs`) keep their class (a registered pytree node) with only
+    their tensor fields: some forwards read `encoder_outputs.last_hidden_state` and cannot take a tuple."""
     from transformers.utils import ModelOutput
 
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         if isinstance(value, ModelOutput):
-            value = value.to_tuple()
+            value = type(value)(**{k: v for k, v in value.items() if isinstance(v, torch.Tensor)})
         out[name] = value
     return out
 
@@ -443,7 +444,8 @@ def describe(
     for name, (_, kwargs) in components.items():
         key = _cache_key(kwargs)
         cache_key = cache_key or key
-        tensors = [k for k, v in kwargs.items() if isinstance(v, (torch.Tensor, tuple, list)) or k == key]
+        # Tensor inputs, pytrees of tensors (`encoder_outputs`: a tuple or a ModelOutput) and the cache.
+        tensors = [k for k, v in kwargs.items() if isinstance(v, (torch.Tensor, tuple, list, Mapping)) or k == key]
         constants = {
             k: v for k, v in kwargs.items() if k not in tensors and isinstance(v, (int, float, bool, str, type(None)))
         }

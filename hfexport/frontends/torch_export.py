@@ -51,6 +51,12 @@ def _is_cache(value: Any) -> bool:
     return isinstance(value, Cache)
 
 
+def _is_model_output(value: Any) -> bool:
+    from transformers.utils import ModelOutput
+
+    return isinstance(value, ModelOutput)
+
+
 def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check inputs and dynamic shapes before any tracing; return a shallow copy of the inputs."""
     if not isinstance(sample_inputs, Mapping) or isinstance(sample_inputs, torch.Tensor):
@@ -66,6 +72,8 @@ def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None
             raise InputError(f"sample input name {name!r} is not a valid forward argument name")
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
             continue  # e.g. an encoder-decoder's `encoder_outputs`: a tuple of tensors (a pytree)
+        if _is_model_output(value) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+            continue  # `encoder_outputs` as generate passes it (a registered pytree node of tensors)
         if not (isinstance(value, (torch.Tensor, bool, int, float, type(None))) or _is_cache(value)):
             raise InputError(
                 f"sample input {name!r} is a {type(value).__name__}; export takes tensors, transformers "
@@ -115,6 +123,9 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
             shapes[name] = cache_dynamic_shapes(value, every_axis)
         elif isinstance(value, (tuple, list)):
             shapes[name] = type(value)(every_axis(v) for v in value)
+        elif _is_model_output(value):
+            # torch.export matches a ModelOutput's children (its non-None fields, in order) against a list.
+            shapes[name] = [every_axis(v) for v in value.values()]
         else:
             shapes[name] = None
     return shapes

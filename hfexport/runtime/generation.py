@@ -422,6 +422,14 @@ def _processed(scores: torch.Tensor, spec: GenerationSpec, index: int, max_new_t
     return scores
 
 
+def _encoder_outputs(hidden: torch.Tensor, samples: Mapping[str, Any]) -> Any:
+    """The encoder output in the container the decoder steps were exported with (a `ModelOutput` or a tuple)."""
+    sample = next((s["encoder_outputs"] for s in samples.values() if "encoder_outputs" in s), None)
+    if sample is None or isinstance(sample, (tuple, list)):
+        return (hidden,)
+    return type(sample)(last_hidden_state=hidden)
+
+
 def generate(
     components: Mapping[str, Any],
     input_ids: torch.Tensor | None,
@@ -475,7 +483,7 @@ def generate(
         if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
             encoder["attention_mask"] = torch.as_tensor(attention_mask)
         hidden = driver.encode("encoder", encoder)
-        extra["encoder_outputs"] = (hidden,)
+        extra["encoder_outputs"] = _encoder_outputs(hidden, samples)
         if "attention_mask" in encoder:
             extra["attention_mask"] = encoder["attention_mask"]
         if spec.decoder_start_token_id is None:
