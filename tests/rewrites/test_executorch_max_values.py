@@ -19,5 +19,5 @@ def test_the_max_values_example_fails_to_lower_without_its_rule() -> None:
     shapes = {"logits": {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}}
     program = torch.export.export(module.eval(), (), inputs, dynamic_shapes=shapes)
     # XNNPACK's partitioner took max(dim=-1).values; its amax visitor only writes dim 2 or 3 as spelled.
-    with pytest.raises(Exception, match="amax.default only supports dim == 2 or dim == 3"):
+    with pytest.raises(Exception, match=r"amax\.default only supports dim == 2 or dim == 3"):
         to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])

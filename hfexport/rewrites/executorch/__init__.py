@@ -7,6 +7,7 @@ from hfexport.rewrites.executorch import (
     dynamic_unsqueeze,
     max_values,
     sdpa_strides,
+    sort_topk,
     split_slices,
     sym_min_max,
 )
@@ -18,6 +19,7 @@ RULES: list = [
     dynamic_empty.empty_as_zeros,
     split_slices.split_as_slices,
     max_values.max_values_as_amax,
+    sort_topk.sort_as_topk,
     # Last: counts the calls the node rules leave in the graph.
     sym_min_max.sym_functions_pass_the_verifier,
 ]
