@@ -73,24 +73,16 @@ def _assert_serialised(events: list[tuple[int, str]], count: int) -> None:
     assert sorted(blocks) == list(range(count)), f"interleaved stages: {events}"
 
 
-def test_two_exports_of_different_models_in_two_threads_are_serialised_and_both_correct() -> None:
-    models = [micro_llama(), micro_moe()]
+def test_exports_in_threads_of_different_models_and_of_the_same_class_are_serialised_and_all_correct() -> None:
+    """Three threads: a Llama and two Qwen3-MoE instances (a pair of different models, a pair of the same class)."""
+    models = [micro_llama(), micro_moe(seed=0), micro_moe(seed=1)]
     before = process_state(*models)
     programs, events = _export_in_threads(models)
-    _assert_serialised(events, 2)
+    _assert_serialised(events, len(models))
     for index, (model, program) in enumerate(zip(models, programs, strict=True)):
         inputs = sample_inputs(index)
         assert_close_to(run_logits(program, "dynamo", inputs), eager_logits(model, inputs), "dynamo")
     assert_process_clean(before)
-
-
-def test_two_exports_of_the_same_class_in_two_threads_are_serialised_and_both_correct() -> None:
-    models = [micro_moe(seed=0), micro_moe(seed=1)]
-    programs, events = _export_in_threads(models)
-    _assert_serialised(events, 2)
-    for index, (model, program) in enumerate(zip(models, programs, strict=True)):
-        inputs = sample_inputs(index)
-        assert_close_to(run_logits(program, "dynamo", inputs), eager_logits(model, inputs), "dynamo")
 
 
 def _forward_elsewhere_during(

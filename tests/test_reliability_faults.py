@@ -67,16 +67,19 @@ def record_points(backend: str, stop_at: str | None = None, **fields: Any) -> li
     return points
 
 
-def split_points(points: list[Point]) -> tuple[list[Point], list[Point]]:
-    """(default tier, slow tier): every stage entry, every point before the trace (no trace needed: cheap) and the
-    first rule of each later stage in the default tier; the other rules of those stages in the slow tier."""
+def split_points(points: list[Point], shared: frozenset[Point] = frozenset()) -> tuple[list[Point], list[Point]]:
+    """(default tier, slow tier). Default: every point before the trace (no trace needed: cheap), every stage entry
+    and the first rule of each later stage, except the `shared` points another backend's default tier covers
+    (the common frontend). Slow: all the others."""
     default: list[Point] = []
     rest: list[Point] = []
     traced = False
     seen_stages: set[str] = set()
     for stage, rule_id in points:
         traced = traced or stage == "trace"
-        if rule_id is None or not traced or stage not in seen_stages:
+        if (stage, rule_id) in shared:
+            rest.append((stage, rule_id))
+        elif rule_id is None or not traced or stage not in seen_stages:
             default.append((stage, rule_id))
             if rule_id is not None:
                 seen_stages.add(stage)
@@ -129,12 +132,26 @@ def _check_coverage(backend: str, points: list[Point]) -> None:
         assert any(r.startswith(expected) for r in rules), f"no {expected} rule point"
 
 
+# The frontend points every backend passes (patch installs, the trace, the `fx` stage entry): the Dynamo test
+# injects at them; the other backends' default tier injects only at their own points, the slow tier at all.
+_FRONTEND = frozenset({("patch", None), ("trace", None), ("fx", None)})
+
+
+def _shared(backend: str) -> frozenset[Point]:
+    if backend == "dynamo":
+        return frozenset()
+    from hfexport.rewrites.engine import default_registry
+
+    dynamo_rules = {rule.id for rule in default_registry().rules() if rule.applies_to("dynamo")}
+    return _FRONTEND | {("patch", rule) for rule in dynamo_rules} | {("trace", rule) for rule in dynamo_rules}
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "openvino", "executorch"])
 def test_a_fault_before_the_conversion_names_its_point_and_leaves_nothing_behind(backend: str) -> None:
     skip_without(backend)
     points = record_points(backend, stop_at=EXPENSIVE[backend])
     _check_coverage(backend, points)
-    default, _ = split_points(points)
+    default, _ = split_points(points, _shared(backend))
     for point in default:
         inject(backend, point)
     if backend == "dynamo":
@@ -147,12 +164,13 @@ def test_a_fault_before_the_conversion_names_its_point_and_leaves_nothing_behind
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "openvino", "executorch"])
 def test_every_rule_before_the_conversion_fails_cleanly(backend: str) -> None:
     skip_without(backend)
-    _, rest = split_points(record_points(backend, stop_at=EXPENSIVE[backend]))
+    _, rest = split_points(record_points(backend, stop_at=EXPENSIVE[backend]), _shared(backend))
     for point in rest:
         inject(backend, point)
 
 
-@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+# OpenVINO's conversion is the slower one under load: its save runs in the slow tier.
+@pytest.mark.parametrize("backend", ["onnx", pytest.param("openvino", marks=pytest.mark.slow)])
 def test_a_save_that_fails_midway_leaves_no_file_and_the_next_save_works(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
