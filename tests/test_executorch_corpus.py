@@ -28,8 +28,6 @@ KNOWN_FAILURES: dict[str, str] = {
     # causal_lm
     "deepseek_v4": "shape-dependent branches in its compressed attention bound the sequence axis to [8, 11] at "
     "capture (as in the dynamo export): the grown input (13) is refused",
-    "gpt_oss": "XNNPACK: 'amax.default only supports dim == 2 or dim == 3' in its preprocess (the partitioner "
-    "took an amax it cannot serialise; no rule yet)",
     "falcon_mamba": "the selective scan is unrolled (patch/mamba-selective-scan-hop is dynamo-only): planned at "
     "the sample length; the scan op itself fails in to_edge (scan's autograd fake kernel, then ExportPass replay)",
     # encoder
