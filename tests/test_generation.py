@@ -7,11 +7,13 @@ Tiny random models from config; prompts are left-padded so masks matter.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
+import hfexport
 from hfexport import (
     DynamoConfig,
     DynamoExporter,
@@ -22,6 +24,7 @@ from hfexport import (
     OpenVINOConfig,
     OpenVINOExporter,
 )
+from hfexport.errors import InputError
 from hfexport.frontends.generation import decompose_for_generation
 from hfexport.runtime.generation import generate
 from hfexport.tiny import get_tiny_model
@@ -201,12 +204,32 @@ def test_static_single_graph_generate_matches_generate(static_export: tuple[str,
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
-def test_dynamic_cache_pair_generate_matches_generate(backend: str, llama: torch.nn.Module) -> None:
+def test_dynamic_cache_pair_generate_matches_generate(backend: str, llama: torch.nn.Module, tmp_path) -> None:
     exporter_class, config_class = BACKENDS[backend]
     components = exporter_class().export_for_generation(llama, _sample(), config_class(dynamic=True))
     ids, mask = _padded_prompt()
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
     assert torch.equal(got, _reference(llama, static=False))
+    # A saved artifact drives the same loop from its manifest alone (a growing cache: prefill + decode).
+    loaded = hfexport.load(hfexport.save(components, tmp_path / "gen"), trust=True)
+    assert torch.equal(generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), got)
+
+
+def test_loaded_artifact_generates_like_the_export(static_export: tuple[str, dict], llama, tmp_path) -> None:
+    backend, components = static_export
+    loaded = hfexport.load(hfexport.save(components, tmp_path / backend), trust=True)
+    manifest = json.loads((tmp_path / backend / "manifest.json").read_text())
+    assert manifest["generation"]["static_cache"] is True  # the layout is plain data in the manifest
+    ids, mask = _padded_prompt()
+    if backend == "executorch":
+        with pytest.raises(InputError, match="ExecuTorch"):
+            generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS)
+        return
+    expected = _reference(llama, static=True)
+    got = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected), backend
+    longer = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, max_cache_len=48)
+    assert torch.equal(longer, expected), backend
 
 
 def test_static_decode_graph_takes_any_query_length(static_export: tuple[str, dict], llama) -> None:

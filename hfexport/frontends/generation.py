@@ -392,6 +392,9 @@ class GenerationSpec:
     forced_eos_token_id: list[int] = field(default_factory=list)
     suppress_tokens: list[int] = field(default_factory=list)
     begin_suppress_tokens: list[int] = field(default_factory=list)
+    # The fields of the `encoder_outputs` ModelOutput the decoder steps take ([] for a tuple): a runtime without
+    # the samples (a loaded artifact) feeds the encoder output under the same names.
+    encoder_output_fields: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
@@ -468,6 +471,10 @@ def describe(
             mask_rank=mask.ndim if isinstance(mask, torch.Tensor) else None,
             cache_leaves=leaves,
         )
+    from transformers.utils import ModelOutput
+
+    encoder_sample = next((kw["encoder_outputs"] for _, kw in components.values() if "encoder_outputs" in kw), None)
+    encoder_fields = list(encoder_sample.keys()) if isinstance(encoder_sample, ModelOutput) else []
     config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
     eos_list = _ids(getattr(config, "eos_token_id", None))
     pad = getattr(config, "pad_token_id", None)
@@ -491,6 +498,7 @@ def describe(
         forced_eos_token_id=_ids(getattr(config, "forced_eos_token_id", None)),
         suppress_tokens=_ids(getattr(config, "suppress_tokens", None)),
         begin_suppress_tokens=_ids(getattr(config, "begin_suppress_tokens", None)),
+        encoder_output_fields=encoder_fields,
     )
 
 

@@ -422,12 +422,46 @@ def _processed(scores: torch.Tensor, spec: GenerationSpec, index: int, max_new_t
     return scores
 
 
-def _encoder_outputs(hidden: torch.Tensor, samples: Mapping[str, Any]) -> Any:
-    """The encoder output in the container the decoder steps were exported with (a `ModelOutput` or a tuple)."""
+def _encoder_outputs(hidden: torch.Tensor, samples: Mapping[str, Any], spec: GenerationSpec) -> Any:
+    """The encoder output in the container the decoder steps were exported with (a `ModelOutput` or a tuple).
+
+    Without samples (a loaded ONNX / OpenVINO artifact), a dict with the recorded field name gives the same
+    flat input names (`encoder_outputs.last_hidden_state`)."""
     sample = next((s["encoder_outputs"] for s in samples.values() if "encoder_outputs" in s), None)
-    if sample is None or isinstance(sample, (tuple, list)):
-        return (hidden,)
-    return type(sample)(last_hidden_state=hidden)
+    if sample is not None and not isinstance(sample, (tuple, list)):
+        return type(sample)(last_hidden_state=hidden)
+    if sample is None and spec.encoder_output_fields:
+        return {spec.encoder_output_fields[0]: hidden}
+    return (hidden,)
+
+
+def _loaded(components: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+    """Native programs, samples and backend of a loaded artifact (`hfexport.load`), or None for an in-memory export.
+
+    Dynamo: the loaded `ExportedProgram`s, whose saved example inputs carry the cache layout; ONNX / OpenVINO:
+    the model files, opened by the drivers (they need no samples: inputs go by flat name).
+    """
+    from hfexport.saving import LoadedExport
+
+    if not isinstance(components, LoadedExport):
+        return None
+    backend = components.export_format
+    if backend == "executorch":
+        raise InputError(
+            "generate() over a loaded ExecuTorch artifact is not supported yet (the runtime needs the "
+            "program's input order from the export); pass the export_for_generation result"
+        )
+    natives: dict[str, Any] = {}
+    samples: dict[str, Any] = {}
+    for name, component in components.components.items():
+        if backend == "dynamo":
+            natives[name] = component.open()
+            example = natives[name].example_inputs
+            samples[name] = dict(example[1]) if example is not None else {}
+        else:
+            natives[name] = str(component.path)
+            samples[name] = {}
+    return natives, samples, backend
 
 
 def generate(
@@ -459,19 +493,31 @@ def generate(
     encoder-decoder export, `input_ids`/`attention_mask` (or `encoder_inputs`, e.g. Whisper's `input_features`)
     feed the encoder, and the returned ids are the decoder's, from its start token.
     """
-    spec = spec or getattr(components, "spec", None)
-    samples = getattr(components, "samples", None)
-    if spec is None or samples is None:
-        raise InputError("components carry no generation spec: pass the result of export_for_generation")
-    backends = {backend_of(p) for p in components.values()}
+    owner = components
+    loaded = _loaded(components)
+    if loaded is not None:
+        natives, samples, backend = loaded
+        spec = spec or getattr(components, "_spec", None) or components.generation
+        if spec is None:
+            raise InputError(f"{components.directory} is not an export_for_generation artifact (no generation layout)")
+        with contextlib.suppress(AttributeError):
+            components._spec = spec  # one spec object per loaded artifact, so its driver is reused
+        components = natives
+        backends = {backend}
+    else:
+        spec = spec or getattr(components, "spec", None)
+        samples = getattr(components, "samples", None)
+        if spec is None or samples is None:
+            raise InputError("components carry no generation spec: pass the result of export_for_generation")
+        backends = {backend_of(p) for p in components.values()}
     if len(backends) != 1:
         raise InputError(f"components come from several backends: {sorted(backends)}")
     # One driver per components object: sessions, compiled models and loaded programs are reused across calls.
-    driver = getattr(components, "_driver", None)
+    driver = getattr(owner, "_driver", None)
     if driver is None or driver.spec is not spec:
         driver = _DRIVERS[backends.pop()](components, spec, samples)
         with contextlib.suppress(AttributeError):  # a plain dict cannot keep it: no reuse
-            components._driver = driver  # type: ignore[attr-defined]
+            owner._driver = driver  # type: ignore[attr-defined]
 
     extra: dict[str, Any] = {}
     if spec.is_encoder_decoder:
@@ -483,7 +529,7 @@ def generate(
         if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
             encoder["attention_mask"] = torch.as_tensor(attention_mask)
         hidden = driver.encode("encoder", encoder)
-        extra["encoder_outputs"] = _encoder_outputs(hidden, samples)
+        extra["encoder_outputs"] = _encoder_outputs(hidden, samples, spec)
         if "attention_mask" in encoder:
             extra["attention_mask"] = encoder["attention_mask"]
         if spec.decoder_start_token_id is None:
@@ -548,7 +594,13 @@ def generate(
         if valid is not None:
             valid[:, written] = 1
         last_position = last_position + 1
-        step = Step(token[:, None], mask_for("decode", 1, written), last_position, extra)
+        if spec.cache_key is None:
+            # No cache (a model that returns none, e.g. a BERT decoder without is_decoder): as transformers'
+            # generate does, every step runs the whole sequence so far.
+            full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
+            step = Step(sequences, mask2d, full, extra)
+        else:
+            step = Step(token[:, None], mask_for("decode", 1, written), last_position, extra)
         logits = driver.run("decode", step)
         written += 1
         if on_step is not None:
