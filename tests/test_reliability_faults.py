@@ -146,7 +146,8 @@ def _shared(backend: str) -> frozenset[Point]:
     return _FRONTEND | {("patch", rule) for rule in dynamo_rules} | {("trace", rule) for rule in dynamo_rules}
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx", "openvino", "executorch"])
+# ExecuTorch's own points cost ~20 s under load (its import and five traces): slow tier, with everything after.
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "openvino", pytest.param("executorch", marks=pytest.mark.slow)])
 def test_a_fault_before_the_conversion_names_its_point_and_leaves_nothing_behind(backend: str) -> None:
     skip_without(backend)
     points = record_points(backend, stop_at=EXPENSIVE[backend])
