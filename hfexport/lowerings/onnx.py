@@ -1,9 +1,9 @@
 """Lower a captured `ExportedProgram` to ONNX: `torch.onnx.ONNXProgram`.
 
 Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custom_translation_table=...)`
--> stage `onnx` IR post-fixes -> onnxscript optimizer -> stage `onnx` fusions (`OnnxConfig.fusions`)
--> flat, named inputs and outputs -> weights (`export_params`, `keep_initializers_as_inputs`) -> save when
-`output_path` is set.
+-> stage `onnx` IR post-fixes -> onnxscript optimizer (stage `optimize`) -> stage `onnx` fusions
+(`OnnxConfig.fusions`) -> flat, named inputs and outputs -> weights (`export_params`,
+`keep_initializers_as_inputs`). `OnnxExporter` saves `output_path` itself, atomically, after any quantizer.
 
 Naming: every graph input and output is named after its place in the forward kwargs / model output
 (`input_ids`, `logits`, `cache.layers_0_keys`). A name that is both an input and an output (a cache the
@@ -178,8 +178,12 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
         raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
 
     if config.optimize:
+        context.current_stage = "optimize"
         start = time.perf_counter()
-        onnx_program.model = onnxscript.optimizer.optimize(onnx_program.model)
+        try:
+            onnx_program.model = onnxscript.optimizer.optimize(onnx_program.model)
+        except Exception as exc:
+            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="optimize") from exc
         context.stage_seconds["optimize"] = time.perf_counter() - start
 
     # Fusions match the optimized graph (constants folded, no-op casts gone) and their contrib ops stay out
@@ -210,10 +214,6 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
     else:
         name_inputs_and_outputs(onnx_program.model, input_names, output_names)
 
+    # The exporter saves `output_path` itself (atomically, after any quantizer), with these options applied.
     _apply_weight_options(onnx_program, config)
-    if config.output_path is not None:
-        start = time.perf_counter()
-        # The weight options are already applied to the model; save it as it is.
-        onnx_program.save(config.output_path, external_data=config.external_data)
-        context.stage_seconds["save"] = time.perf_counter() - start
     return onnx_program

@@ -1,8 +1,8 @@
 """Lower a captured `ExportedProgram` to an `openvino.Model`.
 
 Order: stage `openvino` program fixes (FX, on the captured program) -> `openvino.convert_model(program)` ->
-stage `openvino` model fixes (on the `openvino.Model`) -> named inputs and outputs -> save as IR
-(`model.xml` + `model.bin`) when `output_path` is set.
+stage `openvino` model fixes (on the `openvino.Model`) -> named inputs and outputs. `OpenVINOExporter` saves
+`output_path` as IR (`model.xml` + `model.bin`) itself, atomically, after any quantizer.
 
 Naming follows the ONNX lowering: every model input and output is named after its place in the forward
 kwargs / model output (`input_ids`, `logits`, `past_key_values.layers_0_keys`), and a name that is both an
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,11 +122,5 @@ def lower(program: torch.export.ExportedProgram, config: OpenVINOConfig, context
         logger.warning("could not map the OpenVINO inputs/outputs to the forward signature; converter names kept")
     else:
         name_inputs_and_outputs(ov_model, *names)
-
-    if config.output_path is not None:
-        start = time.perf_counter()
-        path = Path(config.output_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ov.save_model(ov_model, str(path), compress_to_fp16=config.compress_to_fp16)
-        context.stage_seconds["save"] = time.perf_counter() - start
+    # The exporter saves `output_path` itself (atomically, after any quantizer).
     return ov_model
