@@ -29,7 +29,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "deepseek_v4": "shape-dependent branches in its compressed attention bound the sequence axis to [8, 11] at "
     "capture (as in the dynamo export): the grown input (13) is refused",
     "falcon_mamba": "the selective scan is unrolled (patch/mamba-selective-scan-hop is dynamo-only): planned at "
-    "the sample length; the scan op itself fails in to_edge (scan's autograd fake kernel, then ExportPass replay)",
+    "the sample length; the scan op itself fails in to_edge (torch's ExportPass replays scan's fake kernel, which "
+    "gets a SymInt step output)",
     # encoder
     "big_bird": "timed out (> 600 s) in the sweep; ONNX and OpenVINO fail its grown input (block-sparse "
     "attention keeps an axis at its sample size)",

@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("executorch")
 
 
+@pytest.mark.slow  # a lowering of its own; the rule's examples (default tier) run the fixed program
 def test_the_sort_example_does_not_load_without_its_rule() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
