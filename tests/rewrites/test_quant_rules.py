@@ -16,6 +16,7 @@ from hfexport.rewrites.examples import Match, NoMatch, check_example
 pytest.importorskip("nncf")
 
 RULE_MODULES = (
+    "hfexport.rewrites.executorch.quant_pt2e",
     "hfexport.rewrites.executorch.quant_weight_decompression",
     "hfexport.rewrites.openvino.quant_weight_decompression",
 )
@@ -95,6 +96,17 @@ def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
 
     with pytest.raises(Exception, match="ConvertToLinearPass"):
         _lower(_program(linear_with_computed_weight_untagged.meta.examples[0]))
+
+
+def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> None:
+    pytest.importorskip("executorch")
+    pytest.importorskip("torchao")
+    from hfexport.rewrites.executorch.quant_pt2e import requantize_slice_with_its_input_qparams
+    from hfexport.rewrites.executorch_kinds import _lower
+
+    # The program lowers; XNNPACK refuses its slices when the method is loaded.
+    with pytest.raises(Exception, match="load method"):
+        _lower(_program(requantize_slice_with_its_input_qparams.meta.examples[0]))
 
 
 def test_openvino_cannot_convert_the_shift_without_the_rule() -> None:

@@ -98,6 +98,8 @@ def _is_computed_weight_linear(node: fx.Node) -> bool:
     x, weight = node.args[0], node.args[1]
     if not isinstance(x, fx.Node) or not isinstance(weight, fx.Node) or weight.op == "placeholder":
         return False
+    if str(weight.target).startswith("quantized_decomposed."):
+        return False  # a PT2E weight (dequantize of an int8 constant): XNNPACK lowers it as a quantized linear
     value, weight_value = x.meta.get("val"), weight.meta.get("val")
     return (
         isinstance(value, torch.Tensor)
