@@ -121,6 +121,55 @@ def _loop_config(model: torch.nn.Module, generation_config: Any, new_tokens: int
     return config, {"generation_config": config}
 
 
+class ModalityFeatures(torch.nn.Module):
+    """`base_model.get_<modality>_features(**kwargs)` as a module: what generate runs on pixel_values & co."""
+
+    def __init__(self, model: torch.nn.Module, modality: str) -> None:
+        super().__init__()
+        self.base = model.base_model
+        self.modality = modality
+
+    def forward(self, **kwargs: Any) -> Any:
+        return getattr(self.base, f"get_{self.modality}_features")(**kwargs)
+
+
+def _modality_features(
+    model: torch.nn.Module, kwargs: Mapping[str, Any], prefill: Mapping[str, Any]
+) -> dict[str, tuple[torch.nn.Module, dict[str, Any]]]:
+    """The `get_<modality>_features` calls generate made before prefill, with the kwargs it gave them
+    (the modality inputs its signature names, `return_dict=True`), as transformers builds them."""
+    given = prefill.get("mm_encoder_outputs")
+    if not isinstance(given, Mapping):
+        return {}
+    out: dict[str, tuple[torch.nn.Module, dict[str, Any]]] = {}
+    for modality in given:
+        fn = getattr(model.base_model, f"get_{modality}_features", None)
+        if fn is None:
+            continue
+        names = [k for k in inspect.signature(fn).parameters if k != "kwargs" and k in kwargs]
+        call = {k: copy.deepcopy(kwargs[k]) for k in names}
+        call["return_dict"] = True
+        out[modality] = (ModalityFeatures(model, modality), call)
+    return out
+
+
+def tensor_fields(value: Any) -> Any:
+    """A ModelOutput (or a dict of them) with only its tensor-valued fields (tensors or sequences of tensors):
+    the pytree an exported graph takes and returns for `mm_encoder_outputs` / `encoder_outputs`."""
+    from transformers.utils import ModelOutput
+
+    def tensors(v: Any) -> bool:
+        return isinstance(v, torch.Tensor) or (
+            isinstance(v, (tuple, list)) and bool(v) and all(isinstance(t, torch.Tensor) for t in v)
+        )
+
+    if isinstance(value, ModelOutput):
+        return type(value)(**{k: v for k, v in value.items() if tensors(v)})
+    if isinstance(value, Mapping):
+        return {k: tensor_fields(v) for k, v in value.items()}
+    return value
+
+
 def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Model outputs given as inputs (`encoder_outputs`) keep their class (a registered pytree node) with only
     their tensor fields: some forwards read `encoder_outputs.last_hidden_state` and cannot take a tuple."""
@@ -130,6 +179,8 @@ def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     for name, value in kwargs.items():
         if isinstance(value, ModelOutput):
             value = type(value)(**{k: v for k, v in value.items() if isinstance(v, torch.Tensor)})
+        elif name == "mm_encoder_outputs" and isinstance(value, Mapping):
+            value = tensor_fields(dict(value))
         out[name] = value
     return out
 
@@ -320,6 +371,15 @@ def decompose_for_generation(
             if name == "language_model":
                 call = restore_attention_mask(parts[name], call)
             components[name] = (parts[name], _plain_inputs(call))
+        # transformers 5.24's generate runs `base_model.get_<modality>_features` before the loop and hands
+        # the result to the first forward as `mm_encoder_outputs`: that function (encoder, feature-layer
+        # choice, projector) and the first forward (the merge at the image tokens, multimodal positions) are
+        # exported as they are, so `hfexport.runtime.generate` needs no per-model glue.
+        features = _modality_features(model, kwargs, prefill)
+        for modality, (module, call) in features.items():
+            components[f"{modality}_features"] = (module, call)
+        if features:
+            components["prefill"] = (model, _plain_inputs(prefill))
     else:
         if is_encoder_decoder:
             if not calls.get("encoder"):

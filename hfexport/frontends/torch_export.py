@@ -57,6 +57,26 @@ def _is_model_output(value: Any) -> bool:
     return isinstance(value, ModelOutput)
 
 
+def _tensor_tree(value: Any) -> bool:
+    """A non-empty pytree of dicts, ModelOutputs, tuples and lists whose leaves are all tensors."""
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+
+
+def _tree_shapes(value: Any, every_axis: Any) -> Any:
+    """Dynamic shapes mirroring a pytree of tensors; torch.export matches a ModelOutput's children (its
+    non-None fields, in order) against a list."""
+    if isinstance(value, torch.Tensor):
+        return every_axis(value)
+    if _is_model_output(value):
+        return [_tree_shapes(v, every_axis) for v in value.values()]
+    if isinstance(value, Mapping):
+        return {k: _tree_shapes(v, every_axis) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_tree_shapes(v, every_axis) for v in value)
+    return None
+
+
 def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check inputs and dynamic shapes before any tracing; return a shallow copy of the inputs."""
     if not isinstance(sample_inputs, Mapping) or isinstance(sample_inputs, torch.Tensor):
@@ -72,8 +92,10 @@ def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None
             raise InputError(f"sample input name {name!r} is not a valid forward argument name")
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
             continue  # e.g. an encoder-decoder's `encoder_outputs`: a tuple of tensors (a pytree)
-        if _is_model_output(value) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
-            continue  # `encoder_outputs` as generate passes it (a registered pytree node of tensors)
+        if isinstance(value, Mapping) and _tensor_tree(value):
+            # `encoder_outputs` / `mm_encoder_outputs` as generate passes them: pytrees of tensors (ModelOutputs,
+            # dicts of them).
+            continue
         if not (isinstance(value, (torch.Tensor, bool, int, float, type(None))) or _is_cache(value)):
             raise InputError(
                 f"sample input {name!r} is a {type(value).__name__}; export takes tensors, transformers "
@@ -123,9 +145,8 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
             shapes[name] = cache_dynamic_shapes(value, every_axis)
         elif isinstance(value, (tuple, list)):
             shapes[name] = type(value)(every_axis(v) for v in value)
-        elif _is_model_output(value):
-            # torch.export matches a ModelOutput's children (its non-None fields, in order) against a list.
-            shapes[name] = [every_axis(v) for v in value.values()]
+        elif isinstance(value, Mapping):
+            shapes[name] = _tree_shapes(value, every_axis)
         else:
             shapes[name] = None
     return shapes

@@ -80,6 +80,12 @@ class Driver:
         """Run a cache-free component (an encoder) on forward kwargs; return its first output."""
         raise NotImplementedError
 
+    def features(self, name: str, inputs: Mapping[str, Any]) -> Any:
+        """Run a `<modality>_features` component; return its whole output (a ModelOutput pytree)."""
+        raise InputError(
+            f"generate() over multimodal components runs on the dynamo backend for now, not {type(self).__name__}"
+        )
+
     def _encoder_kwargs(self, name: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         spec = self.spec.components[name]
         return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
@@ -122,11 +128,13 @@ class DynamoDriver(Driver):
         return out["logits"]
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return self.features(name, inputs)[0]
+
+    def features(self, name: str, inputs: Mapping[str, Any]) -> Any:
         if not hasattr(self, "modules"):
             self.modules = {n: program.module() for n, program in self.components.items()}
         with torch.no_grad():
-            out = self.modules[name](**self._encoder_kwargs(name, inputs))
-        return out[0]
+            return self.modules[name](**self._encoder_kwargs(name, inputs))
 
 
 class _NamedDriver(Driver):
@@ -566,7 +574,18 @@ def generate(
 
     if valid is not None:
         valid[:, :prompt] = mask2d
-    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, extra))
+    first_extra = extra
+    modalities = [n for n in spec.components if n.endswith("_features")]
+    if modalities and not spec.is_encoder_decoder:
+        # As transformers' generate: the modality features first, handed to the first forward, which merges
+        # them at the image tokens; later steps read them from the cache.
+        from hfexport.frontends.generation import tensor_fields
+
+        if not encoder_inputs:
+            raise InputError(f"this export takes {modalities}: pass their inputs (pixel_values...) as encoder_inputs")
+        features = {n.removesuffix("_features"): driver.features(n, encoder_inputs) for n in modalities}
+        first_extra = {**extra, "mm_encoder_outputs": tensor_fields(features)}
+    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, first_extra))
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     if streamer is not None:
