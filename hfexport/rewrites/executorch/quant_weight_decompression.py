@@ -23,6 +23,7 @@ from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.executorch_kinds import ExecutorchNodeRule, ExecutorchVerifierExceptionRule
+from hfexport.rewrites.openvino.quant_weight_decompression import _unpack  # the same byte-shift example
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -33,18 +34,6 @@ _RIGHT_SHIFTS = (aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shif
 
 
 # -- int4 unpacking: the shift passes the verifier ---------------------------------------------------------------
-
-
-class _PackedInt4(torch.nn.Module):
-    """NNCF's int4 unpacking of every byte value (0..255): low nibble, high nibble, as floats."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("packed", torch.arange(256, dtype=torch.uint8).reshape(16, 16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        nibbles = torch.stack([torch.bitwise_and(self.packed, 15), torch.bitwise_right_shift(self.packed, 4)], -1)
-        return x + nibbles.reshape(16, 32).to(torch.float32)
 
 
 class _Nibbles(torch.nn.Module):
@@ -61,10 +50,6 @@ class _Nibbles(torch.nn.Module):
         return x + nibbles.reshape(16, 32).to(torch.float32)
 
 
-def _packed() -> Built:
-    return _PackedInt4(), {"x": torch.zeros(16, 32)}
-
-
 def _nibbles() -> Built:
     return _Nibbles(), {"x": torch.zeros(16, 32)}
 
@@ -79,7 +64,7 @@ right_shift_passes_the_verifier = ExecutorchVerifierExceptionRule(
         backends=("executorch",),
         models=("nncf-int4",),
         examples=(
-            Match(_packed, "int4 unpacking of all 256 byte values, exact (atol 0)", atol=0.0, rtol=0.0),
+            Match(_unpack, "every byte value >> 4 (NNCF's unpacking), >> 1 and >> 7, exact", atol=0.0, rtol=0.0),
             NoMatch(_nibbles, "the same nibbles by floor division: no shift"),
         ),
     ),
