@@ -38,8 +38,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "position embeddings use list(range(seq_len)); the ONNX and OpenVINO exports fail the same way)",
     "ibert": "torch.export capture fails: .numpy() is not supported for tensor subclasses",
     "longformer": "torch.export capture fails on a data-dependent guard in the sliding-window chunking",
-    "tapas": "lowers, but the runtime fails to load it: 'Failed to load method forward, error: 0x14' "
-    "(OperatorMissing: a kernel the program calls is not registered; not traced further)",
     "reformer": "lowers, but the runtime fails to load it: 'Failed to load method forward, error: 0x21' "
     "(MemoryAllocationFailed; not traced further)",
 }

@@ -6,6 +6,7 @@ from hfexport.rewrites.executorch import (
     dynamic_empty,
     dynamic_unsqueeze,
     max_values,
+    scatter_minmax,
     sdpa_strides,
     sort_topk,
     split_slices,
@@ -20,6 +21,7 @@ RULES: list = [
     split_slices.split_as_slices,
     max_values.max_values_as_amax,
     sort_topk.sort_as_topk,
+    scatter_minmax.scatter_min_max_as_masked_reduction,
     # Last: counts the calls the node rules leave in the graph.
     sym_min_max.sym_functions_pass_the_verifier,
 ]
