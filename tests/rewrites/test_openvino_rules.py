@@ -48,6 +48,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/sym-min-max-to-floordiv",
         "openvino/distinct-repeated-outputs",
         "openvino/exact-int-floor-divide",
+        "openvino/quant-right-shift-as-floor-scale",
     }
     assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
     for rule in [*registry.rules("openvino"), openvino_moe.openvino_batched_experts]:
@@ -60,6 +61,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
         "openvino/distinct-repeated-outputs",
+        "openvino/quant-right-shift-as-floor-scale",
     ]
     assert [r.id for r in rules_of((OpenVINOModelRule,)).rules("openvino")] == [
         "openvino/drop-constant-inputs",

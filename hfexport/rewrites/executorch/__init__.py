@@ -6,6 +6,8 @@ from hfexport.rewrites.executorch import (
     dynamic_empty,
     dynamic_unsqueeze,
     max_values,
+    quant_pt2e,
+    quant_weight_decompression,
     scatter_minmax,
     sdpa_strides,
     sort_topk,
@@ -22,6 +24,9 @@ RULES: list = [
     max_values.max_values_as_amax,
     sort_topk.sort_as_topk,
     scatter_minmax.scatter_min_max_as_masked_reduction,
+    quant_pt2e.requantize_slice_with_its_input_qparams,
+    quant_weight_decompression.linear_with_computed_weight_untagged,
+    quant_weight_decompression.right_shift_passes_the_verifier,
     # Last: counts the calls the node rules leave in the graph.
     sym_min_max.sym_functions_pass_the_verifier,
 ]

@@ -5,7 +5,7 @@ Program rules (FX, `OpenVINOFxNodeRule` / `OpenVINOFxPatternRule`) run on the ca
 its inputs and outputs are named. Each list keeps its own order.
 """
 
-from hfexport.rewrites.openvino import attention, concat, inputs, outputs, symbolic
+from hfexport.rewrites.openvino import attention, concat, inputs, outputs, quant_weight_decompression, symbolic
 
 RULES: list = [
     # on the program
@@ -14,6 +14,7 @@ RULES: list = [
     symbolic.symbolic_mod,
     symbolic.symbolic_min_max,
     outputs.distinct_outputs,
+    quant_weight_decompression.right_shift_as_floor_scale,
     # on the converted model
     inputs.drop_constant_inputs,
     symbolic.exact_int_floor_divide,
