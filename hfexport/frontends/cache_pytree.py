@@ -210,6 +210,20 @@ def register_cache_pytrees(*extra: type) -> list[type]:
 
 
 def cache_dynamic_shapes(cache: Any, dim_for_tensor: Any) -> list[Any]:
-    """The `dynamic_shapes` entry for a cache input: one spec per tensor leaf, in flatten order."""
-    leaves, _ = flatten_cache(cache)
-    return [dim_for_tensor(t) for t in leaves]
+    """The `dynamic_shapes` entry for a cache input: one spec per tensor leaf, in flatten order.
+
+    The heads and head-dim axes of 4-D attention keys/values (`[batch, heads, length, head_dim]`) are model
+    constants and stay static: a cross-attention cache is read by sdpa without a concat that would tie them to
+    the query's static heads, and torch.onnx's sdpa translation then refuses symbolic kv heads ("SDPA (MHA)
+    requires q_num_heads = kv_num_heads").
+    """
+    leaves: list[torch.Tensor] = []
+    keys: list[str] = []
+    _encode(cache, "", leaves, keys)
+    specs = []
+    for key, tensor in zip(keys, leaves, strict=True):
+        spec = dim_for_tensor(tensor)
+        if key.endswith((".keys", ".values")) and tensor.ndim == 4 and isinstance(spec, dict):
+            spec = {axis: dim for axis, dim in spec.items() if axis not in (1, 3)}
+        specs.append(spec)
+    return specs
