@@ -31,8 +31,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "falcon_mamba": "the selective scan is unrolled (patch/mamba-selective-scan-hop is dynamo-only): planned at "
     "the sample length; the scan op itself fails in to_edge (torch's ExportPass replays scan's fake kernel, which "
     "gets a SymInt step output)",
-    "granitemoehybrid": "XNNPACK: 'reshape only supports 1 dynamic dimension' in its preprocess (a reshape with "
-    "two dynamic axes, likely in the Mamba-2 mixer; not located yet)",
+    "granitemoehybrid": "XNNPACK: 'reshape only supports 1 dynamic dimension' in its unsqueeze visitor (a trailing "
+    "unsqueeze with two dynamic axes from to_edge's decompositions of the Mamba-2 mixer)",
     "nemotron_h": "XNNPACK: 'reshape only supports 1 dynamic dimension' in its preprocess (as granitemoehybrid)",
     # encoder
     "big_bird": "timed out (> 600 s) in the sweep; ONNX and OpenVINO fail its grown input (block-sparse "
