@@ -8,9 +8,8 @@ or with `--static N` a static cache of N slots and one multi-token decode graph)
 tokens with `hfexport.runtime.generate` from a left-padded prompt and compare them with the model's own
 `generate` (same cache kind). `ok` means every token is equal.
 
-Encoder-decoder, speech and vision-language entries (`--family seq2seq|speech|vlm`, with `--root` at a corpus
-that has them) drop the entry's `generate_exclude` inputs, give `input_ids`/`attention_mask` as the prompt and
-every other input (pixel_values, input_features, image_grid_thw...) as `encoder_inputs`. CTC entries have no
+Encoder-decoder, speech and vision-language entries (`--family seq2seq|speech|vlm`) drop the entry's
+`generate_exclude` inputs, give `input_ids`/`attention_mask` as the prompt and every other input (pixel_values, input_features, image_grid_thw...) as `encoder_inputs`. CTC entries have no
 generate loop and are reported `not-generative`.
 """
 
