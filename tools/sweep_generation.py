@@ -9,8 +9,9 @@ tokens with `hfexport.runtime.generate` from a left-padded prompt and compare th
 `generate` (same cache kind). `ok` means every token is equal.
 
 Encoder-decoder, speech and vision-language entries (`--family seq2seq|speech|vlm`) drop the entry's
-`generate_exclude` inputs, give `input_ids`/`attention_mask` as the prompt and every other input (pixel_values, input_features, image_grid_thw...) as `encoder_inputs`. CTC entries have no
-generate loop and are reported `not-generative`.
+`generate_exclude` inputs, give `input_ids`/`attention_mask` as the prompt and every other input
+(pixel_values, input_features, image_grid_thw...) as `encoder_inputs`. CTC entries have no generate loop and
+are reported `not-generative`.
 """
 
 from __future__ import annotations
