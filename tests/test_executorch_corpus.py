@@ -31,6 +31,7 @@ KNOWN_FAILURES: dict[str, str] = {
     "falcon_mamba": "the selective scan is unrolled (patch/mamba-selective-scan-hop is dynamo-only): planned at "
     "the sample length; the scan op itself fails in to_edge (torch's ExportPass replays scan's fake kernel, which "
     "gets a SymInt step output)",
+    "zamba": "planned at the sample length: the same unrolled Mamba-1 scan as falcon_mamba",
     "granitemoehybrid": "XNNPACK: 'reshape only supports 1 dynamic dimension' in its unsqueeze visitor (a trailing "
     "unsqueeze with two dynamic axes from to_edge's decompositions of the Mamba-2 mixer)",
     "nemotron_h": "XNNPACK: 'reshape only supports 1 dynamic dimension' in its preprocess (as granitemoehybrid)",
