@@ -9,6 +9,7 @@ import hashlib
 import json
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,9 +225,14 @@ def test_a_manifest_naming_code_is_refused_without_importing_or_running_it(
     mutate, match = edits[where]
     _rewrite(folder, mutate)
     events: list[str] = []
+    # Audit hooks are process-wide: only this thread's events count (`load` runs here, synchronously). A
+    # worker pool that an earlier test left behind (a background thread forking) is not the loader.
+    loader_thread = threading.get_ident()
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if watching and event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.fork", "exec"):
+        if not watching or threading.get_ident() != loader_thread:
+            return
+        if event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.fork", "exec"):
             events.append(event)
 
     watching = True
