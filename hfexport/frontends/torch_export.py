@@ -143,9 +143,7 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
             shapes[name] = every_axis(value)
         elif _is_cache(value):
             shapes[name] = cache_dynamic_shapes(value, every_axis)
-        elif isinstance(value, (tuple, list)):
-            shapes[name] = type(value)(every_axis(v) for v in value)
-        elif isinstance(value, Mapping):
+        elif isinstance(value, (tuple, list, Mapping)):
             shapes[name] = _tree_shapes(value, every_axis)
         else:
             shapes[name] = None
