@@ -349,6 +349,10 @@ def decompose_for_generation(
             "expected one call per token (prefill, then decode steps)"
         )
     prefill, decode = model_calls[0], model_calls[first_decode]
+    if prefill.get("mm_encoder_outputs") == {}:
+        # No separate modality encoder (Fuyu embeds image patches in its forward): generate hands the first
+        # forward an empty dict, and the forward computes the features from its own inputs (image_patches).
+        prefill = {k: v for k, v in prefill.items() if k != "mm_encoder_outputs"}
     after = model_calls[first_decode + 1] if multi_token_decode else None
     cache_key = _cache_key(decode)
     if cache_key is not None and _is_static(decode[cache_key]):
@@ -455,6 +459,9 @@ class GenerationSpec:
     # The fields of the `encoder_outputs` ModelOutput the decoder steps take ([] for a tuple): a runtime without
     # the samples (a loaded artifact) feeds the encoder output under the same names.
     encoder_output_fields: list[str] = field(default_factory=list)
+    # The decode step takes every token so far, not only the new one (CPM-Ant re-embeds the whole sequence and
+    # slices off the cached part itself); the runtime then feeds the whole sequence at each step.
+    decode_full_sequence: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
@@ -559,7 +566,19 @@ def describe(
         suppress_tokens=_ids(getattr(config, "suppress_tokens", None)),
         begin_suppress_tokens=_ids(getattr(config, "begin_suppress_tokens", None)),
         encoder_output_fields=encoder_fields,
+        decode_full_sequence=_decodes_full_sequence(components),
     )
+
+
+def _decodes_full_sequence(components: Components) -> bool:
+    """Whether the decode sample's tokens are the prefill's plus one (the whole sequence), not just the new one."""
+    if "prefill" not in components or "decode" not in components:
+        return False
+    try:
+        prefill, decode = _query_length(components["prefill"][1]), _query_length(components["decode"][1])
+    except InputError:
+        return False
+    return decode > 1 and decode == prefill + 1
 
 
 def _ids(value: Any) -> list[int]:

@@ -575,6 +575,10 @@ def generate(
     if valid is not None:
         valid[:, :prompt] = mask2d
     first_extra = extra
+    if encoder_inputs and not spec.is_encoder_decoder:
+        # Modality inputs the first forward takes itself (Fuyu's image_patches, token_type_ids...).
+        taken = spec.components[first].inputs
+        first_extra = {**extra, **{k: v for k, v in encoder_inputs.items() if k in taken}}
     modalities = [n for n in spec.components if n.endswith("_features")]
     if modalities and not spec.is_encoder_decoder:
         # As transformers' generate: the modality features first, handed to the first forward, which merges
@@ -584,8 +588,16 @@ def generate(
         if not encoder_inputs:
             raise InputError(f"this export takes {modalities}: pass their inputs (pixel_values...) as encoder_inputs")
         features = {n.removesuffix("_features"): driver.features(n, encoder_inputs) for n in modalities}
-        first_extra = {**extra, "mm_encoder_outputs": tensor_fields(features)}
+        first_extra = {**first_extra, "mm_encoder_outputs": tensor_fields(features)}
     logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, first_extra))
+    # Per-token inputs besides the ids (PaliGemma's token_type_ids) that decode steps take too: generate
+    # extends them by repeating their last column, so each new token gets the prompt's last value.
+    decode_inputs = spec.components["decode"].inputs if "decode" in spec.components else []
+    per_token = {
+        k: torch.as_tensor(v)[:, -1:]
+        for k, v in (encoder_inputs or {}).items()
+        if k in decode_inputs and torch.is_tensor(v) and v.ndim == 2 and tuple(v.shape) == (batch, prompt)
+    }
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     if streamer is not None:
@@ -613,13 +625,14 @@ def generate(
         if valid is not None:
             valid[:, written] = 1
         last_position = last_position + 1
-        if spec.cache_key is None:
-            # No cache (a model that returns none, e.g. a BERT decoder without is_decoder): as transformers'
-            # generate does, every step runs the whole sequence so far.
+        if spec.cache_key is None or spec.decode_full_sequence:
+            # No cache (a model that returns none, e.g. a BERT decoder without is_decoder), or a decode step
+            # that takes every token and slices off the cached ones itself: as transformers' generate does,
+            # every step runs the whole sequence so far.
             full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
             step = Step(sequences, mask2d, full, extra)
         else:
-            step = Step(token[:, None], mask_for("decode", 1, written), last_position, extra)
+            step = Step(token[:, None], mask_for("decode", 1, written), last_position, {**extra, **per_token})
         logits = driver.run("decode", step)
         written += 1
         if on_step is not None:
