@@ -17,6 +17,7 @@ pytest.importorskip("nncf")
 
 RULE_MODULES = (
     "hfexport.rewrites.executorch.quant_pt2e",
+    "hfexport.rewrites.executorch.quant_requantize",
     "hfexport.rewrites.executorch.quant_weight_decompression",
     "hfexport.rewrites.openvino.quant_weight_decompression",
 )
@@ -107,6 +108,38 @@ def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> No
     # The program lowers; XNNPACK refuses its slices when the method is loaded.
     with pytest.raises(Exception, match="load method"):
         _lower(_program(requantize_slice_with_its_input_qparams.meta.examples[0]))
+
+
+# Lowers the rule's first example without the rule, loads and runs it, then destroys the method: in a child
+# process, since XNNPACK's double free aborts it.
+_REQUANTIZE_WITHOUT_THE_RULE = """
+import torch
+from hfexport.rewrites.executorch.quant_requantize import identity_requantize_dropped
+from hfexport.rewrites.executorch_kinds import _lower
+module, inputs = identity_requantize_dropped.meta.examples[0].build()
+with torch.no_grad():
+    program = torch.export.export(module.eval(), (), inputs, strict=False)
+lowered = _lower(program)
+lowered.run(inputs)
+print("ran", flush=True)
+del lowered
+print("destroyed", flush=True)
+"""
+
+
+def test_xnnpack_double_frees_an_identity_requantize_without_the_rule() -> None:
+    pytest.importorskip("executorch")
+    pytest.importorskip("torchao")
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _REQUANTIZE_WITHOUT_THE_RULE], capture_output=True, text=True, timeout=600
+    )
+    assert "ran" in child.stdout, child.stderr[-2000:]
+    if child.returncode == 0 and "destroyed" in child.stdout:
+        pytest.fail("XNNPACK destroys the method cleanly now: executorch/quant-identity-requantize may go")
+    assert "double free" in child.stderr or "corruption" in child.stderr, child.stderr[-2000:]
 
 
 def test_openvino_cannot_convert_the_shift_without_the_rule() -> None:

@@ -7,6 +7,7 @@ from hfexport.rewrites.executorch import (
     dynamic_unsqueeze,
     max_values,
     quant_pt2e,
+    quant_requantize,
     quant_weight_decompression,
     scatter_minmax,
     sdpa_strides,
@@ -25,6 +26,7 @@ RULES: list = [
     sort_topk.sort_as_topk,
     scatter_minmax.scatter_min_max_as_masked_reduction,
     quant_pt2e.requantize_slice_with_its_input_qparams,
+    quant_requantize.identity_requantize_dropped,
     quant_weight_decompression.linear_with_computed_weight_untagged,
     quant_weight_decompression.right_shift_passes_the_verifier,
     # Last: counts the calls the node rules leave in the graph.
