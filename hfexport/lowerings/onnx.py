@@ -57,7 +57,8 @@ def _spec_names(spec: pytree.TreeSpec, drop_first: bool) -> list[str]:
     dummy = pytree.tree_unflatten([torch.empty(0) for _ in range(spec.num_leaves)], spec)
     if drop_first:  # in_spec is ((args), {kwargs}); the forward is called with kwargs only
         dummy = {"": dummy[0], **dummy[1]} if dummy[0] else dummy[1]
-    return [name for name, _ in leaf_names(dummy)]
+    # A bare tensor (an lm_head's output) has the empty path; a graph value needs a name.
+    return [name or "output" for name, _ in leaf_names(dummy)]
 
 
 def _user_input_names(program: torch.export.ExportedProgram) -> list[str] | None:

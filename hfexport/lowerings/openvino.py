@@ -37,7 +37,9 @@ def _spec_names(spec: pytree.TreeSpec) -> list[str]:
     from hfexport.lowerings.onnx import leaf_names
 
     # Tensor placeholders: a cache pytree re-flattens only its tensors as leaves (ints are context).
-    return [name for name, _ in leaf_names(pytree.tree_unflatten([torch.empty(0)] * spec.num_leaves, spec))]
+    # A bare tensor (an lm_head's output) has the empty path; a port needs a name.
+    leaves = leaf_names(pytree.tree_unflatten([torch.empty(0)] * spec.num_leaves, spec))
+    return [name or "output" for name, _ in leaves]
 
 
 def signature_names(program: torch.export.ExportedProgram) -> tuple[list[str], list[str]] | None:

@@ -146,6 +146,9 @@ class _NamedDriver(Driver):
             for leaf in self.spec.components[first].cache_leaves
         }
 
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return next(iter(self.features(name, inputs).values()))
+
     def _flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
         values = {**_flat(self._kwargs(name, step)), **self.cache}
         feed = {}
@@ -205,12 +208,12 @@ class OpenVINODriver(_NamedDriver):
         }
         return self._take_outputs(outputs)
 
-    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+    def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if not hasattr(self, "runners"):
             from hfexport.runtime.openvino import OpenVINORunner
 
             self.runners = {n: OpenVINORunner(model) for n, model in self.components.items()}
-        return next(iter(self.runners[name](**self._encoder_kwargs(name, inputs)).values()))
+        return dict(self.runners[name](**self._encoder_kwargs(name, inputs)))
 
 
 class ExecutorchDriver(_NamedDriver):
@@ -229,10 +232,14 @@ class ExecutorchDriver(_NamedDriver):
             self.output_names = {name: _executorch_output_names(m) for name, m in self.components.items()}
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return self.features(name, inputs)[self.output_names[name][-1]]
+
+    def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         self._load()
         values = _flat(self._encoder_kwargs(name, inputs))
         flat = [values.get(leaf, constant) for leaf, constant in self.order[name]]
-        return self.programs[name].method.execute(flat)[-1]
+        outputs = self.programs[name].method.execute(flat)
+        return dict(zip(self.output_names[name], outputs, strict=False))
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         values = {**_flat(self._kwargs(name, step)), **self.cache}
@@ -329,11 +336,12 @@ class OnnxDriver(_NamedDriver):
         logits: ort.OrtValue = results["logits"]
         return torch.from_numpy(logits.numpy())
 
-    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+    def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         session = self.sessions[name]
         values = _flat(self._encoder_kwargs(name, inputs))
         feed = {arg.name: values[arg.name].numpy() for arg in session.get_inputs()}
-        return torch.from_numpy(session.run(None, feed)[0])
+        names = [o.name for o in session.get_outputs()]
+        return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
 
 
 _NP = {

@@ -1,0 +1,17 @@
+"""aten/is-all-true: without the rule its first example does not export to ONNX (the rule's examples, run in
+tests/rewrites/test_examples.py, show that with it ONNX Runtime matches eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_the_checked_example_does_not_translate_without_its_rule() -> None:
+    from hfexport.rewrites.aten.checks import is_all_true as rule
+
+    module, inputs = rule.meta.examples[0].build()
+    program = torch.export.export(module.eval(), (), inputs)
+    assert any("_is_all_true" in str(node.target) for node in program.graph.nodes)
+    with pytest.raises(Exception, match=r"_is_all_true"):
+        torch.onnx.export(program, (), kwargs=inputs, dynamo=True, verbose=False)
