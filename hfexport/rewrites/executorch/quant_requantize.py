@@ -152,7 +152,7 @@ identity_requantize_dropped = ExecutorchNodeRule(
         upstream="https://github.com/google/XNNPACK/pull/9935 (double free in "
         "xnn_subgraph_fuse_unary_quantized_into_lut, Chromium issue 497456778; executorch 1.4.1 predates it)",
         backends=("executorch",),
-        models=("llama",),
+        models=("llama", "qwen3_moe"),
         examples=(
             Match(
                 lambda: _quantized(_RMSNorm()),
