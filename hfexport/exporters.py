@@ -116,6 +116,7 @@ class HfExporter(ABC):
             GenerationComponents,
             decompose_for_generation,
             describe,
+            specialise_layouts,
             split_config,
         )
 
@@ -124,8 +125,11 @@ class HfExporter(ABC):
         )
         configs = split_config(config, list(components))
         configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
+        components, layouts = specialise_layouts(components)
         results = GenerationComponents()
         results.spec = describe(components, generation_config, model, multi_token_decode)
+        for name, layout in layouts.items():
+            results.spec.components[name].layout = layout
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
         self.reports: dict[str, ExportReport] = {}
         for name, (submodule, kwargs) in components.items():

@@ -130,7 +130,24 @@ class ModalityFeatures(torch.nn.Module):
         self.modality = modality
 
     def forward(self, **kwargs: Any) -> Any:
-        return getattr(self.base, f"get_{self.modality}_features")(**kwargs)
+        return canonical_output(getattr(self.base, f"get_{self.modality}_features")(**kwargs))
+
+
+def canonical_output(output: Any) -> Any:
+    """A ModelOutput with its fields in declaration order.
+
+    `get_image_features` fills `pooler_output` after construction (`outputs.pooler_output = ...`), which appends
+    the key; transformers 5.24 flattens a ModelOutput's values in insertion order but names them in declaration
+    order, so an exported graph would return the fields under each other's names.
+    """
+    import dataclasses
+
+    from transformers.utils import ModelOutput
+
+    if not isinstance(output, ModelOutput) or not dataclasses.is_dataclass(output):
+        return output
+    ordered = {f.name: output[f.name] for f in dataclasses.fields(output) if f.name in output}
+    return type(output)(**ordered)
 
 
 def _modality_features(
@@ -151,6 +168,62 @@ def _modality_features(
         call["return_dict"] = True
         out[modality] = (ModalityFeatures(model, modality), call)
     return out
+
+
+class LayoutSpecialised(torch.nn.Module):
+    """A modality component with its layout inputs (image_grid_thw, image_sizes...) as constants of the graph.
+
+    Vision towers turn these small integer tensors into Python ints (`grid_thw.tolist()`) to split patches per
+    image, which torch.export can only trace as data-dependent values it cannot branch on. Built as literals
+    inside the forward, they stay known while tracing (rule `patch/fake-constant-layouts` lets torch's fake
+    tensors keep tensors of that size as constants), so the graph is exact for that image layout; the runtime
+    refuses other layouts (see `ComponentSpec.layout`).
+    """
+
+    def __init__(self, inner: torch.nn.Module, layout: Mapping[str, tuple[list[Any], torch.dtype]]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.layout = dict(layout)
+
+    def forward(self, **kwargs: Any) -> Any:
+        literals = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.layout.items()}
+        return canonical_output(self.inner(**kwargs, **literals))
+
+
+# Largest layout tensor baked into a modality component (a few images' grid_thw / sizes, not data).
+LAYOUT_MAX_NUMEL = 64
+
+
+def _is_layout(name: str, value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.ndim >= 1
+        and 0 < value.numel() <= LAYOUT_MAX_NUMEL
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+        and "mask" not in name
+        and "input_ids" not in name
+    )
+
+
+def specialise_layouts(components: Components) -> tuple[Components, dict[str, dict[str, list[Any]]]]:
+    """Modality components (`*_encoder`, `*_features`, the projector) with their layout inputs baked in.
+
+    Returns the components to export and, per wrapped component, the baked values by input name.
+    """
+    out: Components = {}
+    layouts: dict[str, dict[str, list[Any]]] = {}
+    for name, (module, kwargs) in components.items():
+        modality = name.endswith(("_encoder", "_features")) or name == "multi_modal_projector"
+        layout = {k: v for k, v in kwargs.items() if modality and _is_layout(k, v)}
+        if not layout:
+            out[name] = (module, kwargs)
+            continue
+        baked = {k: (v.tolist(), v.dtype) for k, v in layout.items()}
+        out[name] = (LayoutSpecialised(module, baked), {k: v for k, v in kwargs.items() if k not in layout})
+        layouts[name] = {k: values for k, (values, _) in baked.items()}
+    return out, layouts
 
 
 def tensor_fields(value: Any) -> Any:
@@ -427,6 +500,8 @@ class ComponentSpec:
     constants: dict[str, Any]
     mask_rank: int | None
     cache_leaves: list[CacheLeaf]
+    # Layout inputs baked into the graph (`LayoutSpecialised`): the only values the component accepts.
+    layout: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -476,6 +551,7 @@ class GenerationSpec:
                 constants=dict(c["constants"]),
                 mask_rank=c["mask_rank"],
                 cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
+                layout=dict(c.get("layout", {})),
             )
             for name, c in data["components"].items()
         }

@@ -88,6 +88,13 @@ class Driver:
 
     def _encoder_kwargs(self, name: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         spec = self.spec.components[name]
+        for key, baked in spec.layout.items():
+            given = inputs.get(key)
+            if given is not None and torch.as_tensor(given).tolist() != baked:
+                raise InputError(
+                    f"{name} was exported for {key}={baked} (a layout baked into the graph); got "
+                    f"{torch.as_tensor(given).tolist()}: export again with inputs of this layout"
+                )
         return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
 
 
@@ -451,6 +458,14 @@ def _encoder_outputs(hidden: torch.Tensor, samples: Mapping[str, Any], spec: Gen
     return (hidden,)
 
 
+def _like(value: Any, sample: Any) -> Any:
+    """`value` (a ModelOutput or dict of features) with only the fields of `sample`, in `sample`'s order."""
+    if not isinstance(sample, Mapping) or not isinstance(value, Mapping):
+        return value
+    fields = {k: value[k] for k in sample if k in value}
+    return fields if type(sample) is dict else type(sample)(**fields)
+
+
 def _loaded(components: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
     """Native programs, samples and backend of a loaded artifact (`hfexport.load`), or None for an in-memory export.
 
@@ -596,7 +611,13 @@ def generate(
         if not encoder_inputs:
             raise InputError(f"this export takes {modalities}: pass their inputs (pixel_values...) as encoder_inputs")
         features = {n.removesuffix("_features"): driver.features(n, encoder_inputs) for n in modalities}
-        first_extra = {**first_extra, "mm_encoder_outputs": tensor_fields(features)}
+        given = tensor_fields(features)
+        sample = samples.get(first, {}).get("mm_encoder_outputs")
+        if isinstance(sample, Mapping) and isinstance(driver, DynamoDriver):
+            # The fields the first forward was exported with, in its order (the features graph may return more,
+            # e.g. hidden_states, which generate does not hand over). Named drivers feed by flat input name.
+            given = {m: _like(features[m], sample[m]) if m in sample else v for m, v in given.items()}
+        first_extra = {**first_extra, "mm_encoder_outputs": given}
     logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, first_extra))
     # Per-token inputs besides the ids (PaliGemma's token_type_ids) that decode steps take too: generate
     # extends them by repeating their last column, so each new token gets the prompt's last value.

@@ -8,4 +8,5 @@ from hfexport.rewrites.aten import attention, checks
 RULES: list = [
     attention.sdpa_masked_rows,
     checks.is_all_true,
+    checks.squeeze_dim_noop,
 ]

@@ -68,3 +68,51 @@ is_all_true = AtenOverride(
     target="aten._is_all_true.default",
     translation=_is_all_true_translation,
 )
+
+
+def _squeeze_dim_translation() -> Callable[..., Any]:
+    from onnxscript import opset18 as op
+
+    def aten_squeeze_dim(self: Any, dim: int) -> Any:
+        shape = self.shape
+        if shape is not None and len(shape) > 0:
+            size = shape[dim % len(shape)]
+            if isinstance(size, int) and size != 1:
+                # torch.squeeze(dim) leaves a dimension that is not 1 alone; ONNX Squeeze would reject it.
+                return op.Identity(self)
+        if shape is not None and len(shape) == 0:
+            return op.Identity(self)
+        return op.Squeeze(self, [dim])
+
+    return aten_squeeze_dim
+
+
+class _SqueezeTokens(torch.nn.Module):
+    """Pixtral-style: `features.squeeze(0)` on [tokens, hidden] features, a no-op when tokens != 1."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.reshape(-1, features.shape[-1]).squeeze(0) * 3
+
+
+class _SqueezeAll(torch.nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.squeeze() * 3
+
+
+squeeze_dim_noop = AtenOverride(
+    RuleMeta(
+        id="aten/squeeze-dim-noop",
+        why="torch.squeeze(x, dim) leaves a dimension whose size is not 1 unchanged; torchlib translates it to ONNX "
+        "Squeeze(axes=[dim]) regardless, which ONNX Runtime rejects when that size is not 1 ('Dimension of input 0 "
+        "must be 1 instead of 8'; Mistral3's image features, squeezed on the token axis)",
+        upstream="onnxscript 0.7.2 torchlib aten_squeeze_dim: Squeeze without checking the size",
+        backends=("onnx",),
+        models=("mistral3", "lighton_ocr"),
+        examples=(
+            Match(lambda: (_SqueezeTokens(), {"features": torch.randn(1, 7, 5)}), "squeeze(0) of [7, 5]: a no-op"),
+            NoMatch(lambda: (_SqueezeAll(), {"features": torch.randn(1, 3)}), "squeeze() of every size-1 axis"),
+        ),
+    ),
+    target="aten.squeeze.dim",
+    translation=_squeeze_dim_translation,
+)

@@ -6,6 +6,7 @@ The patches below touch disjoint functions, so their order does not matter yet.
 from hfexport.rewrites.patches import (
     cpmant,
     executorch_backend,
+    fake_constants,
     gated_delta,
     mamba2_chunk,
     moe,
@@ -21,6 +22,7 @@ RULES: list = [
     moe.portable_grouped_mm,
     cpmant.cpmant_mask_arange,
     onnx_ssm_scan.mamba_selective_scan_onnx,
+    fake_constants.fake_constant_layouts,
     # Backend-scoped patches, each list owned by its backend's module.
     *executorch_backend.RULES,
     *openvino_backend.RULES,
