@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
+from hfexport.frontends.torch_export import _scalar_sequence
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -591,9 +592,15 @@ def describe(
         key = _cache_key(kwargs)
         cache_key = cache_key or key
         # Tensor inputs, pytrees of tensors (`encoder_outputs`: a tuple or a ModelOutput) and the cache.
-        tensors = [k for k, v in kwargs.items() if isinstance(v, (torch.Tensor, tuple, list, Mapping)) or k == key]
+        tensors = [
+            k
+            for k, v in kwargs.items()
+            if (isinstance(v, (torch.Tensor, tuple, list, Mapping)) and not _scalar_sequence(v)) or k == key
+        ]
         constants = {
-            k: v for k, v in kwargs.items() if k not in tensors and isinstance(v, (int, float, bool, str, type(None)))
+            k: v
+            for k, v in kwargs.items()
+            if k not in tensors and (isinstance(v, (int, float, bool, str, type(None))) or _scalar_sequence(v))
         }
         mask = kwargs.get("attention_mask")
         leaves: list[CacheLeaf] = []

@@ -1,0 +1,104 @@
+"""Vision-language generation beyond LLaVA: layouts baked into the vision components, modality inputs the
+first forward takes itself, per-token inputs, list constants; plus the unit pieces they rest on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport import DynamoConfig, DynamoExporter, OnnxConfig, OnnxExporter
+from hfexport.errors import InputError
+from hfexport.frontends.generation import canonical_output, specialise_layouts
+from hfexport.frontends.torch_export import validate_inputs
+from hfexport.runtime.generation import generate
+from hfexport.testing.corpus import default_root, load_entry
+
+NEW_TOKENS = 6
+
+
+def test_canonical_output_orders_fields_as_declared() -> None:
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    out = BaseModelOutputWithPooling(last_hidden_state=torch.ones(1, 2), hidden_states=(torch.zeros(1),))
+    out.pooler_output = (torch.full((1,), 2.0),)  # as get_image_features fills it: appended last
+    assert list(out.keys()) == ["last_hidden_state", "hidden_states", "pooler_output"]
+    fixed = canonical_output(out)
+    assert list(fixed.keys()) == ["last_hidden_state", "pooler_output", "hidden_states"]
+    leaves, spec = torch.utils._pytree.tree_flatten(fixed)
+    rebuilt = torch.utils._pytree.tree_unflatten(leaves, spec)
+    assert torch.equal(rebuilt.pooler_output[0], out.pooler_output[0])
+    assert torch.equal(rebuilt.hidden_states[0], out.hidden_states[0])
+
+
+def test_layouts_are_baked_only_into_modality_components() -> None:
+    grid = torch.tensor([[1, 2, 2], [1, 4, 1]])
+    linear = torch.nn.Linear(2, 2)
+    components = {
+        "image_features": (linear, {"pixel_values": torch.randn(8, 2), "image_grid_thw": grid}),
+        "prefill": (linear, {"input_ids": torch.ones(1, 3, dtype=torch.long), "image_grid_thw": grid}),
+    }
+    out, layouts = specialise_layouts(components)
+    assert layouts == {"image_features": {"image_grid_thw": [[1, 2, 2], [1, 4, 1]]}}
+    assert sorted(out["image_features"][1]) == ["pixel_values"]
+    assert "image_grid_thw" in out["prefill"][1]  # the language side keeps its input
+
+
+def test_scalar_lists_are_constants_but_token_lists_are_refused() -> None:
+    assert validate_inputs({"output_hidden_states": [-2, -5], "pixel_values": torch.ones(1)}, None)
+    with pytest.raises(InputError, match=r"'input_ids' is a list.*return_tensors='pt'"):
+        validate_inputs({"input_ids": [1, 2, 3]}, None)
+
+
+def _entry(name: str) -> tuple[torch.nn.Module, dict, dict, torch.Tensor, torch.Tensor]:
+    entry = load_entry(default_root() / "vlm" / f"{name}.json")
+    model = entry.build_model()
+    sample = entry.sample_inputs()
+    grown = dict(entry.grown_inputs())
+    ids, mask = grown.pop("input_ids"), grown.pop("attention_mask").clone()
+    mask[1, :2] = 0  # left padding on the second row
+    return model, sample, grown, ids, mask
+
+
+def _expected(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, others: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **others,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+
+@pytest.mark.slow  # two tiny Mistral3 exports (~2 min each on 2 cores)
+@pytest.mark.parametrize(("exporter", "config"), [(DynamoExporter, DynamoConfig), (OnnxExporter, OnnxConfig)])
+def test_pixtral_image_sizes_are_baked_and_checked(exporter, config) -> None:
+    # Mistral3: Pixtral splits patches with image_sizes.tolist(), data-dependent for torch.export; the sizes
+    # are baked into the vision components and generate() refuses others.
+    model, sample, others, ids, mask = _entry("mistral3")
+    components = exporter().export_for_generation(model, sample, config(dynamic=True))
+    assert components.spec.components["image_features"].layout == {"image_sizes": sample["image_sizes"].tolist()}
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others)
+    assert torch.equal(got, _expected(model, ids, mask, others))
+    with pytest.raises(InputError, match=r"image_sizes=.*baked into the graph"):
+        generate(
+            components,
+            ids,
+            mask,
+            max_new_tokens=2,
+            encoder_inputs={**others, "image_sizes": others["image_sizes"] // 2},
+        )
+
+
+def test_first_forward_modality_inputs_and_per_token_inputs() -> None:
+    # Fuyu embeds image patches in its own forward (no encoder component); PaliGemma's decode steps take
+    # token_type_ids, extended by repeating the prompt's last value as generate does.
+    for name in ("fuyu", "paligemma"):
+        model, sample, others, ids, mask = _entry(name)
+        components = DynamoExporter().export_for_generation(model, sample, DynamoConfig(dynamic=True))
+        got = generate(
+            components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others
+        )
+        assert torch.equal(got, _expected(model, ids, mask, others)), name
