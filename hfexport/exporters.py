@@ -173,11 +173,34 @@ class HfExporter(ABC):
 
 
 def _mutates(program: torch.export.ExportedProgram) -> bool:
-    """Whether the graph holds an op that writes into one of its arguments (an in-place or out= op)."""
+    """Whether the graph writes into one of its inputs (an in-place or out= op on an input or a view of one).
+
+    Writes into intermediates (a vision tower's `x[mask] = y`) run as they are and need no functionalisation,
+    whose re-trace would also lose what the first trace knew (layouts baked into a component)."""
     for node in program.graph.nodes:
         schema = getattr(node.target, "_schema", None)
-        if node.op == "call_function" and schema is not None and schema.is_mutable:
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            if argument.alias_info is not None and argument.alias_info.is_write and _input_behind(value):
+                return True
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments[len(node.args) :]):
+            return True  # a written keyword argument (out=): keep the conservative answer
+    return False
+
+
+def _input_behind(value: Any) -> bool:
+    """Whether `value` is a graph input or a view of one (through view ops such as slice, select, view)."""
+    while isinstance(value, torch.fx.Node):
+        if value.op == "placeholder":
             return True
+        schema = getattr(value.target, "_schema", None)
+        if value.op != "call_function" or schema is None or not schema.returns:
+            return False
+        alias = schema.returns[0].alias_info
+        if alias is None or alias.is_write or not value.args:
+            return False  # a fresh tensor (not a view)
+        value = value.args[0]
     return False
 
 

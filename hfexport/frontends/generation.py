@@ -463,6 +463,10 @@ def decompose_for_generation(
             if not calls.get("encoder"):
                 raise InputError(f"generate never called {type(model).__name__}'s encoder")
             components["encoder"] = (model.get_encoder(), _plain_inputs(calls["encoder"][0]))
+        # A model whose modality encoder `get_encoder(modality=...)` does not name (Emu3's VQ-VAE) still gets
+        # its features from `get_<modality>_features` before the loop.
+        for modality, (module, call) in _modality_features(model, kwargs, prefill).items():
+            components[f"{modality}_features"] = (module, call)
         components["prefill"] = (model, _plain_inputs(prefill))
     components["decode"] = (model, _plain_inputs(decode))
     return components

@@ -627,6 +627,8 @@ def generate(
         for k, v in (encoder_inputs or {}).items()
         if k in decode_inputs and torch.is_tensor(v) and v.ndim == 2 and tuple(v.shape) == (batch, prompt)
     }
+    # A model without a cache (use_cache=False) merges the image features again at every step.
+    every_step = {k: v for k, v in first_extra.items() if k == "mm_encoder_outputs" and k in decode_inputs}
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     if streamer is not None:
@@ -659,7 +661,7 @@ def generate(
             # that takes every token and slices off the cached ones itself: as transformers' generate does,
             # every step runs the whole sequence so far.
             full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
-            step = Step(sequences, mask2d, full, extra)
+            step = Step(sequences, mask2d, full, {**extra, **every_step})
         else:
             step = Step(token[:, None], mask_for("decode", 1, written), last_position, {**extra, **per_token})
         logits = driver.run("decode", step)
