@@ -456,8 +456,9 @@ def decompose_for_generation(
         features = _modality_features(model, kwargs, prefill)
         for modality, (module, call) in features.items():
             components[f"{modality}_features"] = (module, call)
-        if features:
-            components["prefill"] = (model, _plain_inputs(prefill))
+        # Without `get_<modality>_features` (Qwen2-Audio), the first forward takes the modality inputs itself
+        # (input_features): it is the prefill all the same.
+        components["prefill"] = (model, _plain_inputs(prefill))
     else:
         if is_encoder_decoder:
             if not calls.get("encoder"):

@@ -346,7 +346,11 @@ class OnnxDriver(_NamedDriver):
     def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         session = self.sessions[name]
         values = _flat(self._encoder_kwargs(name, inputs))
-        feed = {arg.name: values[arg.name].numpy() for arg in session.get_inputs()}
+        # An input that shares its name with an output is `input.<name>` (Moonshine's encoder: attention_mask).
+        feed = {
+            arg.name: values[arg.name if arg.name in values else arg.name.removeprefix(INPUT_PREFIX)].numpy()
+            for arg in session.get_inputs()
+        }
         names = [o.name for o in session.get_outputs()]
         return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
 
@@ -445,17 +449,30 @@ def _processed(scores: torch.Tensor, spec: GenerationSpec, index: int, max_new_t
     return scores
 
 
-def _encoder_outputs(hidden: torch.Tensor, samples: Mapping[str, Any], spec: GenerationSpec) -> Any:
-    """The encoder output in the container the decoder steps were exported with (a `ModelOutput` or a tuple).
+def _encoder_outputs(outputs: Any, samples: Mapping[str, Any], spec: GenerationSpec) -> Any:
+    """The encoder output in the container the decoder steps were exported with (a `ModelOutput` or a tuple),
+    with every field the samples had (Moonshine's encoder returns its downsampled `attention_mask` too).
 
-    Without samples (a loaded ONNX / OpenVINO artifact), a dict with the recorded field name gives the same
+    `outputs` is what the driver's `features` returns: a ModelOutput (Dynamo) or a dict by flat output name.
+    Without samples (a loaded ONNX / OpenVINO artifact), a dict with the recorded field names gives the same
     flat input names (`encoder_outputs.last_hidden_state`)."""
+    if isinstance(outputs, Mapping):
+        named = {k.removeprefix(OUTPUT_PREFIX): v for k, v in outputs.items()}
+        hidden = next(iter(outputs.values()))
+    else:
+        named, hidden = {}, outputs[0]
     sample = next((s["encoder_outputs"] for s in samples.values() if "encoder_outputs" in s), None)
     if sample is not None and not isinstance(sample, (tuple, list)):
-        return type(sample)(last_hidden_state=hidden)
+        fields = {k: named[k] for k in sample if k != "last_hidden_state" and named.get(k) is not None}
+        return type(sample)(last_hidden_state=hidden, **fields)
     if sample is None and spec.encoder_output_fields:
-        return {spec.encoder_output_fields[0]: hidden}
+        first, *rest = spec.encoder_output_fields
+        return {first: hidden, **{k: named[k] for k in rest if k in named}}
     return (hidden,)
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    return value[0] if isinstance(value, (tuple, list)) else next(iter(value.values()))
 
 
 def _like(value: Any, sample: Any) -> Any:
@@ -559,8 +576,8 @@ def generate(
             encoder["input_ids"] = torch.as_tensor(input_ids)
         if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
             encoder["attention_mask"] = torch.as_tensor(attention_mask)
-        hidden = driver.encode("encoder", encoder)
-        extra["encoder_outputs"] = _encoder_outputs(hidden, samples, spec)
+        extra["encoder_outputs"] = _encoder_outputs(driver.features("encoder", encoder), samples, spec)
+        hidden = _first_tensor(extra["encoder_outputs"])
         if "attention_mask" in encoder:
             extra["attention_mask"] = encoder["attention_mask"]
         if spec.decoder_start_token_id is None:
@@ -629,6 +646,8 @@ def generate(
     }
     # A model without a cache (use_cache=False) merges the image features again at every step.
     every_step = {k: v for k, v in first_extra.items() if k == "mm_encoder_outputs" and k in decode_inputs}
+    # Inputs generate keeps passing to every step unchanged (Qwen2-Audio's feature_attention_mask).
+    constant = {k: v for k, v in (encoder_inputs or {}).items() if k in decode_inputs and k not in per_token}
     sequences = input_ids
     unfinished = torch.ones(batch, dtype=torch.bool)
     if streamer is not None:
@@ -663,7 +682,9 @@ def generate(
             full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
             step = Step(sequences, mask2d, full, {**extra, **every_step})
         else:
-            step = Step(token[:, None], mask_for("decode", 1, written), last_position, {**extra, **per_token})
+            step = Step(
+                token[:, None], mask_for("decode", 1, written), last_position, {**constant, **extra, **per_token}
+            )
         logits = driver.run("decode", step)
         written += 1
         if on_step is not None:
