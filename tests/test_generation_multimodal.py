@@ -102,3 +102,26 @@ def test_first_forward_modality_inputs_and_per_token_inputs() -> None:
             components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others
         )
         assert torch.equal(got, _expected(model, ids, mask, others)), name
+
+
+def test_a_decode_step_that_takes_every_token_is_recorded() -> None:
+    from hfexport.frontends.generation import _decodes_full_sequence
+
+    linear = torch.nn.Linear(2, 2)
+    ids = torch.ones(2, 8, dtype=torch.long)
+    whole = {"prefill": (linear, {"input_ids": ids}), "decode": (linear, {"input_ids": torch.ones(2, 9)})}
+    one = {"prefill": (linear, {"input_ids": ids}), "decode": (linear, {"input_ids": torch.ones(2, 1)})}
+    assert _decodes_full_sequence(whole)  # CPM-Ant: the prompt plus the new token
+    assert not _decodes_full_sequence(one)
+
+
+@pytest.mark.slow  # two tiny VLM exports
+@pytest.mark.parametrize("name", ["emu3", "idefics3"])
+def test_features_without_a_named_encoder_and_without_a_cache(name: str) -> None:
+    # Emu3: a VQ-VAE that get_encoder(modality=...) does not name still gets its image_features component;
+    # Idefics3's tiny config has use_cache=False, so every step takes the whole sequence and the features.
+    model, sample, others, ids, mask = _entry(name)
+    components = DynamoExporter().export_for_generation(model, sample, DynamoConfig(dynamic=True))
+    assert "image_features" in components
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others)
+    assert torch.equal(got, _expected(model, ids, mask, others))
