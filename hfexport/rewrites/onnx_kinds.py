@@ -36,6 +36,9 @@ class AtenOverride(Rule):
     translation: Callable[[], Callable[..., Any]] | None = None
     # The override is used only for exports at opsets up to this one (newer opsets have a native op).
     max_opset: int | None = None
+    # Which dispatches count as hits, given the translation's arguments: an override that keeps the default
+    # translation for most calls (a real squeeze) is reported only where it changes the result.
+    counts: Callable[..., bool] | None = None
     stage: str = field(init=False, default="aten")
 
     def resolve_target(self) -> torch._ops.OpOverload | None:
@@ -71,11 +74,14 @@ class TranslationTable:
             self.context.finish(rule)
 
 
-def _counting(function: Callable[..., Any], on_call: Callable[[], None]) -> Callable[..., Any]:
+def _counting(
+    function: Callable[..., Any], on_call: Callable[[], None], counts: Callable[..., bool] | None = None
+) -> Callable[..., Any]:
     # functools.wraps keeps the signature and annotations that torch.onnx reads to dispatch the function.
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
-        on_call()
+        if counts is None or counts(*args, **kwargs):
+            on_call()
         return function(*args, **kwargs)
 
     return counted
@@ -91,7 +97,7 @@ def _apply_aten(rule: Rule, target: TranslationTable) -> int:
         target.context.skip(rule, "not-applicable", f"only for opset <= {rule.max_opset}, exporting {target.opset}")
         return 0
     rule_id = rule.id
-    target.functions[op] = _counting(rule.translation(), lambda: target.context.hit(rule_id))
+    target.functions[op] = _counting(rule.translation(), lambda: target.context.hit(rule_id), rule.counts)
     target.rules.append(rule)
     return 0
 

@@ -70,18 +70,23 @@ is_all_true = AtenOverride(
 )
 
 
+def _squeeze_is_noop(self: Any, dim: int) -> bool:
+    """torch.squeeze(dim) leaves a dimension that is not 1 alone (and a 0-d tensor as it is)."""
+    shape = self.shape
+    if shape is None:
+        return False
+    if len(shape) == 0:
+        return True
+    size = shape[dim % len(shape)]
+    return isinstance(size, int) and size != 1
+
+
 def _squeeze_dim_translation() -> Callable[..., Any]:
     from onnxscript import opset18 as op
 
     def aten_squeeze_dim(self: Any, dim: int) -> Any:
-        shape = self.shape
-        if shape is not None and len(shape) > 0:
-            size = shape[dim % len(shape)]
-            if isinstance(size, int) and size != 1:
-                # torch.squeeze(dim) leaves a dimension that is not 1 alone; ONNX Squeeze would reject it.
-                return op.Identity(self)
-        if shape is not None and len(shape) == 0:
-            return op.Identity(self)
+        if _squeeze_is_noop(self, dim):
+            return op.Identity(self)  # ONNX Squeeze would reject an axis whose size is not 1
         return op.Squeeze(self, [dim])
 
     return aten_squeeze_dim
@@ -94,6 +99,11 @@ class _SqueezeTokens(torch.nn.Module):
         return features.reshape(-1, features.shape[-1]).squeeze(0) * 3
 
 
+class _SqueezeBatch(torch.nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.squeeze(0) * 3
+
+
 class _SqueezeAll(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features.squeeze() * 3
@@ -104,15 +114,18 @@ squeeze_dim_noop = AtenOverride(
         id="aten/squeeze-dim-noop",
         why="torch.squeeze(x, dim) leaves a dimension whose size is not 1 unchanged; torchlib translates it to ONNX "
         "Squeeze(axes=[dim]) regardless, which ONNX Runtime rejects when that size is not 1 ('Dimension of input 0 "
-        "must be 1 instead of 8'; Mistral3's image features, squeezed on the token axis)",
+        "must be 1 instead of 8'; Mistral3's image features, squeezed on the token axis). Hits count only those "
+        "no-op squeezes; a squeeze of a size-1 axis keeps torchlib's Squeeze",
         upstream="onnxscript 0.7.2 torchlib aten_squeeze_dim: Squeeze without checking the size",
         backends=("onnx",),
         models=("mistral3", "lighton_ocr"),
         examples=(
             Match(lambda: (_SqueezeTokens(), {"features": torch.randn(1, 7, 5)}), "squeeze(0) of [7, 5]: a no-op"),
             NoMatch(lambda: (_SqueezeAll(), {"features": torch.randn(1, 3)}), "squeeze() of every size-1 axis"),
+            NoMatch(lambda: (_SqueezeBatch(), {"features": torch.randn(1, 3)}), "squeeze(0) of a size-1 axis"),
         ),
     ),
     target="aten.squeeze.dim",
     translation=_squeeze_dim_translation,
+    counts=_squeeze_is_noop,
 )
