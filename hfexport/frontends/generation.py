@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
-from hfexport.frontends.torch_export import _scalar_sequence
+from hfexport.frontends.torch_export import scalar_sequence
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -600,12 +600,12 @@ def describe(
         tensors = [
             k
             for k, v in kwargs.items()
-            if (isinstance(v, (torch.Tensor, tuple, list, Mapping)) and not _scalar_sequence(v)) or k == key
+            if (isinstance(v, (torch.Tensor, tuple, list, Mapping)) and not scalar_sequence(v)) or k == key
         ]
         constants = {
             k: v
             for k, v in kwargs.items()
-            if k not in tensors and (isinstance(v, (int, float, bool, str, type(None))) or _scalar_sequence(v))
+            if k not in tensors and (isinstance(v, (int, float, bool, str, type(None))) or scalar_sequence(v))
         }
         mask = kwargs.get("attention_mask")
         leaves: list[CacheLeaf] = []

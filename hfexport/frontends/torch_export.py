@@ -77,7 +77,7 @@ def _tree_shapes(value: Any, every_axis: Any) -> Any:
     return None
 
 
-def _scalar_sequence(value: Any) -> bool:
+def scalar_sequence(value: Any) -> bool:
     """A non-empty list or tuple of Python scalars: a constant of the graph, like an int."""
     return (
         isinstance(value, (tuple, list)) and bool(value) and all(isinstance(v, (bool, int, float, str)) for v in value)
@@ -104,7 +104,7 @@ def validate_inputs(sample_inputs: Any, dynamic_shapes: Mapping[str, Any] | None
             raise InputError(f"sample input name {name!r} is not a valid forward argument name")
         if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
             continue  # e.g. an encoder-decoder's `encoder_outputs`: a tuple of tensors (a pytree)
-        if _scalar_sequence(value) and not _token_like(name):
+        if scalar_sequence(value) and not _token_like(name):
             continue  # a constant such as the layer indices `output_hidden_states=[-2, -5]` (VipLlava)
         if isinstance(value, Mapping) and _tensor_tree(value):
             # `encoder_outputs` / `mm_encoder_outputs` as generate passes them: pytrees of tensors (ModelOutputs,

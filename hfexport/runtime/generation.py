@@ -645,7 +645,8 @@ def generate(
         if k in decode_inputs and torch.is_tensor(v) and v.ndim == 2 and tuple(v.shape) == (batch, prompt)
     }
     # A model without a cache (use_cache=False) merges the image features again at every step.
-    every_step = {k: v for k, v in first_extra.items() if k == "mm_encoder_outputs" and k in decode_inputs}
+    features_every_step = "mm_encoder_outputs" in decode_inputs and "mm_encoder_outputs" in first_extra
+    every_step = {"mm_encoder_outputs": first_extra["mm_encoder_outputs"]} if features_every_step else {}
     # Inputs generate keeps passing to every step unchanged (Qwen2-Audio's feature_attention_mask).
     constant = {k: v for k, v in (encoder_inputs or {}).items() if k in decode_inputs and k not in per_token}
     sequences = input_ids
