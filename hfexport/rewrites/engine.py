@@ -258,8 +258,7 @@ def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegist
 def _apply_fx(rule: Rule, target: Any) -> int:
     from hfexport.rewrites.graph import apply_fx_rule
 
-    gm = target.graph_module if hasattr(target, "graph_module") else target
-    return apply_fx_rule(rule, gm)
+    return apply_fx_rule(rule, target)
 
 
 # One applier per transform stage; later stages (aten, onnx, executorch, openvino) add theirs here.

@@ -70,14 +70,23 @@ def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [x.detach() for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def _export(module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool = False) -> torch.export.ExportedProgram:
+def _export(
+    module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool = False, patches: bool = False
+) -> torch.export.ExportedProgram:
     shapes = None
     if dynamic:
         auto = torch.export.Dim.AUTO
         shapes = {
             k: {i: auto for i in range(v.ndim)} if isinstance(v, torch.Tensor) else None for k, v in inputs.items()
         }
-    return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+    if not patches:
+        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+    from hfexport.rewrites import engine
+
+    # Traced as the exporter traces: with the patch rules installed (a baked layout stays a constant, ...).
+    context = engine.RewriteContext(backend="dynamo")
+    with engine.patched(module, context) as session, session.active():
+        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
 
 
 def _check_other_inputs(rule: Any, example: Match, module: torch.nn.Module, program: Any) -> None:
@@ -135,9 +144,10 @@ def _check_fx(rule: Any, example: Example) -> int:
     module.eval()
     with torch.no_grad():
         expected = module(**inputs)
-    program = _export(module, inputs, dynamic=isinstance(example, Match) and example.other_inputs is not None)
+    dynamic = isinstance(example, Match) and example.other_inputs is not None
+    program = _export(module, inputs, dynamic=dynamic, patches=True)
     before = program.graph_module.code
-    hits = apply_fx_rule(rule, program.graph_module)
+    hits = apply_fx_rule(rule, program)
     if isinstance(example, Match):
         if hits == 0:
             raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")

@@ -44,6 +44,8 @@ class FxGraphRule(Rule):
     0 without touching the graph when it cannot rewrite all of them."""
 
     transform: Callable[[fx.GraphModule], int] | None = None
+    # A transform that needs the whole `ExportedProgram` (its lifted constants and signature), not only the graph.
+    program_transform: Callable[[torch.export.ExportedProgram], int] | None = None
     stage: str = field(init=False, default="fx")
 
 
@@ -56,8 +58,13 @@ def _aten_graph(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule
     return make_fx(fn, pre_dispatch=False)(*args)
 
 
-def apply_fx_rule(rule: FxRule, gm: fx.GraphModule) -> int:
-    """Apply one rule to `gm` in place and return how many sites it rewrote."""
+def apply_fx_rule(rule: FxRule, target: fx.GraphModule | torch.export.ExportedProgram) -> int:
+    """Apply one rule to a graph (or an `ExportedProgram`'s graph) in place; return how many sites it rewrote."""
+    if isinstance(rule, FxGraphRule) and rule.program_transform is not None:
+        if not isinstance(target, torch.export.ExportedProgram):
+            return 0  # a bare graph has no lifted constants to fold
+        return rule.program_transform(target)
+    gm = target.graph_module if isinstance(target, torch.export.ExportedProgram) else target
     if isinstance(rule, FxGraphRule):
         hits = rule.transform(gm)
     elif isinstance(rule, FxNodeRule):
