@@ -138,7 +138,8 @@ def test_component_names(model_name: str, expected: list[str]) -> None:
         assert names["decode"][1].count("input_ids") == 1
 
 
-def test_vision_model_without_projector() -> None:
+def tiny_qwen2_vl() -> torch.nn.Module:
+    """A Qwen2-VL (multimodal rotary positions, no projector) small enough for unit tests."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     text = {
@@ -164,7 +165,11 @@ def test_vision_model_without_projector() -> None:
         bos_token_id=1,
     )
     torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    return Qwen2VLForConditionalGeneration(config).eval()
+
+
+def test_vision_model_without_projector() -> None:
+    model = tiny_qwen2_vl()
     # One 8x8 image as 4x4 patches of 4x4 pixels (2 frames), merged 2x2: 4 image tokens.
     ids = torch.cat([torch.tensor([[5, 153]]), torch.full((1, 4), 151), torch.tensor([[154, 7, 8]])], 1)
     inputs = {"input_ids": ids, "pixel_values": torch.randn(16, 96), "image_grid_thw": torch.tensor([[1, 4, 4]])}

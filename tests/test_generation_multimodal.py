@@ -125,3 +125,71 @@ def test_features_without_a_named_encoder_and_without_a_cache(name: str) -> None
     assert "image_features" in components
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others)
     assert torch.equal(got, _expected(model, ids, mask, others))
+
+
+# -- multimodal rotary positions (Qwen2-VL style) ---------------------------------------------------------------
+
+IMAGE, START, END = 151, 153, 154
+
+
+def _vl_prompt(rows: list[tuple[list[int], list[int]]], pad: int = 0) -> dict[str, torch.Tensor]:
+    """A batch of `text, <start> 4 image tokens <end>, text` rows, left-padded to one length."""
+    seqs = [before + [START] + [IMAGE] * 4 + [END] + after for before, after in rows]
+    width = max(map(len, seqs))
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == IMAGE).long()}
+
+
+def _model_positions(model: torch.nn.Module, prompt: dict[str, torch.Tensor], grid: torch.Tensor) -> torch.Tensor:
+    kwargs = {k: v for k, v in prompt.items() if k != "input_ids"}
+    return model._prepare_position_ids_for_generation(prompt["input_ids"], {**kwargs, "image_grid_thw": grid})
+
+
+def test_multimodal_positions_replay_the_models_own_on_another_prompt() -> None:
+    from hfexport.frontends.positions import apply, derive
+    from tests.test_generation import tiny_qwen2_vl
+
+    model = tiny_qwen2_vl()
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    sample = _vl_prompt([([5], [7, 8]), ([9], [10, 11])])
+    template = derive(
+        _model_positions(model, sample, grid),
+        sample["input_ids"],
+        sample["attention_mask"],
+        sample["mm_token_type_ids"],
+        "mm_token_type_ids",
+        [],
+        None,
+    )
+    assert template is not None and template.text_row and len(template.blocks) == 2
+    # Other text lengths around the images, and a left-padded row.
+    prompt = _vl_prompt([([5, 6, 7], [8]), ([9], [10, 11, 12, 13])])
+    expected = _model_positions(model, prompt, grid)
+    got, deltas = apply(template, prompt["input_ids"], prompt["attention_mask"], prompt["mm_token_type_ids"])
+    valid = prompt["attention_mask"].bool()
+    assert torch.equal(got[:, valid], expected[:, valid])
+    assert torch.equal(deltas, model.model.rope_deltas)
+    # A prompt whose image block has another size than the exported layout is refused.
+    odd = _vl_prompt([([5], [7]), ([9], [10])])
+    odd["mm_token_type_ids"][0, 2] = 0
+    with pytest.raises(InputError, match="layout"):
+        apply(template, odd["input_ids"], odd["attention_mask"], odd["mm_token_type_ids"])
+
+
+@pytest.mark.slow  # a tiny Qwen2-VL export per backend (~1 min each on 2 cores)
+@pytest.mark.parametrize(("exporter", "config"), [(DynamoExporter, DynamoConfig), (OnnxExporter, OnnxConfig)])
+def test_qwen2_vl_generates_with_multimodal_positions(exporter, config) -> None:
+    from tests.test_generation import tiny_qwen2_vl
+
+    model = tiny_qwen2_vl()
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    pixels = torch.randn(32, 96, generator=torch.Generator().manual_seed(1))
+    sample = {**_vl_prompt([([5], [7, 8]), ([9], [10, 11])]), "pixel_values": pixels, "image_grid_thw": grid}
+    components = exporter().export_for_generation(model, sample, config(dynamic=True))
+    assert components.spec.positions is not None
+    prompt = _vl_prompt([([5, 6, 7], [8]), ([9], [10, 11, 12, 13])])
+    others = {"pixel_values": pixels, "image_grid_thw": grid, "mm_token_type_ids": prompt["mm_token_type_ids"]}
+    ids, mask = prompt["input_ids"], prompt["attention_mask"]
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others)
+    assert torch.equal(got, _expected(model, ids, mask, others))

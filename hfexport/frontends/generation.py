@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
+from hfexport.frontends.positions import MultimodalPositions
+from hfexport.frontends.positions import derive as derive_positions
 from hfexport.frontends.torch_export import scalar_sequence
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -543,6 +545,8 @@ class GenerationSpec:
     # The decode step takes every token so far, not only the new one (CPM-Ant re-embeds the whole sequence and
     # slices off the cached part itself); the runtime then feeds the whole sequence at each step.
     decode_full_sequence: bool = False
+    # Multimodal rotary positions the runtime rebuilds for the prefill and the decode steps (Qwen2-VL style).
+    positions: MultimodalPositions | None = None
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
@@ -561,7 +565,10 @@ class GenerationSpec:
             )
             for name, c in data["components"].items()
         }
-        return cls(**{**data, "components": components})
+        positions = data.get("positions")
+        if positions is not None:
+            positions = MultimodalPositions.from_dict(positions)
+        return cls(**{**data, "components": components, "positions": positions})
 
 
 class GenerationComponents(dict):
@@ -655,6 +662,34 @@ def describe(
         begin_suppress_tokens=_ids(getattr(config, "begin_suppress_tokens", None)),
         encoder_output_fields=encoder_fields,
         decode_full_sequence=_decodes_full_sequence(components),
+        positions=_multimodal_positions(components, model),
+    )
+
+
+def _multimodal_positions(components: Components, model: torch.nn.Module) -> MultimodalPositions | None:
+    """The template of 3-D prefill positions (`[4, batch, length]`, computed by generate), else None."""
+    if "prefill" not in components:
+        return None
+    prefill = components["prefill"][1]
+    position_ids, input_ids = prefill.get("position_ids"), prefill.get("input_ids")
+    if not isinstance(position_ids, torch.Tensor) or position_ids.ndim != 3 or not isinstance(input_ids, torch.Tensor):
+        return None
+    types = prefill.get("mm_token_type_ids")
+    config = getattr(model, "config", None)
+    token_ids = [
+        int(v)
+        for name in ("image_token_id", "image_token_index", "video_token_id", "video_token_index", "audio_token_id")
+        if isinstance(v := getattr(config, name, None), int)
+    ]
+    decode = components["decode"][1].get("position_ids") if "decode" in components else None
+    return derive_positions(
+        position_ids,
+        input_ids,
+        prefill.get("attention_mask"),
+        types if isinstance(types, torch.Tensor) else None,
+        "mm_token_type_ids" if isinstance(types, torch.Tensor) else None,
+        token_ids,
+        decode,
     )
 
 

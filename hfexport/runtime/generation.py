@@ -27,6 +27,8 @@ import torch
 
 from hfexport.errors import InputError
 from hfexport.frontends.generation import CacheLeaf, GenerationSpec
+from hfexport.frontends.positions import apply as rebuild_positions
+from hfexport.frontends.positions import text_positions
 
 INPUT_PREFIX = "input."
 OUTPUT_PREFIX = "output."
@@ -604,7 +606,16 @@ def generate(
 
     first = "decode" if single else "prefill"
     driver.start(first, batch, length)
-    positions = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
+    positions = text_positions(mask2d)
+    first_positions, rope_delta = positions, None
+    if spec.positions is not None and not single:
+        # Multimodal rotary positions (Qwen2-VL style), which generate computes with model code: rebuilt from
+        # the export's template; decode steps add each row's delta to the plain position.
+        template = spec.positions
+        types = (encoder_inputs or {}).get(template.type_key) if template.type_key else None
+        if template.type_key and types is None:
+            raise InputError(f"this export builds multimodal positions from {template.type_key}: pass it too")
+        first_positions, rope_delta = rebuild_positions(template, input_ids, mask2d, types)
     valid = torch.zeros((batch, length), dtype=torch.long) if spec.static_cache else None
 
     def mask_for(name: str, query: int, written: int) -> torch.Tensor:
@@ -635,7 +646,7 @@ def generate(
             # e.g. hidden_states, which generate does not hand over). Named drivers feed by flat input name.
             given = {m: _like(features[m], sample[m]) if m in sample else v for m, v in given.items()}
         first_extra = {**first_extra, "mm_encoder_outputs": given}
-    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), positions, first_extra))
+    logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), first_positions, first_extra))
     # Per-token inputs besides the ids (PaliGemma's token_type_ids) that decode steps take too: generate
     # extends them by repeating their last column, so each new token gets the prompt's last value.
     decode_inputs = spec.components["decode"].inputs if "decode" in spec.components else []
@@ -683,8 +694,13 @@ def generate(
             full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
             step = Step(sequences, mask2d, full, {**extra, **every_step})
         else:
+            step_positions = last_position
+            if rope_delta is not None:
+                step_positions = last_position + rope_delta
+                if spec.positions.decode_rows is not None:
+                    step_positions = step_positions[None].expand(spec.positions.decode_rows, -1, -1).contiguous()
             step = Step(
-                token[:, None], mask_for("decode", 1, written), last_position, {**constant, **extra, **per_token}
+                token[:, None], mask_for("decode", 1, written), step_positions, {**constant, **extra, **per_token}
             )
         logits = driver.run("decode", step)
         written += 1
