@@ -8,6 +8,7 @@ from hfexport.rewrites.patches import (
     executorch_backend,
     fake_constants,
     gated_delta,
+    hunyuan_vl,
     longt5,
     mamba2_chunk,
     moe,
@@ -30,6 +31,7 @@ RULES: list = [
     nllb_moe.nllb_moe_router_cast,
     nllb_moe.nllb_moe_dense_experts,
     moonshine.moonshine_conv_lengths,
+    hunyuan_vl.hunyuan_vl_placeholder_check,
     # Backend-scoped patches, each list owned by its backend's module.
     *executorch_backend.RULES,
     *openvino_backend.RULES,
