@@ -127,7 +127,7 @@ class HfExporter(ABC):
         configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
         components, layouts = specialise_layouts(components)
         results = GenerationComponents()
-        results.spec = describe(components, generation_config, model, multi_token_decode)
+        results.spec = describe(components, generation_config, model, multi_token_decode, generate_kwargs)
         for name, layout in layouts.items():
             results.spec.components[name].layout = layout
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}

@@ -193,3 +193,29 @@ def test_qwen2_vl_generates_with_multimodal_positions(exporter, config) -> None:
     ids, mask = prompt["input_ids"], prompt["attention_mask"]
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, encoder_inputs=others)
     assert torch.equal(got, _expected(model, ids, mask, others))
+
+
+@pytest.mark.parametrize("name", ["hunyuan_vl", "glm4v_moe"])
+def test_multimodal_positions_follow_the_models_own_when_the_images_move(name: str) -> None:
+    # HunYuan-VL's image grid positions are absolute (they stay when text is added in front), its span's start
+    # and end tokens and GLM-4V's grids move with the block: both replay as the model computes them.
+    from hfexport.frontends.generation import decompose_for_generation, describe
+    from hfexport.frontends.positions import apply
+
+    model, sample, _, _, _ = _entry(name)
+    template = describe(decompose_for_generation(model, sample), None, model, False, sample).positions
+    assert template is not None
+    if name == "hunyuan_vl":
+        assert any(any(axis) for block in template.blocks for axis in block.absolute)
+    ids, types = sample["input_ids"], sample["mm_token_type_ids"]
+    text = ids[types == 0][:3].expand(ids.shape[0], -1)
+    moved = {
+        "input_ids": torch.cat([text, ids], 1),
+        "attention_mask": torch.ones(ids.shape[0], ids.shape[1] + 3, dtype=torch.long),
+        "mm_token_type_ids": torch.cat([torch.zeros_like(text), types], 1),
+    }
+    others = {k: v for k, v in sample.items() if k not in moved}
+    expected = model._prepare_position_ids_for_generation(moved["input_ids"], {**moved, **others})
+    got, deltas = apply(template, moved["input_ids"], moved["attention_mask"], moved["mm_token_type_ids"])
+    assert torch.equal(got, expected)
+    assert torch.equal(deltas, model.model.rope_deltas)

@@ -48,8 +48,17 @@ try:
     if mask is None and prompt is not None:
         mask = torch.ones_like(prompt)
     if mask is not None and mask.shape[0] > 1 and prompt is not None:
-        mask = mask.clone()
-        mask[1, :2] = 0  # left padding on the second row: masks and positions must follow it
+        types = grown.get("mm_token_type_ids")
+        special = {getattr(model.config, n, None) for n in ("image_token_id", "image_token_index", "video_token_id")}
+        if torch.is_tensor(types):
+            text_head = not bool(types[1, :2].any())
+        else:
+            text_head = not any(int(t) in special for t in prompt[1, :2])
+        if text_head:
+            mask = mask.clone()
+            mask[1, :2] = 0  # left padding on the second row: masks and positions must follow it
+        else:
+            row["unpadded"] = True  # masking image tokens would cut an image, not pad the prompt
     # The other inputs (pixel_values, input_features, image_grid_thw...) go to the encoders.
     others = grown
     config = copy.deepcopy(generation_config or model.generation_config)

@@ -591,7 +591,11 @@ def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def describe(
-    components: Components, generation_config: Any, model: torch.nn.Module, multi_token_decode: bool
+    components: Components,
+    generation_config: Any,
+    model: torch.nn.Module,
+    multi_token_decode: bool,
+    generate_kwargs: Mapping[str, Any] | None = None,
 ) -> GenerationSpec:
     """The `GenerationSpec` of decomposed components (sample shapes, constants, cache layout)."""
     specs: dict[str, ComponentSpec] = {}
@@ -662,11 +666,50 @@ def describe(
         begin_suppress_tokens=_ids(getattr(config, "begin_suppress_tokens", None)),
         encoder_output_fields=encoder_fields,
         decode_full_sequence=_decodes_full_sequence(components),
-        positions=_multimodal_positions(components, model),
+        positions=_multimodal_positions(components, model, generate_kwargs or {}),
     )
 
 
-def _multimodal_positions(components: Components, model: torch.nn.Module) -> MultimodalPositions | None:
+def _shifted_positions(
+    model: torch.nn.Module, generate_kwargs: Mapping[str, Any], type_key: str | None, token_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The model's own prompt positions with one more text token in front of each row (see `derive_positions`)."""
+    hook = getattr(model, "_prepare_position_ids_for_generation", None)
+    ids = generate_kwargs.get("input_ids")
+    if hook is None or not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        return None
+    types = generate_kwargs.get(type_key) if type_key else None
+    text = ids[(types == 0) if isinstance(types, torch.Tensor) else ~torch.isin(ids, torch.tensor(token_ids))]
+    if not len(text):
+        return None
+    kwargs: dict[str, Any] = {}
+    for key, value in generate_kwargs.items():
+        if key == "input_ids" or key in _LOOP_KWARGS:
+            continue
+        if isinstance(value, torch.Tensor) and value.shape[:2] == ids.shape:  # per token: one more in front
+            first = torch.ones_like(value[:, :1]) if key == "attention_mask" else torch.zeros_like(value[:, :1])
+            value = torch.cat([first, value], dim=1)
+        kwargs[key] = value
+    kwargs.setdefault("attention_mask", torch.ones(ids.shape[0], ids.shape[1] + 1, dtype=torch.long))
+    moved = torch.cat([torch.full_like(ids[:, :1], int(text[0])), ids], dim=1)
+    # The hook records per-prompt state (rope_deltas) on the model: keep the caller's.
+    saved = {m: m.rope_deltas for m in model.modules() if hasattr(m, "rope_deltas")}
+    try:
+        with torch.no_grad():
+            positions = hook(moved, kwargs)
+    except Exception:  # a hook that needs more than the sample gives it: every axis is taken as relative
+        return None
+    finally:
+        for module, value in saved.items():
+            module.rope_deltas = value
+    if not isinstance(positions, torch.Tensor) or positions.ndim != 3:
+        return None
+    return positions, moved, kwargs["attention_mask"], kwargs.get(type_key) if type_key else None
+
+
+def _multimodal_positions(
+    components: Components, model: torch.nn.Module, generate_kwargs: Mapping[str, Any]
+) -> MultimodalPositions | None:
     """The template of 3-D prefill positions (`[4, batch, length]`, computed by generate), else None."""
     if "prefill" not in components:
         return None
@@ -682,14 +725,16 @@ def _multimodal_positions(components: Components, model: torch.nn.Module) -> Mul
         if isinstance(v := getattr(config, name, None), int)
     ]
     decode = components["decode"][1].get("position_ids") if "decode" in components else None
+    type_key = "mm_token_type_ids" if isinstance(types, torch.Tensor) else None
     return derive_positions(
         position_ids,
         input_ids,
         prefill.get("attention_mask"),
         types if isinstance(types, torch.Tensor) else None,
-        "mm_token_type_ids" if isinstance(types, torch.Tensor) else None,
+        type_key,
         token_ids,
         decode,
+        shifted=_shifted_positions(model, generate_kwargs, type_key, token_ids),
     )
 
 

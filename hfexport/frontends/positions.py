@@ -31,6 +31,9 @@ class PositionBlock:
     offsets: list[list[int]]
     # How far the running position moves past the block; None when no text followed it in the sample.
     advance: int | None
+    # [axes][length]: which offsets are positions themselves, not relative to the block's start (HunYuan-VL's
+    # grid); empty when all are relative.
+    absolute: list[list[bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +81,34 @@ def _runs(kinds: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def _blocks(
+    position_ids: torch.Tensor, mask: torch.Tensor, kinds: torch.Tensor
+) -> tuple[bool, list[tuple[int, int, torch.Tensor, int | None]]] | None:
+    """(text row?, [(kind, running position at its start, its positions, advance)] per block in prompt order),
+    or None when text tokens do not advance one position on every axis."""
+    text = text_positions(mask)
+    valid = mask.bool()
+    text_row = position_ids.shape[0] == 4 and bool((position_ids[0][valid] == text[valid]).all())
+    rotary = position_ids[1:] if text_row else position_ids
+    blocks: list[tuple[int, int, torch.Tensor, int | None]] = []
+    for row in range(mask.shape[0]):
+        where = valid[row].nonzero().flatten()
+        grid = rotary[:, row, where]
+        current = 0
+        for kind, start, end in _runs(kinds[row, where].tolist()):
+            if kind == 0:
+                if not bool((grid[:, start:end] == torch.arange(current, current + end - start)).all()):
+                    return None
+                current += end - start
+                continue
+            advance = int(grid[0, end]) - current if end < len(where) else None
+            blocks.append((int(kind), current, grid[:, start:end], advance))
+            if advance is None:
+                break
+            current += advance
+    return text_row, blocks
+
+
 def derive(
     position_ids: torch.Tensor,
     input_ids: torch.Tensor,
@@ -86,46 +117,57 @@ def derive(
     type_key: str | None,
     token_ids: list[int],
     decode_position_ids: Any,
+    shifted: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
 ) -> MultimodalPositions | None:
-    """The template of a sample's 3-D prefill positions, or None when they do not follow the block pattern."""
+    """The template of a sample's 3-D prefill positions, or None when they do not follow the block pattern.
+
+    `shifted` is the model's own positions for the same prompt with one more text token in front of each row
+    (`(position_ids, input_ids, attention_mask, types)`): an axis whose block positions move with it is
+    relative to the block's start (Qwen2-VL's grids), one that stays is absolute (HunYuan-VL's image index).
+    Without it every axis is taken as relative. Either way the template must rebuild both prompts.
+    """
     if position_ids.ndim != 3 or input_ids.ndim != 2:
         return None
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     if mask.ndim != 2:
         return None
-    kinds = _token_types(input_ids, types, token_ids)
-    text = text_positions(mask)
-    valid = mask.bool()
-    text_row = position_ids.shape[0] == 4 and bool((position_ids[0][valid] == text[valid]).all())
-    rotary = position_ids[1:] if text_row else position_ids
-    blocks: list[PositionBlock] = []
-    for row in range(input_ids.shape[0]):
-        where = valid[row].nonzero().flatten()
-        grid = rotary[:, row, where]
-        current = 0
-        for kind, start, end in _runs(kinds[row, where].tolist()):
-            if kind == 0:
-                expected = torch.arange(current, current + end - start)
-                if not bool((grid[:, start:end] == expected).all()):
-                    return None  # text tokens do not advance one position on every axis
-                current += end - start
-                continue
-            offsets = grid[:, start:end] - current
-            advance = int(grid[0, end]) - current if end < len(where) else None
-            blocks.append(PositionBlock(int(kind), offsets.tolist(), advance))
-            if advance is None:
-                break
-            current += advance
+    found = _blocks(position_ids, mask, _token_types(input_ids, types, token_ids))
+    if found is None:
+        return None
+    text_row, sample_blocks = found
+    absolute = [torch.zeros_like(block[2], dtype=torch.bool) for block in sample_blocks]
+    if shifted is not None:
+        moved_ids, moved_mask, moved_types = shifted[1], shifted[2].long(), shifted[3]
+        moved = _blocks(shifted[0], moved_mask, _token_types(moved_ids, moved_types, token_ids))
+        if moved is None or moved[0] != text_row or len(moved[1]) != len(sample_blocks):
+            return None
+        for index, ((_, _, before, _), (_, _, after, _)) in enumerate(zip(sample_blocks, moved[1], strict=True)):
+            if before.shape != after.shape:
+                return None
+            # Per axis and token: a position that stays is absolute (HunYuan-VL's grid), one that moves with the
+            # block is relative (Qwen2-VL's grids, HunYuan-VL's start and end tokens); anything else is no pattern.
+            absolute[index] = after == before
+            if not bool(((after == before) | (after == before + 1)).all()):
+                return None
+    blocks = [
+        PositionBlock(
+            kind, torch.where(flags, values, values - current).tolist(), advance, flags.tolist() if flags.any() else []
+        )
+        for flags, (kind, current, values, advance) in zip(absolute, sample_blocks, strict=True)
+    ]
     decode_rows = None
     if isinstance(decode_position_ids, torch.Tensor) and decode_position_ids.ndim == 3:
         decode_rows = int(decode_position_ids.shape[0])
     template = MultimodalPositions(type_key, list(token_ids), text_row, blocks, decode_rows)
-    try:
-        rebuilt, _ = apply(template, input_ids, mask, types)
-    except InputError:
-        return None
-    if not bool((rebuilt[:, valid] == position_ids[:, valid]).all()):
-        return None
+    prompts = [(position_ids, input_ids, mask, types)] + ([shifted] if shifted is not None else [])
+    for expected, ids, valid_mask, kinds in prompts:
+        try:
+            rebuilt, _ = apply(template, ids, valid_mask.long(), kinds)
+        except InputError:
+            return None
+        valid = valid_mask.bool()
+        if rebuilt.shape != expected.shape or not bool((rebuilt[:, valid] == expected[:, valid]).all()):
+            return None
     return template
 
 
@@ -155,7 +197,11 @@ def apply(
                     "the prompt's image/video tokens do not match the layout the graphs were exported with "
                     f"(row {row}, tokens {start}..{end} of type {kind}): export again with inputs of this layout"
                 )
-            positions.append(torch.tensor(block.offsets, dtype=torch.long) + current)
+            offsets = torch.tensor(block.offsets, dtype=torch.long)
+            fixed = torch.zeros(offsets.shape, dtype=torch.bool)
+            if block.absolute:
+                fixed = torch.tensor(block.absolute, dtype=torch.bool)
+            positions.append(torch.where(fixed, offsets, offsets + current))
             if block.advance is None and index + 1 < len(runs):
                 raise InputError(
                     f"text follows modality block {kind} of row {row}, which the export sample never had: "
