@@ -219,3 +219,22 @@ def test_multimodal_positions_follow_the_models_own_when_the_images_move(name: s
     got, deltas = apply(template, moved["input_ids"], moved["attention_mask"], moved["mm_token_type_ids"])
     assert torch.equal(got, expected)
     assert torch.equal(deltas, model.model.rope_deltas)
+
+
+def test_nested_feature_sequences_are_tensor_fields() -> None:
+    # Qwen3-VL's deepstack_features: a list per layer of a tuple per image; dropping it broke the prefill.
+    from dataclasses import dataclass
+
+    from transformers.utils import ModelOutput
+
+    from hfexport.frontends.generation import tensor_fields
+
+    @dataclass
+    class Features(ModelOutput):
+        last_hidden_state: torch.Tensor | None = None
+        deepstack: list | None = None
+        layer_ids: list | None = None
+
+    out = Features(torch.ones(2, 3), [(torch.zeros(1), torch.zeros(2)), (torch.ones(1), torch.ones(2))], [3, 5])
+    kept = tensor_fields({"image": out})["image"]
+    assert list(kept.keys()) == ["last_hidden_state", "deepstack"]

@@ -230,14 +230,13 @@ def specialise_layouts(components: Components) -> tuple[Components, dict[str, di
 
 
 def tensor_fields(value: Any) -> Any:
-    """A ModelOutput (or a dict of them) with only its tensor-valued fields (tensors or sequences of tensors):
+    """A ModelOutput (or a dict of them) with only its tensor-valued fields (tensors, nested sequences of them):
     the pytree an exported graph takes and returns for `mm_encoder_outputs` / `encoder_outputs`."""
     from transformers.utils import ModelOutput
 
     def tensors(v: Any) -> bool:
-        return isinstance(v, torch.Tensor) or (
-            isinstance(v, (tuple, list)) and bool(v) and all(isinstance(t, torch.Tensor) for t in v)
-        )
+        # Nested sequences too: Qwen3-VL's deepstack_features is a list (per layer) of tuples (per image).
+        return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and bool(v) and all(map(tensors, v)))
 
     if isinstance(value, ModelOutput):
         return type(value)(**{k: v for k, v in value.items() if tensors(v)})
