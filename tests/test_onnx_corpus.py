@@ -30,7 +30,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "axk2": "aten.topk tie order on the grown input: the indexer's top-8 scores tie at exactly 0.0 (and -inf); "
     "same selected values, different indices than eager CPU topk (ONNX TopK picks the lowest index)",
     "doge": "torch.onnx's run_decompositions cannot view the transposed attention output (pytorch#141107)",
-    "zamba": "ORT fails on the grown input: a Mul broadcast in the graph keeps a sample-length axis",
 }
 
 CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")

@@ -1,0 +1,56 @@
+"""patch/mamba-selective-scan-onnx: without the rule its first example (zamba) is pinned to the sample length;
+with its old body (detach without a copy) the scan cannot be traced on zamba's per-head views; with the rule the
+ONNX model runs a longer input in ONNX Runtime (the rule's examples, run in tests/rewrites/test_examples.py,
+check the captured program against eager on both lengths)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hfexport.rewrites.examples import _check_patch, _export
+from hfexport.rewrites.patches.onnx_ssm_scan import mamba_selective_scan_onnx as rule
+from hfexport.rewrites.patches.ssm_scan import scan_selective
+
+
+def test_the_first_example_is_pinned_to_the_sample_length_without_the_rule() -> None:
+    example = rule.meta.examples[0]
+    module, inputs = example.build()
+    with torch.no_grad():
+        program = _export(module.eval(), inputs, dynamic=True)
+        with pytest.raises(Exception, match=r"Guard failed|[Ee]xpected input"):
+            program.module()(**example.other_inputs())
+
+
+def test_detaching_a_view_without_a_copy_fails_in_the_scan_trace() -> None:
+    def detach_only(original, *args, **kwargs):
+        def cut(value):
+            return value.detach() if isinstance(value, torch.Tensor) else value
+
+        return scan_selective(original, *map(cut, args), **{k: cut(v) for k, v in kwargs.items()})
+
+    old = dataclasses.replace(rule, replacement=detach_only)
+    with pytest.raises(Exception, match=r"vr must not be None"):
+        _check_patch(old, rule.meta.examples[0])
+
+
+def test_zamba_onnx_runs_a_longer_input_in_ort(tmp_path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from hfexport import OnnxConfig, OnnxExporter
+    from hfexport.lowerings.onnx import onnx_feed
+
+    example = rule.meta.examples[0]
+    module, inputs = example.build()
+    path = tmp_path / "zamba.onnx"
+    exporter = OnnxExporter()
+    exporter.export(module, inputs, OnnxConfig(dynamic=True, output_path=str(path)))
+    assert exporter.report.hits["patch"][rule.meta.id] == 2  # one scan per Mamba head
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    for feed in (inputs, example.other_inputs()):
+        with torch.no_grad():
+            expected = module(**feed).last_hidden_state
+        actual = torch.from_numpy(session.run(None, onnx_feed(names, feed))[0])
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
