@@ -5,9 +5,19 @@ Fusions (`kind="optimization"`) run after the onnxscript optimizer, and only whe
 is set.
 """
 
-from hfexport.rewrites.onnx import fusions_gelu, fusions_gemm, fusions_norm, fusions_rotary, fusions_skip_norm
+from hfexport.rewrites.onnx import (
+    fusions_gelu,
+    fusions_gemm,
+    fusions_norm,
+    fusions_rotary,
+    fusions_skip_norm,
+    near_noop_constants,
+)
 
 RULES: list = [
+    # Fixes (run right after translation, before the optimizer).
+    near_noop_constants.keep_near_noop_constants,
+    # Fusions (run after the optimizer).
     # RMSNorm: the whole norm first; the core rule takes what the weight-fused rule left.
     fusions_norm.rms_norm,
     fusions_norm.rms_norm_core,
