@@ -11,6 +11,7 @@ from hfexport.rewrites.patches import (
     hunyuan_vl,
     longt5,
     mamba2_chunk,
+    minimax_m3,
     moe,
     moonshine,
     nllb_moe,
@@ -32,6 +33,7 @@ RULES: list = [
     nllb_moe.nllb_moe_dense_experts,
     moonshine.moonshine_conv_lengths,
     hunyuan_vl.hunyuan_vl_placeholder_check,
+    minimax_m3.minimax_m3_index_blocks,
     # Backend-scoped patches, each list owned by its backend's module.
     *executorch_backend.RULES,
     *openvino_backend.RULES,
