@@ -5,6 +5,7 @@ The patches below touch disjoint functions, so their order does not matter yet.
 
 from hfexport.rewrites.patches import (
     cpmant,
+    deepseek_v4,
     executorch_backend,
     fake_constants,
     gated_delta,
@@ -34,6 +35,7 @@ RULES: list = [
     moonshine.moonshine_conv_lengths,
     hunyuan_vl.hunyuan_vl_placeholder_check,
     minimax_m3.minimax_m3_index_blocks,
+    deepseek_v4.deepseek_v4_overlap_windows,
     # Backend-scoped patches, each list owned by its backend's module.
     *executorch_backend.RULES,
     *openvino_backend.RULES,
