@@ -7,9 +7,10 @@ later tokens continue from the block's end, and each decode step's position is t
 per-row delta (`rope_deltas`). That is a Python loop over the prompt, not a graph, so it is not exported.
 
 With the image layout baked into the graphs (`LayoutSpecialised`), every block of a prompt has the layout
-of the matching block in the export sample, so its positions relative to where it starts are fixed. They
-are read off the positions the model itself computed for the sample (`derive`), checked by recomputing the
-sample, and replayed by the runtime on a new prompt (`apply`): no per-model code.
+of the matching block in the export sample, so its positions are fixed, either relative to where the block
+starts or absolute. They are read off the positions the model itself computed for the sample and for the
+sample with text added in front (`derive`), checked by recomputing both, and replayed by the runtime on a
+new prompt (`apply`): no per-model code.
 """
 
 from __future__ import annotations
@@ -122,9 +123,9 @@ def derive(
     """The template of a sample's 3-D prefill positions, or None when they do not follow the block pattern.
 
     `shifted` is the model's own positions for the same prompt with one more text token in front of each row
-    (`(position_ids, input_ids, attention_mask, types)`): an axis whose block positions move with it is
-    relative to the block's start (Qwen2-VL's grids), one that stays is absolute (HunYuan-VL's image index).
-    Without it every axis is taken as relative. Either way the template must rebuild both prompts.
+    (`(position_ids, input_ids, attention_mask, types)`): a block position that moves with it is relative to
+    the block's start (Qwen2-VL's grids), one that stays is absolute (HunYuan-VL's grid). Without it every
+    position is taken as relative. Either way the template must rebuild the prompts it was read from.
     """
     if position_ids.ndim != 3 or input_ids.ndim != 2:
         return None
@@ -212,6 +213,11 @@ def apply(
             values = torch.cat(positions, dim=1)
             rotary[:, row, where] = values
             deltas[row, 0] = int(values.max()) + 1 - len(where)
+    if next(blocks, None) is not None:
+        raise InputError(
+            f"the prompt has fewer image/video blocks than the {len(template.blocks)} the graphs were exported "
+            "with: export again with inputs of this layout"
+        )
     if template.text_row:
         return torch.cat([text_positions(mask)[None], rotary]), deltas
     return rotary, deltas
