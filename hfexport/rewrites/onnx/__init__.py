@@ -6,6 +6,7 @@ is set.
 """
 
 from hfexport.rewrites.onnx import (
+    fusions_cache,
     fusions_gelu,
     fusions_gemm,
     fusions_norm,
@@ -27,4 +28,5 @@ RULES: list = [
     fusions_gelu.gelu_tanh,
     fusions_rotary.rotary,
     fusions_gemm.matmul_add_to_gemm,
+    fusions_cache.index_copy_scatter,
 ]
