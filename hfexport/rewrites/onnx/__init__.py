@@ -6,6 +6,7 @@ is set.
 """
 
 from hfexport.rewrites.onnx import (
+    fusions_attention,
     fusions_cache,
     fusions_gelu,
     fusions_gemm,
@@ -29,4 +30,7 @@ RULES: list = [
     fusions_rotary.rotary,
     fusions_gemm.matmul_add_to_gemm,
     fusions_cache.index_copy_scatter,
+    # Grouped-query attention without repeat_kv first, so the rewrite below reads the key/value heads.
+    fusions_attention.attention_gqa,
+    fusions_attention.attention_matmul,
 ]
