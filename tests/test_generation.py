@@ -307,7 +307,9 @@ def test_dynamo_cache_write_is_an_input_mutation_and_survives_save_load(static_e
     assert torch.equal(logits[:, -1].argmax(-1), _reference(llama, static=True)[:, 9])
 
 
-def test_onnx_cache_pairs_are_double_buffered_without_copies(static_export: tuple[str, dict], llama) -> None:
+def test_onnx_cache_pairs_are_written_in_place_or_double_buffered_without_copies(
+    static_export: tuple[str, dict], llama
+) -> None:
     backend, components = static_export
     if backend != "onnx":
         pytest.skip("ONNX Runtime IO binding only")
@@ -316,17 +318,48 @@ def test_onnx_cache_pairs_are_double_buffered_without_copies(static_export: tupl
 
     def record(driver) -> None:
         if not buffers:
-            buffers.update({k: {driver.cache[k].data_ptr(), driver.spare[k].data_ptr()} for k in driver.cache})
+            for k in driver.cache:
+                spare = driver.spare.get(k)
+                buffers[k] = {driver.cache[k].data_ptr()} | ({spare.data_ptr()} if spare is not None else set())
         seen.append(driver.bound_pointers[-1])
 
     ids, mask = _padded_prompt()
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, on_step=record)
     assert torch.equal(got, _reference(llama, static=True))
     assert len(seen) == NEW_TOKENS - 1 and buffers
+    # The key/value caches are written in place (onnx/index-copy-scatter-elements): one buffer each, no spare.
+    driver = components._driver
+    in_place = driver.in_place["decode"]
+    assert in_place and all(name.endswith(("_keys", "_values")) for name in in_place)
+    assert all(len(buffers[name]) == 1 for name in in_place)
     for pointers in seen:
         assert pointers.keys() == buffers.keys()
         for name, pointer in pointers.items():
-            assert pointer in buffers[name], name  # only ever one of the two preallocated buffers
+            assert pointer in buffers[name], name  # only ever the one or two preallocated buffers
+
+
+def test_written_in_place_needs_a_scatter_that_nothing_else_reads() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hfexport.runtime.generation import written_in_place
+
+    def graph(extra_reader: str | None) -> onnx.ModelProto:
+        nodes = [helper.make_node("ScatterElements", ["input.c", "i", "u"], ["output.c"], axis=1)]
+        outputs = [helper.make_tensor_value_info("output.c", TensorProto.FLOAT, [2, 4])]
+        if extra_reader:
+            nodes.append(helper.make_node(extra_reader, ["input.c"], ["r"]))
+            outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+        inputs = [
+            helper.make_tensor_value_info("input.c", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, [2, 1]),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 1]),
+        ]
+        return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs))
+
+    assert written_in_place(graph(None)) == {"c"}
+    assert written_in_place(graph("Shape")) == {"c"}  # reads the shape only
+    assert written_in_place(graph("Neg")) == set()  # would read rows the scatter already overwrote
 
 
 def test_state_space_model_generates_like_eager() -> None:

@@ -281,10 +281,13 @@ def _executorch_output_names(manager: Any) -> list[str]:
 
 
 class OnnxDriver(_NamedDriver):
-    """ONNX Runtime with IO binding. In-place cache pairs are double-buffered: each step binds the input to
-    one preallocated buffer and the output to the other, then swaps them. Binding both to the same buffer
-    is not safe on CPU in general (an op may read the input after writing the output); a grown cache (no
-    pair) is handed from one step's output OrtValue to the next step's input without a copy.
+    """ONNX Runtime with IO binding. A static cache pair the graph writes in place (`output.<name>` made by
+    a `ScatterElements` into `input.<name>`, which nothing else reads but `Shape`: rule
+    `onnx/index-copy-scatter-elements`) is bound to one buffer, so ONNX Runtime writes the new rows into it
+    and copies nothing. Other pairs are double-buffered: each step binds the input to one preallocated buffer
+    and the output to the other, then swaps them (binding both to one buffer is not safe in general: an op
+    may read the input after another wrote the output). A grown cache (no pair) is handed from one step's
+    output OrtValue to the next step's input without a copy.
     """
 
     def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
@@ -292,50 +295,66 @@ class OnnxDriver(_NamedDriver):
         import onnxruntime as ort
 
         self.sessions = {}
+        self.in_place: dict[str, set[str]] = {}
         for name, program in components.items():
-            model = program if isinstance(program, (str, bytes)) else program.model_proto.SerializeToString()
+            proto = None if isinstance(program, (str, bytes)) else program.model_proto
+            model = program if proto is None else proto.SerializeToString()
             options = ort.SessionOptions()
             self.sessions[name] = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+            self.in_place[name] = written_in_place(proto if proto is not None else program)
+        # Graph input/output names per session, read once (each get_inputs() call builds new objects).
+        self.io = {
+            name: ([a.name for a in s.get_inputs()], [o.name for o in s.get_outputs()])
+            for name, s in self.sessions.items()
+        }
         self.bound_pointers: list[dict[str, int]] = []
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
         super().start(first, batch, max_cache_len)
-        # Second buffer of each in-place pair; the two are swapped after every step.
-        self.spare = {k: torch.empty_like(v) for k, v in self.cache.items()} if self.spec.static_cache else {}
+        # Second buffer of each double-buffered pair; the two are swapped after every step.
+        shared = set.intersection(*self.in_place.values()) if self.in_place else set()
+        self.spare = (
+            {k: torch.empty_like(v) for k, v in self.cache.items() if k not in shared} if self.spec.static_cache else {}
+        )
         self.values: dict[str, Any] = {}
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         import onnxruntime as ort
 
         session = self.sessions[name]
+        input_names, output_names = self.io[name]
+        in_place = self.in_place[name] if self.spec.static_cache else set()
         binding = session.io_binding()
         inputs = _flat(self._kwargs(name, step))
         pointers: dict[str, int] = {}
-        for arg in session.get_inputs():
-            plain = arg.name.removeprefix(INPUT_PREFIX)
+        for graph_name in input_names:
+            plain = graph_name.removeprefix(INPUT_PREFIX)
             if plain in inputs:
                 tensor = inputs[plain].contiguous()
                 inputs[plain] = tensor  # keep alive until run
-                _bind_tensor_input(binding, arg.name, tensor)
+                _bind_tensor_input(binding, graph_name, tensor)
             elif plain in self.values:  # an OrtValue returned by the previous step
-                binding.bind_ortvalue_input(arg.name, self.values[plain])
+                binding.bind_ortvalue_input(graph_name, self.values[plain])
             elif plain in self.cache:
-                _bind_tensor_input(binding, arg.name, self.cache[plain])
+                _bind_tensor_input(binding, graph_name, self.cache[plain])
                 pointers[plain] = self.cache[plain].data_ptr()
             else:
-                raise InputError(f"{name} takes {arg.name!r}, which the generation loop does not have")
-        outputs = [o.name for o in session.get_outputs()]
-        for out in outputs:
+                raise InputError(f"{name} takes {graph_name!r}, which the generation loop does not have")
+        for out in output_names:
             plain = out.removeprefix(OUTPUT_PREFIX)
-            if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
-                target = self.spare[plain]
+            target = None
+            if out.startswith(OUTPUT_PREFIX):
+                target = self.cache.get(plain) if plain in in_place else self.spare.get(plain)
+            if target is not None:
                 binding.bind_output(out, "cpu", 0, _NP[target.dtype], list(target.shape), target.data_ptr())
             else:
                 binding.bind_output(out, "cpu")
         session.run_with_iobinding(binding)
-        results = dict(zip(outputs, binding.get_outputs(), strict=True))
+        results = dict(zip(output_names, binding.get_outputs(), strict=True))
         for out, value in results.items():
             plain = _cache_name(out.removeprefix(OUTPUT_PREFIX), self.spec.cache_key)
+            if out.startswith(OUTPUT_PREFIX) and plain in in_place and plain in self.cache:
+                continue  # written into the input's own buffer
             if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
                 self.cache[plain], self.spare[plain] = self.spare[plain], self.cache[plain]
             elif self.spec.cache_key is not None and plain.startswith(self.spec.cache_key + "."):
@@ -368,6 +387,44 @@ _NP = {
 
 def _bind_tensor_input(binding: Any, name: str, tensor: torch.Tensor) -> None:
     binding.bind_input(name, "cpu", 0, _NP[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+
+
+# Ops that read only their input's shape: they may see an input after another node wrote it in place.
+_SHAPE_READERS = {"Shape", "Size"}
+
+
+def written_in_place(model: Any) -> set[str]:
+    """Plain names of the `input.<name>`/`output.<name>` pairs that `model` (a ModelProto or a path) may run on
+    one buffer: the output is a `ScatterElements` into the input, and nothing else reads the input's data."""
+    import onnx
+
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    elif isinstance(model, str):
+        model = onnx.load(model, load_external_data=False)
+    graph = model.graph
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for value in node.input:
+            readers.setdefault(value, []).append(node)
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name for o in graph.output}
+    pairs = set()
+    for value in graph.input:
+        if not value.name.startswith(INPUT_PREFIX):
+            continue
+        plain = value.name.removeprefix(INPUT_PREFIX)
+        writer = producers.get(OUTPUT_PREFIX + plain)
+        if writer is None or writer.op_type != "ScatterElements" or writer.domain not in ("", "ai.onnx"):
+            continue
+        others = [n for n in readers.get(value.name, []) if n is not writer]
+        if (
+            writer.input[0] == value.name
+            and value.name not in outputs
+            and all(n.op_type in _SHAPE_READERS for n in others)
+        ):
+            pairs.add(plain)
+    return pairs
 
 
 _DRIVERS: dict[str, type[Driver]] = {
