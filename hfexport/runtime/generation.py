@@ -317,6 +317,9 @@ class OnnxDriver(_NamedDriver):
             {k: torch.empty_like(v) for k, v in self.cache.items() if k not in shared} if self.spec.static_cache else {}
         )
         self.values: dict[str, Any] = {}
+        # One IO binding per session for the whole generation; each step rebinds only the names whose buffer
+        # changed (the in-place cache keeps its buffer, so most of a decode step's bindings are set once).
+        self.bindings: dict[str, tuple[Any, dict[str, Any]]] = {}
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         import onnxruntime as ort
@@ -324,7 +327,17 @@ class OnnxDriver(_NamedDriver):
         session = self.sessions[name]
         input_names, output_names = self.io[name]
         in_place = self.in_place[name] if self.spec.static_cache else set()
-        binding = session.io_binding()
+        if name not in self.bindings:
+            self.bindings[name] = (session.io_binding(), {})
+        binding, bound = self.bindings[name]
+
+        def bind_input(graph_name: str, tensor: torch.Tensor) -> None:
+            # A buffer is bound by address: the same address, shape and dtype is the same binding.
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            if bound.get(graph_name) != key:
+                _bind_tensor_input(binding, graph_name, tensor)
+                bound[graph_name] = key
+
         inputs = _flat(self._kwargs(name, step))
         pointers: dict[str, int] = {}
         for graph_name in input_names:
@@ -332,11 +345,12 @@ class OnnxDriver(_NamedDriver):
             if plain in inputs:
                 tensor = inputs[plain].contiguous()
                 inputs[plain] = tensor  # keep alive until run
-                _bind_tensor_input(binding, graph_name, tensor)
+                bind_input(graph_name, tensor)
             elif plain in self.values:  # an OrtValue returned by the previous step
                 binding.bind_ortvalue_input(graph_name, self.values[plain])
+                bound[graph_name] = None
             elif plain in self.cache:
-                _bind_tensor_input(binding, graph_name, self.cache[plain])
+                bind_input(graph_name, self.cache[plain])
                 pointers[plain] = self.cache[plain].data_ptr()
             else:
                 raise InputError(f"{name} takes {graph_name!r}, which the generation loop does not have")
@@ -345,10 +359,14 @@ class OnnxDriver(_NamedDriver):
             target = None
             if out.startswith(OUTPUT_PREFIX):
                 target = self.cache.get(plain) if plain in in_place else self.spare.get(plain)
-            if target is not None:
+            if target is None:
+                binding.bind_output(out, "cpu")  # ORT allocates it (its shape may change from step to step)
+                bound[out] = None
+                continue
+            key = (target.data_ptr(), tuple(target.shape), target.dtype)
+            if bound.get(out) != key:
                 binding.bind_output(out, "cpu", 0, _NP[target.dtype], list(target.shape), target.data_ptr())
-            else:
-                binding.bind_output(out, "cpu")
+                bound[out] = key
         session.run_with_iobinding(binding)
         results = dict(zip(output_names, binding.get_outputs(), strict=True))
         for out, value in results.items():
