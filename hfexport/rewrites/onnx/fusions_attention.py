@@ -129,8 +129,8 @@ def _attention_matmul_rule() -> Any:
                 return result.fail("query/key head sizes differ or are not static", query)
             mask = node.inputs[3] if len(node.inputs) > 3 else None
             if mask is not None:
-                if mask.dtype not in (ir.DataType.BOOL, ir.DataType.FLOAT) or mask.shape is None:
-                    return result.fail("the mask is neither boolean nor float32", mask)
+                if mask.dtype != ir.DataType.BOOL or mask.shape is None:
+                    return result.fail("the mask is not boolean (an additive float mask is left to Attention)", mask)
                 if not (mask.shape.rank() == 2 or (mask.shape.rank() == 4 and mask.shape[1] == 1)):
                     return result.fail("the mask is not [q, kv] or [batch, 1, q, kv] (per-head masks)", mask)
             return result
@@ -152,14 +152,20 @@ def _attention_matmul_rule() -> Any:
             grouped = op.Reshape(op.Mul(query, scalar(scale)), ints(0, kv_heads, -1, size))
             scores = op.MatMul(grouped, op.Transpose(key, perm=[0, 1, 3, 2]))
             mask = node.inputs[3] if len(node.inputs) > 3 else None
+            rows = None
             if mask is not None:
-                # The lowest float, not -inf: a fully masked row (left padding) gets uniform weights, not NaN.
+                repeat = ints(group, 1) if mask.shape.rank() == 2 else ints(1, 1, group, 1)
+                # The lowest float, not -inf, so a fully masked row (left padding) gives no NaN; its output is
+                # then zeroed, as Attention and torch's sdpa return zeros for such a row.
                 lowest = float(np.finfo(np.float32).min)
-                bias = op.Where(mask, scalar(0.0), scalar(lowest)) if mask.dtype == ir.DataType.BOOL else mask
+                bias = op.Where(mask, scalar(0.0), scalar(lowest))
+                rows = op.ReduceMax(op.Cast(mask, to=ir.DataType.FLOAT), ints(-1), keepdims=1)
                 if group > 1:
-                    bias = op.Tile(bias, ints(group, 1) if mask.shape.rank() == 2 else ints(1, 1, group, 1))
+                    bias, rows = op.Tile(bias, repeat), op.Tile(rows, repeat)
                 scores = op.Add(scores, bias)
             out = op.MatMul(op.Softmax(scores, axis=-1), value)
+            if rows is not None:
+                out = op.Mul(out, rows)
             return op.Reshape(out, ints(0, heads, -1, value.shape[3]))
 
     return AttentionAsMatMul.rule()
@@ -238,8 +244,7 @@ class _GqaSdpa(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         mask = mask.clone()
         mask[1, :, 0, :] = False  # a padding query: every slot masked
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return out[:, :, 1:]  # the padding row's values are unspecified; the others must match
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 attention_matmul = OnnxRewriteRule(
