@@ -46,19 +46,13 @@ def _overlap(
     return new_kv, new_gate
 
 
-def _indexer_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    q_residual: torch.Tensor,
-    position_ids: torch.Tensor,
-    cache: Any,
-    layer_idx: int,
+def _compressed_windows(
+    self: torch.nn.Module, hidden_states: torch.Tensor, cache_layer: Any, name: str
 ) -> torch.Tensor:
-    """`DeepseekV4Indexer.forward` (`self` is the indexer), changed where marked."""
+    """The compressed windows of the indexer and of the compressor (`name`), which share this code upstream too."""
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
 
-    batch, seq_len, _ = hidden_states.shape
-    cache_layer = cache.layers[layer_idx] if cache is not None else None
+    batch = hidden_states.shape[0]
     kv = self.kv_proj(hidden_states)
     gate = self.gate_proj(hidden_states)
 
@@ -73,7 +67,7 @@ def _indexer_forward(
         chunk_gate = F.pad(gate, (0, 0, 0, extra)).view(batch, n_windows + 1, ratio, -1)[:, :n_windows]
         first_window_position = 0
     else:
-        chunk_kv, chunk_gate, first_window_position = cache_layer.store_compression_weights("indexer", kv, gate)
+        chunk_kv, chunk_gate, first_window_position = cache_layer.store_compression_weights(name, kv, gate)
         n_windows = chunk_kv.shape[1] // ratio
 
     if n_windows > 0:  # there were at least `ratio` tokens (the original tests chunk_kv.shape[1] > 0)
@@ -84,7 +78,7 @@ def _indexer_forward(
 
         new_kv, new_gate = _overlap(chunk_kv, chunk_gate, self.head_dim, ratio)  # changed
         if cache_layer is not None:
-            prior_kv, prior_gate = cache_layer.update_overlap_state("indexer", chunk_kv, chunk_gate, self.head_dim)
+            prior_kv, prior_gate = cache_layer.update_overlap_state(name, chunk_kv, chunk_gate, self.head_dim)
             if prior_kv is not None:
                 new_kv[:, 0, :ratio] = prior_kv.to(new_kv.dtype)
                 new_gate[:, 0, :ratio] = prior_gate.to(new_gate.dtype)
@@ -97,6 +91,23 @@ def _indexer_forward(
         compressed = apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
     else:
         compressed = kv.new_zeros((batch, 0, self.head_dim))
+    return compressed
+
+
+def _indexer_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    q_residual: torch.Tensor,
+    position_ids: torch.Tensor,
+    cache: Any,
+    layer_idx: int,
+) -> torch.Tensor:
+    """`DeepseekV4Indexer.forward` (`self` is the indexer), changed where marked."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
+
+    batch, seq_len, _ = hidden_states.shape
+    cache_layer = cache.layers[layer_idx] if cache is not None else None
+    compressed = _compressed_windows(self, hidden_states, cache_layer, "indexer")
 
     compressed_kv = compressed if cache_layer is None else cache_layer.update_compressor_states("indexer", compressed)
 
@@ -131,50 +142,12 @@ def csa_compressor_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`DeepseekV4CSACompressor.forward`, changed where marked."""
-    from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
 
     if cache is None:
         cache = kwargs.pop("past_key_values", None)  # the original's deprecated name
     batch, seq_len, _ = hidden_states.shape
     cache_layer = cache.layers[layer_idx] if cache is not None else None
-    kv = self.kv_proj(hidden_states)
-    gate = self.gate_proj(hidden_states)
-
-    ratio = self.compress_rate
-    if cache_layer is None:
-        # Changed: the whole windows of kv padded by 1 to `ratio` rows (one window more, then dropped), not a
-        # view of `kv[:, :usable]`: at a sample length that is a multiple of the window that slice is as long as
-        # kv, and torch's contiguity metadata guards on the coincidence (`Eq(64*L, 256*(L//4))`).
-        n_windows = kv.shape[1] // ratio
-        extra = (n_windows + 1) * ratio - kv.shape[1]
-        chunk_kv = F.pad(kv, (0, 0, 0, extra)).view(batch, n_windows + 1, ratio, -1)[:, :n_windows]
-        chunk_gate = F.pad(gate, (0, 0, 0, extra)).view(batch, n_windows + 1, ratio, -1)[:, :n_windows]
-        first_window_position = 0
-    else:
-        chunk_kv, chunk_gate, first_window_position = cache_layer.store_compression_weights("compressor", kv, gate)
-        n_windows = chunk_kv.shape[1] // ratio
-
-    if n_windows > 0:  # there were at least `ratio` tokens (the original tests chunk_kv.shape[1] > 0)
-        if cache_layer is not None:
-            chunk_kv = chunk_kv.view(batch, n_windows, ratio, -1)
-            chunk_gate = chunk_gate.view(batch, n_windows, ratio, -1)
-        chunk_gate = chunk_gate + self.position_bias
-
-        new_kv, new_gate = _overlap(chunk_kv, chunk_gate, self.head_dim, ratio)  # changed
-        if cache_layer is not None:
-            prior_kv, prior_gate = cache_layer.update_overlap_state("compressor", chunk_kv, chunk_gate, self.head_dim)
-            if prior_kv is not None:
-                new_kv[:, 0, :ratio] = prior_kv.to(new_kv.dtype)
-                new_gate[:, 0, :ratio] = prior_gate.to(new_gate.dtype)
-
-        compressed = self.kv_norm((new_kv * new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)).sum(dim=2))
-        positions = torch.arange(n_windows, device=compressed.device)
-        positions = positions * self.compress_rate + first_window_position
-        positions = positions.unsqueeze(0).expand(batch, -1)
-        cos, sin = self.rotary_emb(compressed, position_ids=positions, layer_type=self.rope_layer_type)
-        compressed = apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
-    else:
-        compressed = kv.new_zeros((batch, 0, self.head_dim))
+    compressed = _compressed_windows(self, hidden_states, cache_layer, "compressor")
 
     if cache_layer is not None:
         compressed = cache_layer.update_compressor_states("compressor", compressed)
