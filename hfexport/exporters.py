@@ -267,10 +267,8 @@ class DynamoExporter(HfExporter):
         unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
         selection = config.rules
-        if quantizer is not None and not quantizer.quantizes_fx_graph and self.export_format == "onnx":
-            # A quantizer of the ONNX graph quantizes every MatMul: attention as MatMul/Softmax/MatMul would have
-            # its scores quantized too (MiniLM static int8 lost 0.002 cosine), so attention stays one op.
-            selection = dataclasses.replace(selection, disable=(*selection.disable, "onnx/attention-as-matmul"))
+        if quantizer is not None and quantizer.disabled_rules:
+            selection = dataclasses.replace(selection, disable=(*selection.disable, *quantizer.disabled_rules))
         context = RewriteContext(backend=self.export_format, selection=selection)
         warnings: list[str] = []
         quantization = None

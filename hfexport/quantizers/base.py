@@ -160,6 +160,8 @@ class ExportQuantizer:
     """
 
     quantizes_fx_graph: ClassVar[bool] = False
+    # Rewrite rules the export runs without when this quantizer is set (ids), each for a stated reason.
+    disabled_rules: ClassVar[tuple[str, ...]] = ()
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = ()
     required_packages: ClassVar[tuple[str, ...]] = ()
     min_versions: ClassVar[dict[str, str]] = {}
