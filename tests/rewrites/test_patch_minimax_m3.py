@@ -9,6 +9,7 @@ import torch
 
 from hfexport.rewrites.examples import _export
 from hfexport.rewrites.patches.minimax_m3 import minimax_m3_index_blocks as rule
+from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 
 def test_the_first_example_is_bounded_by_the_sample_without_the_rule() -> None:
@@ -23,21 +24,10 @@ def test_the_first_example_is_bounded_by_the_sample_without_the_rule() -> None:
 def test_the_extra_block_changes_no_output_in_eager() -> None:
     # Eagerly (no export) the patched attention gives the original's outputs bit for bit, at lengths that are
     # and are not whole blocks, with and without left padding.
-    from hfexport.rewrites.engine import RewriteContext
-    from hfexport.rewrites.patching import PatchSession
-
     module, _ = rule.meta.examples[0].build()
     for length in (3, 4, 8, 13):
         ids = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(length))
         mask = torch.ones_like(ids)
         mask[0, :2] = 0
         feed = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
-        with torch.no_grad():
-            expected = module(**feed).last_hidden_state
-        context = RewriteContext(backend="dynamo")
-        with PatchSession(context.hit) as session:
-            assert session.install(rule, module) is None
-            with session.active(), torch.no_grad():
-                actual = module(**feed).last_hidden_state
-        assert context.hits[rule.id] == 1
-        torch.testing.assert_close(actual, expected, atol=0.0, rtol=0.0)
+        assert_patch_keeps_values(rule, module, feed)
