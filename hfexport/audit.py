@@ -365,7 +365,7 @@ def _source(obj: Any) -> str | None:
 
 
 def _original(target: str) -> tuple[str, Any] | None:
-    from hfexport.rewrites.patching import resolve
+    from hfexport.rewrites.kinds.patch import resolve
 
     resolved = resolve(target)
     if isinstance(resolved, str):

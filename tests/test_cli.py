@@ -147,7 +147,7 @@ def test_rules_list_prints_every_rule_and_filters(capsys) -> None:
 def test_rules_show_prints_metadata_and_the_patch_diff_against_the_original_source() -> None:
     from transformers.integrations import moe
 
-    from hfexport.rewrites.patches.moe import gathered_grouped_mm
+    from hfexport.rewrites.rules.patch.moe_grouped_mm_portable import gathered_grouped_mm
 
     result = _hfexport("rules", "show", "patch/moe-grouped-mm-portable")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -22,7 +22,7 @@ import torch
 
 from hfexport.errors import HfExportError
 from hfexport.rewrites.engine import fault_injection, stage_listener
-from hfexport.rewrites.patching import MethodPatch, PatchSession, installed_gates
+from hfexport.rewrites.kinds.patch import MethodPatch, PatchSession, installed_gates
 from hfexport.rewrites.rule import RuleMeta
 from tests.test_reliability_invariants import (
     assert_close_to,

@@ -25,7 +25,7 @@ import transformers
 
 from hfexport import AutoExportConfig, AutoHfExporter
 from hfexport.rewrites.engine import default_registry
-from hfexport.rewrites.patching import MethodPatch, ModuleFunctionPatch, installed_gates, resolve
+from hfexport.rewrites.kinds.patch import MethodPatch, ModuleFunctionPatch, installed_gates, resolve
 
 BACKENDS = ["dynamo", "onnx", "openvino", "executorch"]
 _PACKAGE = {"onnx": "onnxruntime", "executorch": "executorch", "openvino": "openvino"}

@@ -275,7 +275,7 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
     """Lower `program` to an `ExecutorchProgramManager` with the `executorch` stage applied."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    from hfexport.rewrites.executorch_kinds import edge_compile_config  # also registers the stage's applier
+    from hfexport.rewrites.kinds.executorch import edge_compile_config  # also registers the stage's applier
 
     try:
         engine.apply("executorch", program, context)

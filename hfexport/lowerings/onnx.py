@@ -151,7 +151,7 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
     import onnxscript
     import torch.onnx
 
-    from hfexport.rewrites.onnx_kinds import build_translation_table
+    from hfexport.rewrites.kinds.onnx import build_translation_table
 
     opset = config.opset_version or newest_opset()
     table = build_translation_table(context, opset)

@@ -80,13 +80,13 @@ def name_inputs_and_outputs(model: Any, input_names: list[str], output_names: li
 
 
 def _program_rules() -> engine.RuleRegistry:
-    from hfexport.rewrites.openvino_kinds import PROGRAM_RULES, rules_of
+    from hfexport.rewrites.kinds.openvino import PROGRAM_RULES, rules_of
 
     return rules_of(PROGRAM_RULES)
 
 
 def _model_rules() -> engine.RuleRegistry:
-    from hfexport.rewrites.openvino_kinds import OpenVINOModelRule, rules_of
+    from hfexport.rewrites.kinds.openvino import OpenVINOModelRule, rules_of
 
     return rules_of((OpenVINOModelRule,))
 

@@ -148,6 +148,12 @@ class RuleRegistry:
             raise RuleDefinitionError(f"not a rule: {rule!r}")
         if rule.id in self._by_id:
             raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
+        for required in rule.meta.requires:
+            if required not in self._by_id:
+                raise RuleDefinitionError(
+                    f"rule {rule.id} requires {required!r}, which must be registered before it (an earlier "
+                    "stage, or earlier in its stage's RULES)"
+                )
         examples = rule.meta.examples
         if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
             raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
@@ -177,14 +183,41 @@ class RuleRegistry:
                 "'fx/' or 'patch/sdpa' (`hfexport rules list` shows them)"
             )
 
+    def plan(self, selection: RuleSelection) -> dict[str, str | None]:
+        """Rule id -> None when it runs, else why not; requirements are honoured in both directions.
+
+        A selected rule pulls in the rules it `requires` (unless the selection disables one of them, which
+        drops the dependent too), so `--disable`/ablation never runs a rule without what it needs.
+        """
+        verdict: dict[str, str | None] = {
+            i: None if selection.is_enabled(r.meta) else "disabled by the rule selection"
+            for i, r in self._by_id.items()
+        }
+        changed = True
+        while changed:
+            changed = False
+            for rule_id, rule in self._by_id.items():
+                if verdict[rule_id] is not None:
+                    continue
+                for required in rule.meta.requires:
+                    if verdict[required] is None:
+                        continue
+                    if selection.disables(self._by_id[required].meta) or verdict[required].startswith("requires"):
+                        verdict[rule_id] = f"requires {required}, which is not running ({verdict[required]})"
+                    else:
+                        verdict[required] = None  # pulled in by its dependent
+                    changed = True
+        return verdict
+
     def selected(self, stage: str, context: RewriteContext) -> list[Rule]:
         """The rules of `stage` that run for this context; the others are recorded as skipped."""
+        plan = self.plan(context.selection)
         chosen = []
         for rule in self._by_stage[stage]:
             if not rule.applies_to(context.backend):
                 context.skip(rule, "other-backend", f"only for {', '.join(rule.meta.backends)}")
-            elif not context.selection.is_enabled(rule.meta):
-                context.skip(rule, "disabled", "disabled by the rule selection")
+            elif plan[rule.id] is not None:
+                context.skip(rule, "disabled", plan[rule.id])
             else:
                 chosen.append(rule)
         return chosen
@@ -209,7 +242,7 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
     Yields the `PatchSession`; the caller enters `session.active()` around the trace itself so the
     torch-function and module-function patches are visible to that code alone.
     """
-    from hfexport.rewrites.patching import PatchSession
+    from hfexport.rewrites.kinds.patch import PatchSession
 
     registry = registry or default_registry()
     rules = registry.selected("patch", context)
@@ -256,7 +289,7 @@ def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegist
 
 
 def _apply_fx(rule: Rule, target: Any) -> int:
-    from hfexport.rewrites.graph import apply_fx_rule
+    from hfexport.rewrites.kinds.fx import apply_fx_rule
 
     return apply_fx_rule(rule, target)
 

@@ -108,7 +108,7 @@ def check_example(rule: Any, example: Example) -> int:
 
 def _check_patch(rule: Any, example: Example) -> int:
     from hfexport.rewrites.engine import RewriteContext
-    from hfexport.rewrites.patching import PatchSession
+    from hfexport.rewrites.kinds.patch import PatchSession
 
     module, inputs = example.build()
     module.eval()
@@ -138,7 +138,7 @@ def _check_patch(rule: Any, example: Example) -> int:
 
 
 def _check_fx(rule: Any, example: Example) -> int:
-    from hfexport.rewrites.graph import apply_fx_rule
+    from hfexport.rewrites.kinds.fx import apply_fx_rule
 
     module, inputs = example.build()
     module.eval()

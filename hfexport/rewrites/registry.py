@@ -11,12 +11,12 @@ import importlib
 from hfexport.rewrites.engine import RuleRegistry
 
 STAGE_PACKAGES: dict[str, str] = {
-    "patch": "hfexport.rewrites.patches",
-    "fx": "hfexport.rewrites.fx",
-    "aten": "hfexport.rewrites.aten",
-    "onnx": "hfexport.rewrites.onnx",
-    "executorch": "hfexport.rewrites.executorch",
-    "openvino": "hfexport.rewrites.openvino",
+    "patch": "hfexport.rewrites.rules.patch",
+    "fx": "hfexport.rewrites.rules.fx",
+    "aten": "hfexport.rewrites.rules.aten",
+    "onnx": "hfexport.rewrites.rules.onnx",
+    "executorch": "hfexport.rewrites.rules.executorch",
+    "openvino": "hfexport.rewrites.rules.openvino",
 }
 
 

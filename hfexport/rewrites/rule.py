@@ -40,6 +40,9 @@ class RuleMeta:
     examples: tuple[Example, ...] = ()
     # Opt-in rules (default False) run only when `RuleSelection.enable` names them.
     enabled_by_default: bool = True
+    # Ids of rules this one is only correct or useful after (in this stage or an earlier one). The engine runs
+    # them whenever this rule runs, and drops this rule when the selection disables one of them.
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         match = _ID_RE.match(self.id)
@@ -56,6 +59,10 @@ class RuleMeta:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown or not self.backends:
             raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {BACKENDS}")
+        object.__setattr__(self, "requires", tuple(self.requires))
+        for required in self.requires:
+            if not _ID_RE.match(required) or required == self.id:
+                raise RuleDefinitionError(f"rule {self.id}: `requires` names {required!r}, not another rule id")
         if self.expires is not None:
             from packaging.requirements import Requirement
 
@@ -94,6 +101,10 @@ class RuleSelection:
                 if _matches(pattern, meta.id) and longer:
                     best_len, verdict = len(pattern), on
         return verdict
+
+    def disables(self, meta: RuleMeta) -> bool:
+        """Whether a `disable` pattern decides against `meta` (not merely its default being off)."""
+        return not self.is_enabled(meta) and any(_matches(p, meta.id) for p in self.disable)
 
     def unknown_patterns(self, rule_ids: list[str]) -> list[str]:
         """Patterns that match no registered rule (almost always a typo)."""

@@ -10,7 +10,7 @@ import torch
 def assert_patch_keeps_values(rule: Any, module: torch.nn.Module, feed: dict[str, Any]) -> None:
     """`module(**feed).last_hidden_state` with `rule` installed equals it without, exactly; the rule fires once."""
     from hfexport.rewrites.engine import RewriteContext
-    from hfexport.rewrites.patching import PatchSession
+    from hfexport.rewrites.kinds.patch import PatchSession
 
     with torch.no_grad():
         expected = module(**feed).last_hidden_state

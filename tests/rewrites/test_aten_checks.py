@@ -8,7 +8,7 @@ import torch
 
 
 def test_the_checked_example_does_not_translate_without_its_rule() -> None:
-    from hfexport.rewrites.aten.checks import is_all_true as rule
+    from hfexport.rewrites.rules.aten.is_all_true import is_all_true as rule
 
     module, inputs = rule.meta.examples[0].build()
     program = torch.export.export(module.eval(), (), inputs)
@@ -20,7 +20,7 @@ def test_the_checked_example_does_not_translate_without_its_rule() -> None:
 def test_the_noop_squeeze_example_does_not_load_without_its_rule() -> None:
     import onnxruntime as ort
 
-    from hfexport.rewrites.aten.checks import squeeze_dim_noop as rule
+    from hfexport.rewrites.rules.aten.squeeze_dim_noop import squeeze_dim_noop as rule
 
     module, inputs = rule.meta.examples[0].build()
     program = torch.onnx.export(torch.export.export(module.eval(), (), inputs), (), dynamo=True, verbose=False)

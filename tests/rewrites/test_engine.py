@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext, RuleRegistry
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.graph import FxNodeRule
-from hfexport.rewrites.patching import (
+from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.patch import (
     NOT_APPLICABLE,
     MethodPatch,
     ModuleFunctionPatch,

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("executorch")
 
 from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
-from hfexport.rewrites.patches.executorch_jetmoe import _jetmoe
+from hfexport.rewrites.rules.patch.executorch_jetmoe_rowwise_experts import _jetmoe
 from hfexport.runtime.executorch import ExecutorchProgram
 
 RULE = "patch/executorch-jetmoe-rowwise-experts"

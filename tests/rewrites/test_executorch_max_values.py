@@ -14,7 +14,7 @@ def test_the_max_values_example_fails_to_lower_without_its_rule() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.executorch.max_values import max_values_as_amax as rule
+    from hfexport.rewrites.rules.executorch.max_values_as_amax import max_values_as_amax as rule
 
     module, inputs = rule.meta.examples[0].build()
     shapes = {"logits": {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}}

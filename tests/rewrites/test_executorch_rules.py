@@ -15,9 +15,9 @@ pytest.importorskip("executorch")
 from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
 from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
-from hfexport.rewrites.executorch_kinds import ExecutorchNodeRule
-from hfexport.rewrites.patches.moe_batched import qwen3_moe as _qwen3_moe
+from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe as _qwen3_moe
 from hfexport.runtime.executorch import ExecutorchProgram
 
 MOE_RULE = "patch/executorch-moe-batched-experts"
@@ -130,7 +130,9 @@ def test_the_sdpa_view_example_fails_to_lower_without_its_rule() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.executorch.sdpa_strides import sdpa_output_contiguous_before_view as rule
+    from hfexport.rewrites.rules.executorch.sdpa_output_contiguous_before_view import (
+        sdpa_output_contiguous_before_view as rule,
+    )
 
     module, inputs = rule.meta.examples[0].build()
     shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
@@ -150,7 +152,9 @@ def _lower_example_without_its_rule(rule, shapes: dict) -> None:
 
 
 def test_the_dynamic_unsqueeze_example_fails_to_lower_without_its_rule() -> None:
-    from hfexport.rewrites.executorch.dynamic_unsqueeze import trailing_unsqueeze_as_view as rule
+    from hfexport.rewrites.rules.executorch.dynamic_trailing_unsqueeze_as_view import (
+        dynamic_trailing_unsqueeze_as_view as rule,
+    )
 
     # Batch and length dynamic: the trailing unsqueeze of `stack(..., -1)` has two dynamic axes.
     shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 2: torch.export.Dim.AUTO(max=32)}}
@@ -159,7 +163,7 @@ def test_the_dynamic_unsqueeze_example_fails_to_lower_without_its_rule() -> None
 
 
 def test_the_sym_min_example_fails_to_lower_without_its_rule() -> None:
-    from hfexport.rewrites.executorch.sym_min_max import sym_functions_pass_the_verifier as rule
+    from hfexport.rewrites.rules.executorch.sym_size_functions_verifier import sym_size_functions_verifier as rule
 
     shapes = {"scores": {1: torch.export.Dim.AUTO(max=32)}}
     # The edge verifier asserts that a Python function in the graph is `alloc`: torch.sym_min is not.
@@ -168,8 +172,8 @@ def test_the_sym_min_example_fails_to_lower_without_its_rule() -> None:
 
 
 def test_verifier_exceptions_reach_the_edge_compile_config_only_where_the_program_calls_them() -> None:
-    from hfexport.rewrites.executorch.sym_min_max import sym_functions_pass_the_verifier as rule
-    from hfexport.rewrites.executorch_kinds import apply_verifier_exception_rule, edge_compile_config
+    from hfexport.rewrites.kinds.executorch import apply_verifier_exception_rule, edge_compile_config
+    from hfexport.rewrites.rules.executorch.sym_size_functions_verifier import sym_size_functions_verifier as rule
 
     module, inputs = rule.meta.examples[0].build()
     dynamic = torch.export.export(module, (), inputs, dynamic_shapes={"scores": {1: torch.export.Dim.AUTO(max=32)}})
@@ -189,7 +193,7 @@ def test_the_dynamic_empty_example_is_planned_at_the_sample_shape_without_its_ru
     from executorch.exir import to_edge_transform_and_lower
 
     from hfexport.errors import InputError
-    from hfexport.rewrites.executorch.dynamic_empty import empty_as_zeros as rule
+    from hfexport.rewrites.rules.executorch.dynamic_empty_as_zeros import dynamic_empty_as_zeros as rule
 
     match = rule.meta.examples[0]
     module, inputs = match.build()
@@ -208,7 +212,7 @@ def test_the_split_example_is_planned_at_the_sample_batch_without_its_rule() -> 
     from executorch.exir import to_edge_transform_and_lower
 
     from hfexport.errors import InputError
-    from hfexport.rewrites.executorch.split_slices import split_as_slices as rule
+    from hfexport.rewrites.rules.executorch.split_as_slices import split_as_slices as rule
 
     match = rule.meta.examples[0]
     module, inputs = match.build()
@@ -223,7 +227,7 @@ def test_the_split_example_is_planned_at_the_sample_batch_without_its_rule() -> 
 
 
 def test_the_conv1d_example_fails_to_lower_without_its_rule() -> None:
-    from hfexport.rewrites.executorch.conv1d_as_conv2d import conv1d_as_conv2d as rule
+    from hfexport.rewrites.rules.executorch.dynamic_conv1d_as_conv2d import dynamic_conv1d_as_conv2d as rule
 
     # Batch and length dynamic: XNNPACK's own unsqueeze of the conv1d input has two dynamic axes.
     shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: torch.export.Dim.AUTO(max=32)}}
@@ -232,7 +236,7 @@ def test_the_conv1d_example_fails_to_lower_without_its_rule() -> None:
 
 
 def test_node_rules_see_the_shapes_of_nodes_an_earlier_graph_rule_added() -> None:
-    from hfexport.rewrites.executorch_kinds import fill_missing_values
+    from hfexport.rewrites.kinds.executorch import fill_missing_values
 
     module, inputs = _pair(Residual(), 6)
     program = torch.export.export(module, (), inputs, dynamic_shapes={"x": {1: torch.export.Dim.AUTO}, "y": None})

@@ -15,7 +15,9 @@ def test_the_segment_min_example_does_not_load_without_its_rule() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.executorch.scatter_minmax import scatter_min_max_as_masked_reduction as rule
+    from hfexport.rewrites.rules.executorch.scatter_min_max_as_masked_reduction import (
+        scatter_min_max_as_masked_reduction as rule,
+    )
     from hfexport.runtime.executorch import ExecutorchProgram
 
     module, inputs = rule.meta.examples[0].build()

@@ -14,7 +14,7 @@ def test_the_sort_example_does_not_load_without_its_rule() -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.executorch.sort_topk import sort_as_topk as rule
+    from hfexport.rewrites.rules.executorch.integer_sort_as_topk import integer_sort_as_topk as rule
     from hfexport.runtime.executorch import ExecutorchProgram
 
     module, inputs = rule.meta.examples[0].build()

@@ -10,7 +10,7 @@ import torch
 
 from hfexport import AutoExportConfig, AutoHfExporter
 from hfexport.errors import HfExportError
-from hfexport.rewrites.fx.fold_layout_constants import fold_layout_constants_rule as rule
+from hfexport.rewrites.rules.fx.fold_layout_constants import fold_layout_constants as rule
 
 
 def _export(disable: list[str]):

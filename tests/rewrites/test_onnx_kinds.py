@@ -11,7 +11,7 @@ pytest.importorskip("onnxscript")
 
 from hfexport.rewrites.engine import RewriteContext
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
-from hfexport.rewrites.onnx_kinds import RULE_ID_KEY, AtenOverride, OnnxRewriteRule, TranslationTable, apply_onnx_rule
+from hfexport.rewrites.kinds.onnx import RULE_ID_KEY, AtenOverride, OnnxRewriteRule, TranslationTable, apply_onnx_rule
 from hfexport.rewrites.rule import RuleMeta
 
 _DOUBLE_NEG = """
@@ -72,7 +72,7 @@ def test_ir_rule_stamps_the_nodes_it_produced() -> None:
 
 
 def test_aten_override_of_a_missing_op_is_not_applicable() -> None:
-    from hfexport.rewrites.onnx_kinds import _apply_aten
+    from hfexport.rewrites.kinds.onnx import _apply_aten
 
     meta = RuleMeta(id="aten/test-missing", why="test", upstream="test", backends=("onnx",))
     rule = AtenOverride(meta, target="aten.no_such_op.default", translation=lambda: print)

@@ -10,8 +10,8 @@ import torch
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
 
-from hfexport.rewrites.onnx.near_noop_constants import keep_near_noop_constants as rule
-from hfexport.rewrites.onnx_kinds import _export_module, _feeds, _ort_outputs, apply_onnx_rule
+from hfexport.rewrites.kinds.onnx import _export_module, _feeds, _ort_outputs, apply_onnx_rule
+from hfexport.rewrites.rules.onnx.keep_near_noop_constants import keep_near_noop_constants as rule
 
 
 def _optimized(example, with_rule: bool):

@@ -19,8 +19,7 @@ from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter
 from hfexport.rewrites import examples
 from hfexport.rewrites.engine import RewriteContext, apply, default_registry
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
-from hfexport.rewrites.openvino import attention, concat, inputs, outputs, symbolic
-from hfexport.rewrites.openvino_kinds import (
+from hfexport.rewrites.kinds.openvino import (
     F32_HINT,
     PROGRAM_RULES,
     OpenVINOFxNodeRule,
@@ -28,8 +27,14 @@ from hfexport.rewrites.openvino_kinds import (
     apply_openvino_rule,
     rules_of,
 )
-from hfexport.rewrites.patches import moe_batched, openvino_moe
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
+from hfexport.rewrites.rules.openvino import _symbolic as symbolic
+from hfexport.rewrites.rules.openvino import cat_drop_legacy_empty as concat
+from hfexport.rewrites.rules.openvino import distinct_repeated_outputs as outputs
+from hfexport.rewrites.rules.openvino import drop_constant_inputs as inputs
+from hfexport.rewrites.rules.openvino import sdpa_fully_masked_rows as attention
+from hfexport.rewrites.rules.patch import _moe_batched as moe_batched
+from hfexport.rewrites.rules.patch.openvino_moe_batched_experts import openvino_moe_batched_experts
 
 
 def _compile_and_run(ov_model: Any, feed: dict[str, torch.Tensor]) -> np.ndarray:
@@ -51,7 +56,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/quant-right-shift-as-floor-scale",
     }
     assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
-    for rule in [*registry.rules("openvino"), openvino_moe.openvino_batched_experts]:
+    for rule in [*registry.rules("openvino"), openvino_moe_batched_experts]:
         assert rule.meta.backends == ("openvino",), rule.id
         assert rule.meta.upstream and rule.meta.why, rule.id
     # the lowering runs the program rules before conversion and the model rules after, each in RULES order
@@ -74,7 +79,7 @@ def test_without_the_cat_rule_conversion_fails() -> None:
     program = examples._export(module, feed)
     with pytest.raises(Exception, match=r"aten\.cat"):
         ov.convert_model(program)
-    assert apply_openvino_rule(concat.drop_legacy_empty_cat_inputs, program) == 1
+    assert apply_openvino_rule(concat.cat_drop_legacy_empty, program) == 1
     np.testing.assert_allclose(_compile_and_run(ov.convert_model(program), feed), module(**feed).numpy(), atol=1e-6)
 
 

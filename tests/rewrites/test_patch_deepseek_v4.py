@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hfexport.rewrites.examples import _export
-from hfexport.rewrites.patches.deepseek_v4 import deepseek_v4_overlap_windows as rule
+from hfexport.rewrites.rules.patch.deepseek_v4_overlap_windows import deepseek_v4_overlap_windows as rule
 from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 

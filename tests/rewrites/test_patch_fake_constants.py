@@ -8,7 +8,7 @@ import torch
 
 
 def test_the_baked_layout_example_does_not_export_without_its_rule() -> None:
-    from hfexport.rewrites.patches.fake_constants import fake_constant_layouts as rule
+    from hfexport.rewrites.rules.patch.fake_constant_layouts import fake_constant_layouts as rule
 
     module, inputs = rule.meta.examples[0].build()
     with pytest.raises(Exception, match=r"data-dependent"):

@@ -8,7 +8,7 @@ import torch
 
 
 def test_the_placeholder_check_example_does_not_export_without_its_rule() -> None:
-    from hfexport.rewrites.patches.hunyuan_vl import hunyuan_vl_placeholder_check as rule
+    from hfexport.rewrites.rules.patch.hunyuan_vl_placeholder_check import hunyuan_vl_placeholder_check as rule
 
     module, inputs = rule.meta.examples[0].build()
     with pytest.raises(Exception, match=r"data-dependent"):

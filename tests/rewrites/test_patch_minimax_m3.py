@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hfexport.rewrites.examples import _export
-from hfexport.rewrites.patches.minimax_m3 import minimax_m3_index_blocks as rule
+from hfexport.rewrites.rules.patch.minimax_m3_index_blocks import minimax_m3_index_blocks as rule
 from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 

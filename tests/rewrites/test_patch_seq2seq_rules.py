@@ -22,23 +22,22 @@ def _first_example_without_rule(rule) -> None:
 @pytest.mark.parametrize(
     ("name", "error"),
     [
-        ("longt5.longt5_pad_blocks", r"Guard failed"),
-        ("nllb_moe.nllb_moe_router_cast", r"Couldn't swap"),
-        ("nllb_moe.nllb_moe_dense_experts", r"data-dependent|Could not guard|GuardOnDataDependent"),
-        ("moonshine.moonshine_conv_lengths", r"Guard failed|[Cc]onstraint|specializ"),
+        ("longt5_pad_blocks", r"Guard failed"),
+        ("nllb_moe_router_cast", r"Couldn't swap"),
+        ("nllb_moe_dense_experts", r"data-dependent|Could not guard|GuardOnDataDependent"),
+        ("moonshine_conv_lengths", r"Guard failed|[Cc]onstraint|specializ"),
     ],
 )
 def test_the_first_example_fails_without_its_rule(name: str, error: str) -> None:
     import importlib
 
-    module_name, attr = name.split(".")
-    rule = getattr(importlib.import_module(f"hfexport.rewrites.patches.{module_name}"), attr)
+    rule = getattr(importlib.import_module(f"hfexport.rewrites.rules.patch.{name}"), name)
     with pytest.raises(Exception, match=error):
         _first_example_without_rule(rule)
 
 
 def test_the_rules_are_registered() -> None:
-    from hfexport.rewrites.patches import RULES
+    from hfexport.rewrites.rules.patch import RULES
 
     ids = {rule.meta.id for rule in RULES}
     assert {

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hfexport.rewrites.examples import _check_patch, _export
-from hfexport.rewrites.patches.onnx_ssm_scan import mamba_selective_scan_onnx as rule
-from hfexport.rewrites.patches.ssm_scan import scan_selective
+from hfexport.rewrites.rules.patch.mamba_selective_scan_hop import scan_selective
+from hfexport.rewrites.rules.patch.mamba_selective_scan_onnx import mamba_selective_scan_onnx as rule
 
 
 def test_the_first_example_is_pinned_to_the_sample_length_without_the_rule() -> None:

@@ -16,10 +16,10 @@ from hfexport.rewrites.examples import Match, NoMatch, check_example
 pytest.importorskip("nncf")
 
 RULE_MODULES = (
-    "hfexport.rewrites.executorch.quant_pt2e",
-    "hfexport.rewrites.executorch.quant_requantize",
-    "hfexport.rewrites.executorch.quant_weight_decompression",
-    "hfexport.rewrites.openvino.quant_weight_decompression",
+    "hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams",
+    "hfexport.rewrites.rules.executorch.quant_identity_requantize",
+    "hfexport.rewrites.rules.executorch._quant_weight_decompression",
+    "hfexport.rewrites.rules.openvino.quant_right_shift_as_floor_scale",
 )
 
 
@@ -83,40 +83,42 @@ def _program(example: Match) -> torch.export.ExportedProgram:
 
 def test_executorch_refuses_the_shift_without_the_rule() -> None:
     pytest.importorskip("executorch")
-    from hfexport.rewrites.executorch.quant_weight_decompression import right_shift_passes_the_verifier
-    from hfexport.rewrites.executorch_kinds import _lower
+    from hfexport.rewrites.kinds.executorch import _lower
+    from hfexport.rewrites.rules.executorch.quant_right_shift_verifier import quant_right_shift_verifier
 
     with pytest.raises(Exception, match="bitwise_right_shift"):
-        _lower(_program(right_shift_passes_the_verifier.meta.examples[0]))
+        _lower(_program(quant_right_shift_verifier.meta.examples[0]))
 
 
 def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
     pytest.importorskip("executorch")
-    from hfexport.rewrites.executorch.quant_weight_decompression import linear_with_computed_weight_untagged
-    from hfexport.rewrites.executorch_kinds import _lower
+    from hfexport.rewrites.kinds.executorch import _lower
+    from hfexport.rewrites.rules.executorch.quant_computed_weight_linear_untagged import (
+        quant_computed_weight_linear_untagged,
+    )
 
     with pytest.raises(Exception, match="ConvertToLinearPass"):
-        _lower(_program(linear_with_computed_weight_untagged.meta.examples[0]))
+        _lower(_program(quant_computed_weight_linear_untagged.meta.examples[0]))
 
 
 def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> None:
     pytest.importorskip("executorch")
     pytest.importorskip("torchao")
-    from hfexport.rewrites.executorch.quant_pt2e import requantize_slice_with_its_input_qparams
-    from hfexport.rewrites.executorch_kinds import _lower
+    from hfexport.rewrites.kinds.executorch import _lower
+    from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import quant_slice_keeps_qparams
 
     # The program lowers; XNNPACK refuses its slices when the method is loaded.
     with pytest.raises(Exception, match="load method"):
-        _lower(_program(requantize_slice_with_its_input_qparams.meta.examples[0]))
+        _lower(_program(quant_slice_keeps_qparams.meta.examples[0]))
 
 
 # Lowers the rule's first example without the rule, loads and runs it, then destroys the method: in a child
 # process, since XNNPACK's double free aborts it.
 _REQUANTIZE_WITHOUT_THE_RULE = """
 import torch
-from hfexport.rewrites.executorch.quant_requantize import identity_requantize_dropped
-from hfexport.rewrites.executorch_kinds import _lower
-module, inputs = identity_requantize_dropped.meta.examples[0].build()
+from hfexport.rewrites.rules.executorch.quant_identity_requantize import quant_identity_requantize
+from hfexport.rewrites.kinds.executorch import _lower
+module, inputs = quant_identity_requantize.meta.examples[0].build()
 with torch.no_grad():
     program = torch.export.export(module.eval(), (), inputs, strict=False)
 lowered = _lower(program)
@@ -144,10 +146,10 @@ def test_xnnpack_double_frees_an_identity_requantize_without_the_rule() -> None:
 
 def test_openvino_cannot_convert_the_shift_without_the_rule() -> None:
     ov = pytest.importorskip("openvino")
-    from hfexport.rewrites.openvino.quant_weight_decompression import right_shift_as_floor_scale
+    from hfexport.rewrites.rules.openvino.quant_right_shift_as_floor_scale import quant_right_shift_as_floor_scale
 
     with pytest.raises(Exception, match="bitwise_right_shift"):
-        ov.convert_model(_program(right_shift_as_floor_scale.meta.examples[0]))
+        ov.convert_model(_program(quant_right_shift_as_floor_scale.meta.examples[0]))
 
 
 def test_openvino_integer_floor_division_is_no_alternative() -> None:

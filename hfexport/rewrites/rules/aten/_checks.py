@@ -1,0 +1,85 @@
+"""Tensor checks that transformers' `torch_compilable_check` leaves in the graph (`torch._check_tensor_all`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _is_all_true_translation() -> Callable[..., Any]:
+    from onnxscript import opset18 as op
+
+    def aten_is_all_true(self: Any) -> Any:
+        # All elements true: the minimum of the values as 0/1 integers is 1. An empty tensor reduces to the
+        # largest int32 (ReduceMin's identity), true as torch.all gives for no elements.
+        as_int = op.Cast(self, to=6)  # INT32
+        return op.Cast(op.ReduceMin(op.Reshape(as_int, [-1]), keepdims=0), to=9)  # BOOL
+
+    return aten_is_all_true
+
+
+class _CheckedScale(torch.nn.Module):
+    """Scales image features after checking they fill the image tokens, as LLaVA-style merges do."""
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        torch._check_tensor_all((tokens >= 0) & (features.sum(-1) == features.sum(-1)))
+        return features * 2 + tokens.unsqueeze(-1)
+
+
+class _Unchecked(torch.nn.Module):
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return features * 2 + tokens.unsqueeze(-1)
+
+
+def _checked() -> tuple[torch.nn.Module, dict[str, Any]]:
+    generator = torch.Generator().manual_seed(0)
+    return _CheckedScale(), {
+        "tokens": torch.arange(6.0).reshape(2, 3),
+        "features": torch.randn(2, 3, 5, generator=generator),
+    }
+
+
+def _checked_odd() -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(1)
+    return {"tokens": torch.arange(14.0).reshape(2, 7), "features": torch.randn(2, 7, 3, generator=generator)}
+
+
+def _squeeze_is_noop(self: Any, dim: int) -> bool:
+    """torch.squeeze(dim) leaves a dimension that is not 1 alone (and a 0-d tensor as it is)."""
+    shape = self.shape
+    if shape is None:
+        return False
+    if len(shape) == 0:
+        return True
+    size = shape[dim % len(shape)]
+    return isinstance(size, int) and size != 1
+
+
+def _squeeze_dim_translation() -> Callable[..., Any]:
+    from onnxscript import opset18 as op
+
+    def aten_squeeze_dim(self: Any, dim: int) -> Any:
+        if _squeeze_is_noop(self, dim):
+            return op.Identity(self)  # ONNX Squeeze would reject an axis whose size is not 1
+        return op.Squeeze(self, [dim])
+
+    return aten_squeeze_dim
+
+
+class _SqueezeTokens(torch.nn.Module):
+    """Pixtral-style: `features.squeeze(0)` on [tokens, hidden] features, a no-op when tokens != 1."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.reshape(-1, features.shape[-1]).squeeze(0) * 3
+
+
+class _SqueezeBatch(torch.nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.squeeze(0) * 3
+
+
+class _SqueezeAll(torch.nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.squeeze() * 3

@@ -1,0 +1,42 @@
+"""Rule `executorch/quant-computed-weight-linear-untagged` (shared code: `_quant_weight_decompression`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._quant_weight_decompression import (
+    _inputs,
+    _is_computed_weight_linear,
+    _TransposedLinear,
+    _untag_linear,
+)
+
+quant_computed_weight_linear_untagged = ExecutorchNodeRule(
+    RuleMeta(
+        id="executorch/quant-computed-weight-linear-untagged",
+        why="a linear on a weight computed in the graph (NNCF's int8/int4 weight decompression) over a "
+        "non-contiguous 3-D input decomposes to expand + bmm, and XNNPACK's ConvertToLinearPass, seeing the bmm "
+        "tagged as an nn.Linear, rebuilds a linear on the 3-D expanded weight: 't() expects a tensor with <= 2 "
+        "dimensions'. The linear loses its source-module tag (numerics unchanged), so the bmm runs as a bmm",
+        upstream="executorch 1.4.1 backends/xnnpack/_passes/convert_to_linear.py (create_linear takes the bmm's "
+        "expanded operands for the linear's input and weight)",
+        backends=("executorch",),
+        models=("nncf-weight-compression",),
+        examples=(
+            Match(
+                lambda: (_TransposedLinear(), _inputs(5, 2)),
+                "int8 weights decompressed in an nn.Linear, transposed [5, 2, 24] input; then [9, 3, 24]",
+                atol=1e-4,
+                other_inputs=lambda: _inputs(9, 3, seed=2),
+            ),
+            NoMatch(
+                lambda: (_TransposedLinear(compressed=False), _inputs(5, 2)),
+                "the same linear on its own parameter: XNNPACK delegates it",
+            ),
+            NoMatch(lambda: (_TransposedLinear(rows=True), _inputs(7)), "int8 weights on a 2-D input: addmm"),
+        ),
+    ),
+    predicate=_is_computed_weight_linear,
+    rewrite=_untag_linear,
+)

@@ -1,0 +1,26 @@
+"""Rule `onnx/attention-as-matmul` (shared code: `_fusions_attention`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.onnx._fusions_attention import _attention_matmul_rule, _grouped_no_repeat
+
+attention_as_matmul = OnnxRewriteRule(
+    meta=RuleMeta(
+        id="onnx/attention-as-matmul",
+        why="ONNX Runtime 1.32 has no CPU kernel for Attention-25 and inlines its ~60-node function body per "
+        "layer; MatMul/Softmax/MatMul over grouped heads runs as fast as the opset-24 kernel",
+        upstream="onnxruntime 1.32 registers its CPU Attention kernel for opsets 23 and 24 only (a kernel "
+        "registered without an end version matches its start version only, cf. microsoft/onnxruntime#32201)",
+        backends=("onnx",),
+        models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
+        kind="optimization",
+        examples=(
+            Match(_grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
+            NoMatch(_grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
+        ),
+    ),
+    rewrite_rule=_attention_matmul_rule,
+)

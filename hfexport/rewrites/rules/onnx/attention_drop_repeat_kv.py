@@ -1,0 +1,25 @@
+"""Rule `onnx/attention-drop-repeat-kv` (shared code: `_fusions_attention`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.onnx._fusions_attention import _gqa_rule, _grouped, _tiled
+
+attention_drop_repeat_kv = OnnxRewriteRule(
+    meta=RuleMeta(
+        id="onnx/attention-drop-repeat-kv",
+        why="repeat_kv (Unsqueeze/Expand/Reshape copying the key and value cache per layer and step) before a "
+        "standard Attention node is dropped: the op reads fewer key/value heads itself",
+        upstream="",
+        backends=("onnx",),
+        models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
+        kind="optimization",
+        examples=(
+            Match(_grouped, "6 query / 2 key-value heads, boolean mask with a left-padded row", opset=24),
+            NoMatch(_tiled, "key/value heads tiled with repeat(), not grouped", opset=24),
+        ),
+    ),
+    rewrite_rule=_gqa_rule,
+)

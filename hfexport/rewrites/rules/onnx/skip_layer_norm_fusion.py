@@ -1,0 +1,30 @@
+"""Rule `onnx/skip-layer-norm-fusion` (shared code: `_fusions_skip_norm`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.onnx._fusions_skip_norm import (
+    _ln_broadcast,
+    _ln_layer,
+    _ln_two_axes,
+    _skip_layer_norm_rule,
+)
+
+skip_layer_norm_fusion = OnnxRewriteRule(
+    meta=RuleMeta(
+        id="onnx/skip-layer-norm-fusion",
+        why="residual Add + LayerNormalization in one SkipLayerNormalization kernel",
+        upstream="",
+        backends=("onnx",),
+        models=("bert", "roberta", "gpt2", "phi"),
+        kind="optimization",
+        examples=(
+            Match(_ln_layer, "pre-norm layer, LayerNorm, [2, 5, 24], the sum reused", atol=1e-5),
+            NoMatch(_ln_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
+            NoMatch(_ln_two_axes, "LayerNorm over the last two axes"),
+        ),
+    ),
+    rewrite_rule=_skip_layer_norm_rule,
+)

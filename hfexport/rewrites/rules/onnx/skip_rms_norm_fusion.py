@@ -1,0 +1,26 @@
+"""Rule `onnx/skip-rms-norm-fusion` (shared code: `_fusions_skip_norm`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.onnx._fusions_skip_norm import _rms_broadcast, _rms_layer, _rms_layer_2d, _skip_rms_rule
+
+skip_rms_norm_fusion = OnnxRewriteRule(
+    meta=RuleMeta(
+        id="onnx/skip-rms-norm-fusion",
+        why="residual Add + SimplifiedLayerNormalization in one SkipSimplifiedLayerNormalization kernel",
+        upstream="",
+        backends=("onnx",),
+        models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
+        kind="optimization",
+        requires=("onnx/rms-norm-fusion",),
+        examples=(
+            Match(_rms_layer, "pre-norm layer, RMSNorm, [2, 5, 24], the sum reused", atol=1e-5),
+            Match(_rms_layer_2d, "pre-norm layer, RMSNorm, 2-D [7, 17]", atol=1e-5),
+            NoMatch(_rms_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
+        ),
+    ),
+    rewrite_rule=_skip_rms_rule,
+)

@@ -1,0 +1,166 @@
+"""Integer arithmetic on symbolic sizes that the OpenVINO PyTorch frontend has no translator for.
+
+The frontend translates `operator.add`, `sub`, `mul`, `floordiv`, `neg` (and `getitem`) on `SymInt` values,
+but not `operator.mod` nor `torch.sym_min` / `torch.sym_max` ("No conversion rule found for operations").
+These rules rewrite them with the supported operators into expressions that are equal for every integer
+(Python semantics: `//` floors), so nothing depends on the sizes seen at capture. Floor division is what
+the frontend computes for `operator.floordiv` (checked by the examples on negative operands).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+
+def _int_value(arg: Any) -> Any:
+    """The int / SymInt an argument stands for, or None when it is not an integer."""
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    if isinstance(value, bool):
+        return None
+    return value if isinstance(value, (int, torch.SymInt)) else None
+
+
+def _on_ints(node: fx.Node, targets: tuple[Any, ...]) -> bool:
+    return (
+        node.op == "call_function"
+        and node.target in targets
+        and len(node.args) == 2
+        and not node.kwargs
+        and all(_int_value(a) is not None for a in node.args)
+    )
+
+
+def _call(graph: fx.Graph, op: Any, *args: Any) -> fx.Node:
+    """An `operator` call on ints with its `val` meta (the exported program keeps one per node)."""
+    node = graph.call_function(op, args)
+    node.meta["val"] = op(*(_int_value(a) for a in args))
+    return node
+
+
+def _replace(node: fx.Node, new: fx.Node) -> None:
+    node.replace_all_uses_with(new)
+    node.graph.erase_node(node)
+
+
+# -- a % b ------------------------------------------------------------------------------------------
+
+
+def _mod_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
+    a, b = node.args
+    graph = gm.graph
+    with graph.inserting_before(node):
+        # Python's identity a == (a // b) * b + a % b, with // flooring: holds for every int a and b != 0.
+        quotient = _call(graph, operator.floordiv, a, b)
+        _replace(node, _call(graph, operator.sub, a, _call(graph, operator.mul, quotient, b)))
+
+
+class _PadToMultiple(torch.nn.Module):
+    """Right-pad the length to a multiple of 4, the Mamba-2 chunk padding `(-L) % chunk` (negative operand)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = (-x.shape[1]) % 4
+        return F.pad(x, (0, 0, 0, pad)).reshape(x.shape[0], -1, 4, x.shape[2]).sum(2)
+
+
+class _ModOfSum(torch.nn.Module):
+    """A positive operand and a symbolic divisor: `(L + 3) % B` sizes a slice."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[:, : (x.shape[1] + 3) % y.shape[0]] * 2
+
+
+# -- torch.sym_min / torch.sym_max ------------------------------------------------------------------
+
+
+def _min_max_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
+    a, b = node.args
+    graph = gm.graph
+    with graph.inserting_before(node):
+        d = _call(graph, operator.sub, a, b)
+        # For every int d: d // (d*d + 1) is -1 when d < 0 and 0 otherwise (|d| < d*d + 1), so
+        # below = [a < b] and min(a, b) = b + d * below, max(a, b) = a - d * below.
+        square = _call(graph, operator.add, _call(graph, operator.mul, d, d), 1)
+        below = _call(graph, operator.neg, _call(graph, operator.floordiv, d, square))
+        shift = _call(graph, operator.mul, d, below)
+        if node.target is torch.sym_min:
+            new = _call(graph, operator.add, b, shift)
+        else:
+            new = _call(graph, operator.sub, a, shift)
+    _replace(node, new)
+
+
+class _TopKOfAtMost(torch.nn.Module):
+    """`topk(x, min(k, L))`: the indexer of axk2 keeps at most `k` keys of a sequence of any length."""
+
+    def __init__(self, k: int = 4) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.topk(x, min(self.k, x.shape[-1]), dim=-1).values
+
+
+class _MinMaxOfSizes(torch.nn.Module):
+    """Two symbolic sizes: min and max of them size two slices."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        short, long = min(x.shape[0], y.shape[0]), max(x.shape[0], y.shape[0])
+        return x[:short] + y[:short], torch.cat([x, y])[:long] * 2
+
+
+# -- integer floor division on the CPU plugin -------------------------------------------------------
+
+
+def _is_python_int_divide(op: Any) -> bool:
+    if op.get_type_name() != "Divide" or not op.get_attributes().get("m_pythondiv", False):
+        return False
+    if not op.get_output_element_type(0).is_integral_number():
+        return False
+    # Already exact: the dividend is a - floor_mod(a, b), a multiple of b (this rule's own output).
+    dividend = op.input_value(0).get_node()
+    return not (
+        dividend.get_type_name() == "Subtract" and dividend.input_value(1).get_node().get_type_name() == "FloorMod"
+    )
+
+
+def exact_floor_divides(model: Any) -> int:
+    import openvino.opset13 as ops
+
+    divides = [op for op in model.get_ordered_ops() if _is_python_int_divide(op)]
+    for op in divides:
+        a, b = op.input_value(0), op.input_value(1)
+        # floor(a / b) = (a - floor_mod(a, b)) / b: the division is exact, so truncating or flooring agree.
+        exact = ops.divide(ops.subtract(a, ops.floor_mod(a, b)), b)
+        exact.set_friendly_name(op.get_friendly_name())
+        op.output(0).replace(exact.output(0))
+    if divides:
+        model.validate_nodes_and_infer_types()
+    return len(divides)
+
+
+class _ShortenByCeil(torch.nn.Module):
+    """Keep L + (-L) // 4 positions: a floor division of a negative size (L = 7 keeps 5, truncation 6)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : x.shape[1] + (-x.shape[1]) // 4] * 2
+
+
+class _IntFloorDivide(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.floor_divide(a, b)
+
+
+class _FloatDivide(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.floor_divide(x, y) + x / y
+
+
+def _signed_ints(seed: int, n: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    b = torch.randint(1, 9, (n,), generator=generator) * torch.where(torch.arange(n) % 2 == 0, 1, -1)
+    return {"a": torch.randint(-50, 50, (n,), generator=generator), "b": b}

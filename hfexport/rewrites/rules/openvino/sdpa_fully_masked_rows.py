@@ -1,0 +1,127 @@
+"""Scaled dot-product attention as the OpenVINO CPU plugin computes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from hfexport.rewrites.example_models import tiny_model
+from hfexport.rewrites.examples import Built, Match, NoMatch
+from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.rule import RuleMeta
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_DONE = "hfexport.openvino.masked_rows"
+
+
+def _mask(node: fx.Node) -> Any:
+    return node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+
+
+def _has_mask(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not _SDPA or node.meta.get(_DONE):
+        return False
+    mask = _mask(node)
+    value = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+    return isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.is_floating_point())
+
+
+def _zero_fully_masked_rows(gm: fx.GraphModule, node: fx.Node) -> None:
+    aten = torch.ops.aten
+    mask = _mask(node)
+    graph = gm.graph
+    with graph.inserting_before(node.next):
+        keeps = mask
+        if mask.meta["val"].is_floating_point():
+            # An additive mask masks a key with -inf only; NaN entries stay "kept" so NaN still propagates.
+            keeps = graph.call_function(aten.ne.Scalar, (mask, float("-inf")))
+        # (..., L, 1): whether query row L attends to any key; broadcasts over heads and the value width.
+        attends = graph.call_function(aten.any.dim, (keeps, -1, True))
+        zeroed = graph.call_function(aten.where.ScalarOther, (attends, node, 0.0))
+    node.replace_all_uses_with(zeroed, delete_user_cb=lambda user: user is not zeroed)
+    node.meta[_DONE] = True
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, additive: bool = False) -> None:
+        super().__init__()
+        self.additive = additive
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf")) if self.additive else keep
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _attention_inputs(batch: int, length: int, padded: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.ones(length, length, dtype=torch.bool).tril()[None, None].repeat(batch, 1, 1, 1)
+    keep[0, :, :, :padded] = False  # left padding: the first `padded` query rows of row 0 attend to nothing
+    return {
+        "q": torch.randn(batch, 4, length, 8, generator=generator),
+        "k": torch.randn(batch, 4, length, 8, generator=generator),
+        "v": torch.randn(batch, 4, length, 8, generator=generator),
+        "keep": keep,
+    }
+
+
+def _left_padded_llama() -> Built:
+    # use_cache=False in the config, not as a kwarg: no cache to build and no constant input to convert.
+    model, inputs = tiny_model(
+        "LlamaConfig",
+        "LlamaModel",
+        tokens=6,
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
+    ids = inputs["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+sdpa_fully_masked_rows = OpenVINOFxNodeRule(
+    RuleMeta(
+        id="openvino/sdpa-fully-masked-rows",
+        why="the OpenVINO CPU plugin returns NaN for an attention query row whose mask is all False (or -inf), "
+        "where torch returns 0; a left-padded batch has such rows, and the NaN spreads to the whole sequence "
+        "through the next layer",
+        upstream="https://github.com/openvinotoolkit/openvino/issues/35959 (fix proposed in "
+        "https://github.com/openvinotoolkit/openvino/pull/36016)",
+        backends=("openvino",),
+        models=("llama", "qwen3", "mistral", "gemma2"),
+        examples=(
+            Match(
+                lambda: (_Attention(), _attention_inputs(2, 5, padded=3)),
+                "boolean mask, left-padded rows; then another batch and length",
+                other_inputs=lambda: _attention_inputs(3, 9, padded=4, seed=1),
+            ),
+            Match(
+                lambda: (_Attention(additive=True), _attention_inputs(2, 6, padded=2)),
+                "additive -inf mask",
+            ),
+            Match(_left_padded_llama, "a left-padded Llama batch"),
+            NoMatch(
+                lambda: (
+                    torch.nn.MultiheadAttention(8, 2, batch_first=True).eval(),
+                    {
+                        "query": torch.randn(2, 3, 8),
+                        "key": torch.randn(2, 3, 8),
+                        "value": torch.randn(2, 3, 8),
+                        "need_weights": False,
+                    },
+                ),
+                "attention without a mask",
+            ),
+        ),
+    ),
+    predicate=_has_mask,
+    rewrite=_zero_fully_masked_rows,
+)

@@ -1,0 +1,45 @@
+"""Rule `openvino/sym-min-max-to-floordiv` (shared code: `_symbolic`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.openvino._symbolic import (
+    _min_max_to_floordiv,
+    _MinMaxOfSizes,
+    _on_ints,
+    _TopKOfAtMost,
+    torch,
+)
+
+sym_min_max_to_floordiv = OpenVINOFxNodeRule(
+    RuleMeta(
+        id="openvino/sym-min-max-to-floordiv",
+        why="openvino.convert_model has no translator for torch.sym_min / torch.sym_max on symbolic sizes "
+        "('No conversion rule found for operations: <function sym_min>'), e.g. axk2's indexer topk(k=min(top_k, "
+        "L)); min(a, b) = b + d * -(d // (d*d + 1)) with d = a - b (max: a - ...), equal for every int",
+        upstream="https://github.com/openvinotoolkit/openvino/blob/master/src/frontends/pytorch/src/op_table.cpp "
+        "(FX translators for SymInt operators: add, sub, mul, floordiv, neg, getitem; none for sym_min/sym_max; "
+        "torch.onnx had the same gap: https://github.com/pytorch/pytorch/pull/152196)",
+        backends=("openvino",),
+        models=("axk2",),
+        examples=(
+            Match(
+                lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 3)}),
+                "min(4, L) with L = 3 < 4; then L = 9 > 4",
+                other_inputs=lambda: {"x": torch.randn(3, 9)},
+            ),
+            Match(
+                lambda: (_MinMaxOfSizes(), {"x": torch.randn(5, 2), "y": torch.randn(3, 2)}),
+                "min and max of two sizes, first larger; then second larger",
+                other_inputs=lambda: {"x": torch.randn(2, 2), "y": torch.randn(6, 2)},
+            ),
+            NoMatch(lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 9)}), "static shapes: min(4, 9) is folded"),
+            NoMatch(dense_decoder, "a Llama forward"),
+        ),
+    ),
+    predicate=lambda node: _on_ints(node, (torch.sym_min, torch.sym_max)),
+    rewrite=_min_max_to_floordiv,
+)

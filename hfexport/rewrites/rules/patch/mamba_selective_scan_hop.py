@@ -1,0 +1,112 @@
+"""Mamba-1 selective scan: the sequential recurrence as a `scan` higher-order op.
+
+transformers' pure-torch `mamba_selective_scan` (copied verbatim into mamba, falcon_mamba, jamba, zamba)
+runs `for index in range(seq_len)`: torch.export unrolls the loop and specialises the sequence length to
+the sample's, so the program rejects every other length. Its associative-scan path is switched off under
+export on purpose. `torch._higher_order_ops.scan` traces the same per-step arithmetic once with a
+symbolic length, so results are bit-identical to eager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
+from hfexport.rewrites.rule import RuleMeta
+
+_FAMILIES = ("mamba", "falcon_mamba", "jamba", "zamba")
+
+
+def scan_selective(
+    original: Any,
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    use_mambapy: bool = False,
+    use_associative_scan: bool = False,
+    **kwargs: Any,
+) -> Any:
+    if use_mambapy:  # mambapy's pscan has its own (log-depth) structure; leave it alone
+        return NOT_APPLICABLE
+    from torch._higher_order_ops.scan import scan
+
+    input_dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    B = B.transpose(1, 2)
+    C = C.transpose(1, 2)
+    discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
+    deltaB_u = (dt[:, :, :, None] * B[:, None, :, :].float()) * hidden_states[:, :, :, None].float()
+
+    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        a, bu, c = xs
+        state = a * state + bu
+        out = torch.matmul(state.to(input_dtype), c.unsqueeze(-1))
+        return state, out[:, :, 0]
+
+    # Eager starts from zeros in the input dtype and promotes on the first step; the scan carry must have
+    # the promoted dtype from the start (the zeros are exact in either).
+    state_dtype = torch.promote_types(torch.promote_types(discrete_A.dtype, input_dtype), deltaB_u.dtype)
+    state0 = torch.zeros_like(discrete_A[:, :, 0], dtype=state_dtype)
+    ssm_state, outputs = scan(step, state0, (discrete_A.movedim(2, 0), deltaB_u.movedim(2, 0), C.movedim(1, 0)))
+    scan_output = outputs.movedim(0, -1)
+    if D is not None:
+        scan_output = scan_output + hidden_states * D[None, :, None]
+    if z is not None:
+        scan_output = scan_output * F.silu(z)
+    if return_last_state:
+        return scan_output, ssm_state
+    return scan_output
+
+
+def _falcon_mamba(seq_len: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    from transformers import FalconMambaConfig, FalconMambaModel
+
+    torch.manual_seed(0)
+    config = FalconMambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2)
+    model = FalconMambaModel(config).eval()
+    ids = torch.randint(0, 64, (2, seq_len))
+    return model, {"input_ids": ids, "use_cache": False}
+
+
+# Shared with the ONNX variant of this rule (patches/onnx_ssm_scan.py): same model, same proof.
+EXAMPLES = (
+    Match(
+        lambda: _falcon_mamba(7),
+        "falcon_mamba, odd length, then a longer input through the same program",
+        atol=1e-6,
+        rtol=1e-6,
+        other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
+    ),
+    Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
+    NoMatch(dense_decoder, "a model without Mamba mixers"),
+)
+
+mamba_selective_scan_hop = ModuleFunctionPatch(
+    RuleMeta(
+        id="patch/mamba-selective-scan-hop",
+        why="Mamba-1 models export with the sequence length baked in (`for index in range(seq_len)` in "
+        "mamba_selective_scan); a scan op keeps the length symbolic with identical numerics",
+        upstream="transformers models/mamba/modeling_mamba.py mamba_selective_scan (associative scan disabled "
+        "under export); torch._higher_order_ops.scan",
+        backends=("dynamo",),
+        models=_FAMILIES,
+        examples=EXAMPLES,
+    ),
+    target=tuple(f"transformers.models.{f}.modeling_{f}.mamba_selective_scan" for f in _FAMILIES),
+    replacement=scan_selective,
+)

@@ -1,0 +1,80 @@
+"""Mixture-of-experts: keep exported MoE graphs free of transformers-only custom ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
+from hfexport.rewrites.rule import RuleMeta
+
+
+def _uses_stacked_experts(model: torch.nn.Module) -> bool:
+    # transformers' fused experts modules keep all experts in one 3-D `down_proj` parameter.
+    return any(
+        isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) and m.down_proj.ndim == 3 for m in model.modules()
+    )
+
+
+def gathered_grouped_mm(original: Any, input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> Any:
+    from transformers.integrations import moe
+
+    # Where transformers can call torch's own grouped_mm (e.g. bf16 weights), that aten op is exported as is.
+    if moe._can_use_grouped_mm(input, weight, offs):
+        return NOT_APPLICABLE
+    x = input.to(weight.dtype)
+    rows = torch.arange(x.shape[0], device=x.device)
+    # Row r belongs to the group i with offs[i-1] <= r < offs[i] (offs holds cumulative group ends), i.e.
+    # the number of ends at or before r; rows past the last end are left zero, like the fallback op does.
+    group = (rows[:, None] >= offs[None, :]).sum(-1)
+    inside = group < weight.shape[0]
+    per_row_weight = weight[group.clamp(max=weight.shape[0] - 1)]
+    out = torch.bmm(x.unsqueeze(1), per_row_weight).squeeze(1)
+    return torch.where(inside[:, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _moe_model(tokens: int, experts: int = 4) -> tuple[torch.nn.Module, dict[str, Any]]:
+    from transformers import Qwen3MoeConfig, Qwen3MoeModel
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=experts,
+        num_experts_per_tok=2,
+    )
+    return Qwen3MoeModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
+
+
+moe_grouped_mm_portable = ModuleFunctionPatch(
+    RuleMeta(
+        id="patch/moe-grouped-mm-portable",
+        why="fp32 MoE experts export as the opaque `transformers::grouped_mm_fallback` custom op (a Python "
+        "loop over offs.tolist()), which no runtime but transformers' can run; a gathered bmm keeps plain "
+        "ATen ops",
+        upstream="transformers integrations/moe.py _can_use_grouped_mm (grouped_mm refused under tracing for "
+        "non-bf16 weights); pytorch/pytorch#172440",
+        models=("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss", "olmoe", "granitemoehybrid"),
+        examples=(
+            Match(
+                lambda: _moe_model(7),
+                "odd token count, 4 experts, then another batch and length",
+                other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 4)), "use_cache": False},
+            ),
+            Match(lambda: _moe_model(1, experts=8), "a single token: most experts get no rows"),
+            NoMatch(dense_decoder, "a dense model"),
+        ),
+    ),
+    target="transformers.integrations.moe._grouped_mm",
+    replacement=gathered_grouped_mm,
+    applies=_uses_stacked_experts,
+)

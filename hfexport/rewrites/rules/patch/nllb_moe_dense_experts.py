@@ -1,0 +1,32 @@
+"""Rule `patch/nllb-moe-dense-experts` (shared code: `_nllb_moe`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.patch import MethodPatch
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._nllb_moe import _expert_inputs, _experts, dense_experts
+
+nllb_moe_dense_experts = MethodPatch(
+    RuleMeta(
+        id="patch/nllb-moe-dense-experts",
+        why="NLLB-MoE does not export: its experts loop over `nonzero()` of the experts hit, a data-dependent length",
+        upstream="transformers models/nllb_moe/modeling_nllb_moe.py NllbMoeExperts.forward",
+        models=("nllb-moe",),
+        examples=(
+            Match(
+                lambda: _experts(0.2),
+                "token dropout 0.2 (scaled in eval), 7 tokens, then 11 tokens",
+                other_inputs=lambda: _expert_inputs(11, seed=1),
+            ),
+            Match(
+                lambda: _experts(0.0, capacity_drop=True),
+                "no token dropout, a capacity of 2 that leaves tokens without an expert",
+            ),
+            NoMatch(dense_decoder, "another architecture"),
+        ),
+    ),
+    target="transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward",
+    replacement=dense_experts,
+)

@@ -1,0 +1,29 @@
+"""Rule `patch/nllb-moe-router-cast` (shared code: `_nllb_moe`)."""
+
+from __future__ import annotations
+
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.patch import MethodPatch
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._nllb_moe import _router, _router_inputs, cast_classifier
+
+nllb_moe_router_cast = MethodPatch(
+    RuleMeta(
+        id="patch/nllb-moe-router-cast",
+        why="NLLB-MoE does not export: its router runs `self.classifier = self.classifier.to(router_dtype)` in "
+        "every forward, and `Module.to` cannot swap the fake parameters of a trace",
+        upstream="transformers models/nllb_moe/modeling_nllb_moe.py NllbMoeTop2Router._cast_classifier",
+        models=("nllb-moe",),
+        examples=(
+            Match(
+                _router,
+                "router_dtype float32 as the weights, two padding tokens, then 11 tokens",
+                other_inputs=lambda: _router_inputs(11, seed=1),
+            ),
+            NoMatch(dense_decoder, "another architecture"),
+        ),
+    ),
+    target="transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier",
+    replacement=cast_classifier,
+)
