@@ -148,18 +148,19 @@ class RuleRegistry:
             raise RuleDefinitionError(f"not a rule: {rule!r}")
         if rule.id in self._by_id:
             raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
-        for required in rule.meta.requires:
-            if required not in self._by_id:
-                raise RuleDefinitionError(
-                    f"rule {rule.id} requires {required!r}, which must be registered before it (an earlier "
-                    "stage, or earlier in its stage's RULES)"
-                )
         examples = rule.meta.examples
         if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
             raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
         self._by_stage[rule.stage].append(rule)
         self._by_id[rule.id] = rule
         return rule
+
+    def check_requirements(self) -> None:
+        """Every `requires` names a registered rule (called once the registry is complete)."""
+        for rule in self._by_id.values():
+            for required in rule.meta.requires:
+                if required not in self._by_id:
+                    raise RuleDefinitionError(f"rule {rule.id} requires {required!r}, which is not registered")
 
     def rules(self, stage: str | None = None) -> list[Rule]:
         if stage is None:

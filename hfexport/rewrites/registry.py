@@ -27,4 +27,5 @@ def build_registry() -> RuleRegistry:
             if rule.stage != stage:
                 raise ValueError(f"{package} lists {rule.id}, which belongs to stage {rule.stage!r}")
             registry.register(rule)
+    registry.check_requirements()
     return registry
