@@ -25,7 +25,7 @@ _EXPORTS = {
     "AutoExportConfig": "hfexport.auto",
     "register_exporter": "hfexport.auto",
     "register_export_config": "hfexport.auto",
-    "register_pytree_node": "hfexport.frontends.cache_pytree",
+    "register_pytree_node": "hfexport.cache_pytree",
     "decompose_for_generation": "hfexport.frontends.generation",
     "GenerationComponents": "hfexport.frontends.generation",
     "ExportReport": "hfexport.report",

@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfexport.naming import named_outputs, plain_name  # noqa: F401 - re-exported
 from hfexport.saving import MAIN_FILE, MANIFEST, REPORT, load, read_manifest, save  # noqa: F401 - re-exported
-
-_IN_PLACE_PREFIXES = ("input.", "output.")
 
 
 @dataclass
@@ -71,26 +70,7 @@ class Validation:
         return "\n".join(lines)
 
 
-def plain_name(name: str) -> str:
-    """An output name without the `input.`/`output.` prefix the lowerings give in-place cache pairs."""
-    for prefix in _IN_PLACE_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
-
-
 # -- running an artifact in its own runtime ------------------------------------------------------------------
-
-
-def named_outputs(outputs: Any) -> dict[str, Any]:
-    """Tensor leaves of a model output tree by flat name (`logits`, `cache.layers_0_keys`)."""
-    import torch
-
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
-    from hfexport.lowerings.onnx import leaf_names
-
-    register_cache_pytrees()
-    return {name: leaf.detach() for name, leaf in leaf_names(outputs) if isinstance(leaf, torch.Tensor)}
 
 
 def eager_outputs(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from hfexport.configs import (
 )
 from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError, OutputPathError
 from hfexport.report import ExportReport
+from hfexport.rewrites.rule import RuleSelection
 from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")
@@ -172,6 +173,25 @@ class HfExporter(ABC):
         )
 
 
+def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> RuleSelection:
+    """The one rule selection an export runs with: the config's, plus what the quantizer and config switch off.
+
+    A quantizer's `disabled_rules` and `OnnxConfig(fusions=None)` are disabled here, each with its reason, so
+    the engine has one place that decides whether a rule runs and the report says why one did not.
+    """
+    from hfexport.rewrites.engine import default_registry
+
+    selection = config.rules
+    if quantizer is not None and quantizer.disabled_rules:
+        selection = selection.with_disabled(
+            quantizer.disabled_rules, f"{type(quantizer).__name__} cannot work with this rule's output"
+        )
+    if getattr(config, "fusions", "") is None:
+        fusions = [r.id for r in default_registry().rules("onnx") if r.meta.kind == "optimization"]
+        selection = selection.with_disabled(fusions, "OnnxConfig.fusions is None")
+    return selection
+
+
 def _mutates(program: torch.export.ExportedProgram) -> bool:
     """Whether the graph writes into one of its inputs (an in-place or out= op on an input or a view of one).
 
@@ -233,10 +253,8 @@ class DynamoExporter(HfExporter):
         # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
         # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
         if _mutates(program):
-            context.current_stage = "lower"
-            start = time.perf_counter()
-            program = program.run_decompositions({})
-            context.stage_seconds["lower"] = time.perf_counter() - start
+            with context.stage("lower"):
+                program = program.run_decompositions({})
         return program
 
     def _capture_and_lower(
@@ -266,10 +284,7 @@ class DynamoExporter(HfExporter):
         # The lowering never writes: the result is saved here, at stage "save", all or nothing.
         unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
-        selection = config.rules
-        if quantizer is not None and quantizer.disabled_rules:
-            selection = dataclasses.replace(selection, disable=(*selection.disable, *quantizer.disabled_rules))
-        context = RewriteContext(backend=self.export_format, selection=selection)
+        context = RewriteContext(backend=self.export_format, selection=effective_selection(config, quantizer))
         warnings: list[str] = []
         quantization = None
         start = time.perf_counter()

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hfexport.naming import manager_input_names, signature_names
+
 MANIFEST = "manifest.json"
 REPORT = "report.json"
 MANIFEST_VERSION = 1
@@ -124,13 +126,9 @@ def _signature(program: Any, export_format: str) -> tuple[list[str], list[str]]:
         return [str(v.name) for v in graph.inputs], [str(v.name) for v in graph.outputs]
     if export_format == "openvino":
         return [p.get_any_name() for p in program.inputs], [p.get_any_name() for p in program.outputs]
-    from hfexport.lowerings.openvino import signature_names
-
     exported = program.exported_program("forward") if export_format == "executorch" else program
     names = signature_names(exported)
     if export_format == "executorch":
-        from hfexport.runtime.executorch import manager_input_names
-
         # A .pte runs on forward kwargs in the program's order: record the kwarg names, not the flat leaves.
         kwargs = manager_input_names(program)
         return kwargs or (names[0] if names else []), names[1] if names else []
@@ -613,7 +611,7 @@ def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -
     """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, plain values."""
     if spec is None:
         return
-    from hfexport.frontends.generation import CacheLeaf, ComponentSpec, GenerationSpec
+    from hfexport.generation_spec import CacheLeaf, ComponentSpec, GenerationSpec
 
     where = "manifest.generation"
     _check_keys(spec, GenerationSpec, where)
@@ -859,7 +857,7 @@ class LoadedComponent:
             with torch.no_grad():
                 return named_outputs(runtime.module()(**inputs))
         if self.export_format == "onnx":
-            from hfexport.lowerings.onnx import onnx_feed
+            from hfexport.naming import onnx_feed
 
             feed = onnx_feed([i.name for i in runtime.get_inputs()], inputs)
             names = [plain_name(o.name) for o in runtime.get_outputs()]
@@ -902,7 +900,7 @@ class LoadedExport:
         data = self.manifest.get("generation")
         if data is None:
             return None
-        from hfexport.frontends.generation import GenerationSpec
+        from hfexport.generation_spec import GenerationSpec
 
         return GenerationSpec.from_dict(data)
 

@@ -27,9 +27,11 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
-from hfexport.frontends.positions import MultimodalPositions
-from hfexport.frontends.positions import derive as derive_positions
 from hfexport.frontends.torch_export import scalar_sequence
+from hfexport.generation_spec import LAYOUT_MAX_NUMEL, CacheLeaf, ComponentSpec, GenerationSpec, LayoutSpecialised
+from hfexport.naming import canonical_output
+from hfexport.positions import MultimodalPositions
+from hfexport.positions import derive as derive_positions
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -136,23 +138,6 @@ class ModalityFeatures(torch.nn.Module):
         return canonical_output(getattr(self.base, f"get_{self.modality}_features")(**kwargs))
 
 
-def canonical_output(output: Any) -> Any:
-    """A ModelOutput with its fields in declaration order.
-
-    `get_image_features` fills `pooler_output` after construction (`outputs.pooler_output = ...`), which appends
-    the key; transformers 5.24 flattens a ModelOutput's values in insertion order but names them in declaration
-    order, so an exported graph would return the fields under each other's names.
-    """
-    import dataclasses
-
-    from transformers.utils import ModelOutput
-
-    if not isinstance(output, ModelOutput) or not dataclasses.is_dataclass(output):
-        return output
-    ordered = {f.name: output[f.name] for f in dataclasses.fields(output) if f.name in output}
-    return type(output)(**ordered)
-
-
 def _modality_features(
     model: torch.nn.Module, kwargs: Mapping[str, Any], prefill: Mapping[str, Any]
 ) -> dict[str, tuple[torch.nn.Module, dict[str, Any]]]:
@@ -171,30 +156,6 @@ def _modality_features(
         call["return_dict"] = True
         out[modality] = (ModalityFeatures(model, modality), call)
     return out
-
-
-class LayoutSpecialised(torch.nn.Module):
-    """A modality component with its layout inputs (image_grid_thw, image_sizes...) as constants of the graph.
-
-    Vision towers turn these small integer tensors into Python ints (`grid_thw.tolist()`) to split patches per
-    image, which torch.export can only trace as data-dependent values it cannot branch on. Built as literals
-    inside the forward, they stay known while tracing (rule `patch/fake-constant-layouts` lets torch's fake
-    tensors keep tensors of that size as constants), so the graph is exact for that image layout; the runtime
-    refuses other layouts (see `ComponentSpec.layout`).
-    """
-
-    def __init__(self, inner: torch.nn.Module, layout: Mapping[str, tuple[list[Any], torch.dtype]]) -> None:
-        super().__init__()
-        self.inner = inner
-        self.layout = dict(layout)
-
-    def forward(self, **kwargs: Any) -> Any:
-        literals = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.layout.items()}
-        return canonical_output(self.inner(**kwargs, **literals))
-
-
-# Largest layout tensor baked into a modality component (a few images' grid_thw / sizes, not data).
-LAYOUT_MAX_NUMEL = 64
 
 
 def _is_layout(name: str, value: Any) -> bool:
@@ -490,86 +451,6 @@ def split_config(config: Any, names: list[str]) -> dict[str, Any]:
     return dict.fromkeys(names, config)
 
 
-@dataclass
-class CacheLeaf:
-    """One tensor of a component's initial cache: its flat name, sample shape and dtype."""
-
-    name: str
-    shape: list[int]
-    dtype: str
-
-
-@dataclass
-class ComponentSpec:
-    """What a runtime needs to feed one component: its tensor inputs, constants and initial cache."""
-
-    inputs: list[str]
-    constants: dict[str, Any]
-    mask_rank: int | None
-    cache_leaves: list[CacheLeaf]
-    # Layout inputs baked into the graph (`LayoutSpecialised`): the only values the component accepts.
-    layout: dict[str, list[Any]] = field(default_factory=dict)
-
-
-@dataclass
-class GenerationSpec:
-    """How to run the components of one `export_for_generation` call; plain data (JSON-ready).
-
-    `static_cache`: the cache has a fixed length (`max_cache_len` in the sample) written in place; the
-    runtime allocates it once. Otherwise prefill starts from an empty cache and each step returns the grown one.
-    """
-
-    components: dict[str, ComponentSpec]
-    cache_key: str | None
-    static_cache: bool
-    max_cache_len: int | None
-    multi_token_decode: bool
-    sample_batch: int
-    is_encoder_decoder: bool = False
-    # State-space caches (Mamba): a 2-D mask covers the current tokens only, not past + current.
-    mask_current_only: bool = False
-    eos_token_id: list[int] = field(default_factory=list)
-    pad_token_id: int | None = None
-    decoder_start_token_id: int | None = None
-    # Logits processors of the model's generation config that the runtime applies (greedy parity needs them):
-    # the first new token forced, the last one forced to end the sequence, token ids never produced, and
-    # ids not produced as the first new token (Whisper's `begin_suppress_tokens`).
-    forced_bos_token_id: int | None = None
-    forced_eos_token_id: list[int] = field(default_factory=list)
-    suppress_tokens: list[int] = field(default_factory=list)
-    begin_suppress_tokens: list[int] = field(default_factory=list)
-    # The fields of the `encoder_outputs` ModelOutput the decoder steps take ([] for a tuple): a runtime without
-    # the samples (a loaded artifact) feeds the encoder output under the same names.
-    encoder_output_fields: list[str] = field(default_factory=list)
-    # The decode step takes every token so far, not only the new one (CPM-Ant re-embeds the whole sequence and
-    # slices off the cached part itself); the runtime then feeds the whole sequence at each step.
-    decode_full_sequence: bool = False
-    # Multimodal rotary positions the runtime rebuilds for the prefill and the decode steps (Qwen2-VL style).
-    positions: MultimodalPositions | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GenerationSpec:
-        components = {
-            name: ComponentSpec(
-                inputs=list(c["inputs"]),
-                constants=dict(c["constants"]),
-                mask_rank=c["mask_rank"],
-                cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
-                layout=dict(c.get("layout", {})),
-            )
-            for name, c in data["components"].items()
-        }
-        positions = data.get("positions")
-        if positions is not None:
-            positions = MultimodalPositions.from_dict(positions)
-        return cls(**{**data, "components": components, "positions": positions})
-
-
 class GenerationComponents(dict):
     """`{component name: native program}`, as `export_for_generation` returns it, plus how to run them.
 
@@ -582,8 +463,8 @@ class GenerationComponents(dict):
 
 
 def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
-    from hfexport.lowerings.onnx import leaf_names
+    from hfexport.cache_pytree import register_cache_pytrees
+    from hfexport.naming import leaf_names
 
     register_cache_pytrees()
     return [(n, t) for n, t in leaf_names({prefix: value}) if isinstance(t, torch.Tensor)]

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from hfexport.cache_pytree import cache_dynamic_shapes, register_cache_pytrees
 from hfexport.errors import HfExportError, InputError
-from hfexport.frontends.cache_pytree import cache_dynamic_shapes, register_cache_pytrees
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 

@@ -5,30 +5,25 @@ Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custo
 (`OnnxConfig.fusions`) -> flat, named inputs and outputs -> weights (`export_params`,
 `keep_initializers_as_inputs`). `OnnxExporter` saves `output_path` itself, atomically, after any quantizer.
 
-Naming: every graph input and output is named after its place in the forward kwargs / model output
-(`input_ids`, `logits`, `cache.layers_0_keys`). A name that is both an input and an output (a cache the
-graph updates) becomes `input.<name>` / `output.<name>`, so a runtime can bind the pair to one buffer.
+Naming follows `hfexport.naming` (`onnx_feed` and `leaf_names` are re-exported here for existing callers).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
+from hfexport.naming import leaf_names, onnx_feed, paired_names, user_input_names, user_output_names
+
+__all__ = ["leaf_names", "lower", "name_inputs_and_outputs", "newest_opset", "onnx_feed"]
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
 logger = logging.getLogger("hfexport")
-
-INPUT_PREFIX = "input."
-OUTPUT_PREFIX = "output."
 
 
 def newest_opset() -> int:
@@ -39,57 +34,12 @@ def newest_opset() -> int:
     return min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
 
 
-def _key_name(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
-def leaf_names(tree: Any) -> list[tuple[str, Any]]:
-    """`(dotted name, leaf)` for every pytree leaf of `tree`: `cache.layers_0_keys`, `logits`, ..."""
-    leaves, _ = pytree.tree_flatten_with_path(tree)
-    return [(".".join(_key_name(k) for k in path), leaf) for path, leaf in leaves]
-
-
-def _spec_names(spec: pytree.TreeSpec, drop_first: bool) -> list[str]:
-    # Tensor placeholders: a cache pytree re-flattens only its tensors as leaves (ints are context).
-    dummy = pytree.tree_unflatten([torch.empty(0) for _ in range(spec.num_leaves)], spec)
-    if drop_first:  # in_spec is ((args), {kwargs}); the forward is called with kwargs only
-        dummy = {"": dummy[0], **dummy[1]} if dummy[0] else dummy[1]
-    # A bare tensor (an lm_head's output) has the empty path; a graph value needs a name.
-    return [name or "output" for name, _ in leaf_names(dummy)]
-
-
-def _user_input_names(program: torch.export.ExportedProgram) -> list[str] | None:
-    from torch.export.graph_signature import ConstantArgument, InputKind
-
-    names = _spec_names(program.call_spec.in_spec, drop_first=True)
-    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    if len(specs) != len(names):
-        return None
-    # torch.onnx drops constant (non-tensor) inputs such as `use_cache=True`.
-    return [n for n, s in zip(names, specs, strict=True) if not isinstance(s.arg, ConstantArgument)]
-
-
-def _user_output_names(program: torch.export.ExportedProgram) -> list[str] | None:
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
-    names = _spec_names(program.call_spec.out_spec, drop_first=False)
-    specs = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(specs) != len(names):
-        return None
-    return [n for n, s in zip(names, specs, strict=True) if not isinstance(s.arg, ConstantArgument)]
-
-
 def name_inputs_and_outputs(model: Any, input_names: list[str], output_names: list[str]) -> None:
     """Rename the graph inputs/outputs of `model` (an `onnx_ir.Model`) in place, pairing shared names."""
     import onnx_ir as ir
 
     graph = model.graph
-    shared = set(input_names) & set(output_names)
-    inputs = [INPUT_PREFIX + n if n in shared else n for n in input_names]
-    outputs = [OUTPUT_PREFIX + n if n in shared else n for n in output_names]
+    inputs, outputs = paired_names(input_names, output_names)
     wanted = set(inputs) | set(outputs)
     # An output that is also an input, an initializer or an earlier output cannot carry a second name:
     # give it its own value through an Identity.
@@ -114,21 +64,6 @@ def name_inputs_and_outputs(model: Any, input_names: list[str], output_names: li
         value.name = name
 
 
-def onnx_feed(input_names: list[str], sample_inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The ONNX Runtime feed (numpy arrays by graph input name) for forward kwargs `sample_inputs`."""
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
-
-    register_cache_pytrees()
-    flat = {name: leaf for name, leaf in leaf_names(dict(sample_inputs)) if isinstance(leaf, torch.Tensor)}
-    feed = {}
-    for graph_name in input_names:
-        name = graph_name.removeprefix(INPUT_PREFIX)
-        if name not in flat:
-            raise KeyError(f"graph input {graph_name!r} has no matching sample input; inputs: {sorted(flat)}")
-        feed[graph_name] = flat[name].detach().cpu().numpy()
-    return feed
-
-
 def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
     graph = onnx_program.model.graph
     if config.keep_initializers_as_inputs:
@@ -137,67 +72,52 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
         graph.initializers.clear()
 
 
-def _onnx_rules(kind: str) -> engine.RuleRegistry:
-    """The registered `onnx` rules of one kind ("fix" or "optimization"), in their order."""
-    registry = engine.RuleRegistry()
-    for rule in engine.default_registry().rules("onnx"):
-        if rule.meta.kind == kind:
-            registry.register(rule)
-    return registry
+def _is_fix(rule: Any) -> bool:
+    return rule.meta.kind == "fix"
+
+
+def _is_fusion(rule: Any) -> bool:
+    return rule.meta.kind == "optimization"
 
 
 def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: RewriteContext) -> Any:
-    """Lower `program` to a `torch.onnx.ONNXProgram` with the `aten` and `onnx` stages applied."""
+    """Lower `program` to a `torch.onnx.ONNXProgram` with the `aten` and `onnx` stages applied.
+
+    Fusions (`kind="optimization"` rules of stage `onnx`) are switched by the rule selection: the exporter
+    turns `OnnxConfig(fusions=None)` into a selection that disables them, so the report says why.
+    """
     import onnxscript
     import torch.onnx
 
-    from hfexport.rewrites.kinds.onnx import build_translation_table
+    from hfexport.rewrites.kinds.onnx import TranslationTable
 
     opset = config.opset_version or newest_opset()
-    table = build_translation_table(context, opset)
-    context.current_stage = "translate"
-    start = time.perf_counter()
+    table = TranslationTable(context, opset)
+    engine.apply("aten", table, context)
     try:
-        onnx_program = torch.onnx.export(
-            program,
-            (),
-            dynamo=True,
-            custom_translation_table=table.functions or None,
-            opset_version=opset,
-            optimize=False,
-            verbose=False,
-        )
-    except Exception as exc:
-        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="translate") from exc
+        with context.stage("translate"):
+            onnx_program = torch.onnx.export(
+                program,
+                (),
+                dynamo=True,
+                custom_translation_table=table.functions or None,
+                opset_version=opset,
+                optimize=False,
+                verbose=False,
+            )
     finally:
         table.finish()
-        context.stage_seconds["translate"] = time.perf_counter() - start
 
-    try:
-        engine.apply("onnx", onnx_program.model, context, _onnx_rules("fix"))
-    except Exception as exc:
-        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
+    engine.apply("onnx", onnx_program.model, context, where=_is_fix)
 
     if config.optimize:
-        context.current_stage = "optimize"
-        start = time.perf_counter()
-        try:
+        with context.stage("optimize"):
             onnx_program.model = onnxscript.optimizer.optimize(onnx_program.model)
-        except Exception as exc:
-            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="optimize") from exc
-        context.stage_seconds["optimize"] = time.perf_counter() - start
 
     # Fusions match the optimized graph (constants folded, no-op casts gone) and their contrib ops stay out
     # of the optimizer's way.
-    fusions = _onnx_rules("optimization")
-    if config.fusions is None:
-        for rule in fusions.rules("onnx"):
-            context.skip(rule, "disabled", "OnnxConfig.fusions is None")
-    else:
-        try:
-            engine.apply("onnx", onnx_program.model, context, fusions)
-        except Exception as exc:
-            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="onnx", rule_id=context.current_rule) from exc
+    fusions = engine.apply("onnx", onnx_program.model, context, where=_is_fusion)
+    if fusions:  # at least one fusion rule ran (fired or not), as before the selection decided this
         # What the fused nodes replaced but other patterns shared (e.g. the Unsqueeze of cos feeding both
         # the query and the key rotation), and constants only the old nodes read.
         # Fused nodes built per site (the rotary caches of q and k) are computed once.
@@ -206,7 +126,7 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
         RemoveUnusedNodesPass()(onnx_program.model)
         CommonSubexpressionEliminationPass()(onnx_program.model)
 
-    input_names, output_names = _user_input_names(program), _user_output_names(program)
+    input_names, output_names = user_input_names(program), user_output_names(program)
     graph = onnx_program.model.graph
     if input_names is None or output_names is None or len(input_names) != len(graph.inputs):
         logger.warning("could not map the ONNX inputs/outputs to the forward signature; torch.onnx names kept")

@@ -84,7 +84,7 @@ def reexport(
     options: Any,
 ) -> torch.export.ExportedProgram:
     """Export a quantized GraphModule again, with the dynamic shapes the capture used (`CaptureOptions`)."""
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
+    from hfexport.cache_pytree import register_cache_pytrees
     from hfexport.frontends.torch_export import auto_dynamic_shapes
 
     register_cache_pytrees()

@@ -25,8 +25,7 @@ import torch
 
 from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError, InputError
-from hfexport.lowerings.onnx import onnx_feed
-from hfexport.runtime.openvino import openvino_feed
+from hfexport.naming import onnx_feed, openvino_feed
 from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")

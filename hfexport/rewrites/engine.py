@@ -14,7 +14,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.rewrites.rule import STAGES, Rule, RuleDefinitionError, RuleSelection
+from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.rewrites.kinds.patch import PatchSession
+from hfexport.rewrites.registry import RuleRegistry, default_registry
+from hfexport.rewrites.rule import Rule, RuleSelection
+
+__all__ = ["RewriteContext", "RuleOutcome", "RuleRegistry", "apply", "default_registry", "patched"]
 
 
 @dataclass
@@ -69,6 +74,9 @@ def fault_injection(hook: Callable[[str, str | None], None]) -> Iterator[None]:
         _FAULT_HOOK.reset(token)
 
 
+# Errors that say what the caller must change; a stage lets them through as they are.
+PASS_THROUGH = (HfExportError, InputError, ConfigError, MissingPackageError)
+
 # Steps that fail like a stage (errors and the fault hook name them) but that the progress display does not
 # list: the Dynamo exporter's functionalisation of a program with in-place ops, a short step of most exports.
 QUIET_STAGES = frozenset({"lower"})
@@ -118,6 +126,32 @@ class RewriteContext:
     def hit(self, rule_id: str) -> None:
         self.hits[rule_id] += 1
 
+    @contextmanager
+    def stage(
+        self, name: str, model: str | None = None, message: Callable[[BaseException], str] | None = None
+    ) -> Iterator[None]:
+        """Run one pipeline stage: the one place that names, times and reports a stage.
+
+        Entering tells the progress listener and the fault hook; the time spent is added to `stage_seconds`;
+        an exception leaves as `HfExportError` naming this stage, the rule that was running (if any) and the
+        model (`message(exc)` words it; default `"<Type>: <text>"`). API errors the caller's input caused
+        (`InputError`, `ConfigError`, ...) and an `HfExportError` from a nested stage pass through unchanged.
+        """
+        start = time.perf_counter()
+        self.current_rule = None
+        self.current_stage = name
+        try:
+            yield
+        except PASS_THROUGH:
+            raise
+        except Exception as exc:
+            detail = message(exc) if message is not None else f"{type(exc).__name__}: {exc}"
+            raise HfExportError(detail, stage=name, rule_id=self.current_rule, model=model) from exc
+        finally:
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + time.perf_counter() - start
+        # Only on success: after a failure, `current_rule` still names the rule that raised, for the message.
+        self.current_rule = None
+
     def _outcome(self, rule: Rule) -> RuleOutcome:
         if rule.id not in self.outcomes:
             self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
@@ -134,108 +168,6 @@ class RewriteContext:
         outcome.status, outcome.reason = status, reason
 
 
-class RuleRegistry:
-    """Rules by stage, in registration order (the order they run in)."""
-
-    def __init__(self) -> None:
-        self._by_stage: dict[str, list[Rule]] = {stage: [] for stage in STAGES}
-        self._by_id: dict[str, Rule] = {}
-
-    def register(self, rule: Rule) -> Rule:
-        from hfexport.rewrites.examples import Match, NoMatch
-
-        if not isinstance(rule, Rule):
-            raise RuleDefinitionError(f"not a rule: {rule!r}")
-        if rule.id in self._by_id:
-            raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
-        examples = rule.meta.examples
-        if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
-            raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
-        self._by_stage[rule.stage].append(rule)
-        self._by_id[rule.id] = rule
-        return rule
-
-    def check_requirements(self) -> None:
-        """Every `requires` names a registered rule (called once the registry is complete)."""
-        for rule in self._by_id.values():
-            for required in rule.meta.requires:
-                if required not in self._by_id:
-                    raise RuleDefinitionError(f"rule {rule.id} requires {required!r}, which is not registered")
-
-    def rules(self, stage: str | None = None) -> list[Rule]:
-        if stage is None:
-            return [r for s in STAGES for r in self._by_stage[s]]
-        return list(self._by_stage[stage])
-
-    def get(self, rule_id: str) -> Rule:
-        try:
-            return self._by_id[rule_id]
-        except KeyError:
-            raise KeyError(f"no rule {rule_id!r}; `hfexport rules list` shows the registered ids") from None
-
-    def ids(self) -> list[str]:
-        return list(self._by_id)
-
-    def validate_selection(self, selection: RuleSelection) -> None:
-        unknown = selection.unknown_patterns(self.ids())
-        if unknown:
-            raise ValueError(
-                f"rule selection names no registered rule: {unknown}; use an id or an id prefix such as "
-                "'fx/' or 'patch/sdpa' (`hfexport rules list` shows them)"
-            )
-
-    def plan(self, selection: RuleSelection) -> dict[str, str | None]:
-        """Rule id -> None when it runs, else why not; requirements are honoured in both directions.
-
-        A selected rule pulls in the rules it `requires` (unless the selection disables one of them, which
-        drops the dependent too), so `--disable`/ablation never runs a rule without what it needs.
-        """
-        verdict: dict[str, str | None] = {
-            i: None if selection.is_enabled(r.meta) else "disabled by the rule selection"
-            for i, r in self._by_id.items()
-        }
-        changed = True
-        while changed:
-            changed = False
-            for rule_id, rule in self._by_id.items():
-                if verdict[rule_id] is not None:
-                    continue
-                for required in rule.meta.requires:
-                    if verdict[required] is None:
-                        continue
-                    if selection.disables(self._by_id[required].meta) or verdict[required].startswith("requires"):
-                        verdict[rule_id] = f"requires {required}, which is not running ({verdict[required]})"
-                    else:
-                        verdict[required] = None  # pulled in by its dependent
-                    changed = True
-        return verdict
-
-    def selected(self, stage: str, context: RewriteContext) -> list[Rule]:
-        """The rules of `stage` that run for this context; the others are recorded as skipped."""
-        plan = self.plan(context.selection)
-        chosen = []
-        for rule in self._by_stage[stage]:
-            if not rule.applies_to(context.backend):
-                context.skip(rule, "other-backend", f"only for {', '.join(rule.meta.backends)}")
-            elif plan[rule.id] is not None:
-                context.skip(rule, "disabled", plan[rule.id])
-            else:
-                chosen.append(rule)
-        return chosen
-
-
-@contextmanager
-def _timed(context: RewriteContext, stage: str) -> Iterator[None]:
-    start = time.perf_counter()
-    context.current_stage = stage
-    try:
-        yield
-    finally:
-        context.stage_seconds[stage] = context.stage_seconds.get(stage, 0.0) + time.perf_counter() - start
-    # Only on success: after a failure, `current_rule` still names the rule that raised, for the error message.
-    context.current_rule = None
-
-
 @contextmanager
 def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None = None) -> Iterator[Any]:
     """Install the selected `patch` rules on `model` for the body only; always restored.
@@ -243,7 +175,6 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
     Yields the `PatchSession`; the caller enters `session.active()` around the trace itself so the
     torch-function and module-function patches are visible to that code alone.
     """
-    from hfexport.rewrites.kinds.patch import PatchSession
 
     registry = registry or default_registry()
     rules = registry.selected("patch", context)
@@ -271,15 +202,28 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
             context.stage_seconds["patch"] = context.stage_seconds.get("patch", 0.0) + spent
 
 
-def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegistry | None = None) -> dict[str, int]:
-    """Run the selected rules of a transform stage on `target` (in place); return hits per rule id."""
+def apply(
+    stage: str,
+    target: Any,
+    context: RewriteContext,
+    registry: RuleRegistry | None = None,
+    where: Callable[[Rule], bool] | None = None,
+    step: str | None = None,
+) -> dict[str, int]:
+    """Run the selected rules of a transform stage on `target` (in place); return hits per rule id.
+
+    `where` keeps only some of the stage's rules (a lowering that runs a stage in two passes, e.g. ONNX fixes
+    before the optimizer and fusions after it); `step` names the pass in timings (default: the stage).
+    """
     registry = registry or default_registry()
-    applier = _APPLIERS.get(stage)
+    applier = _appliers().get(stage)
     if applier is None:
-        raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_APPLIERS)} (patch uses `patched`)")
+        raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_appliers())} (patch uses `patched`)")
     hits: dict[str, int] = {}
-    with _timed(context, stage):
+    with context.stage(step or stage):
         for rule in registry.selected(stage, context):
+            if where is not None and not where(rule):
+                continue
             context.current_rule = rule.id
             count = applier(rule, target)
             if count:
@@ -289,31 +233,13 @@ def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegist
     return hits
 
 
-def _apply_fx(rule: Rule, target: Any) -> int:
-    from hfexport.rewrites.kinds.fx import apply_fx_rule
+def _appliers() -> dict[str, Callable[[Rule, Any], int]]:
+    from hfexport.rewrites.kinds import executorch, fx, onnx, openvino
 
-    return apply_fx_rule(rule, target)
-
-
-# One applier per transform stage; later stages (aten, onnx, executorch, openvino) add theirs here.
-_APPLIERS = {"fx": _apply_fx}
-
-
-def register_applier(stage: str, applier: Any) -> None:
-    """Let a lowering add the applier of its own stage when its packages are imported."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}")
-    _APPLIERS[stage] = applier
-
-
-_DEFAULT: RuleRegistry | None = None
-
-
-def default_registry() -> RuleRegistry:
-    """The process-wide registry, filled on first use from the ordered lists in `registry.py`."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        from hfexport.rewrites.registry import build_registry
-
-        _DEFAULT = build_registry()
-    return _DEFAULT
+    return {
+        "fx": fx.apply_fx_rule,
+        "aten": onnx.apply_aten,
+        "onnx": onnx.apply_onnx,
+        "executorch": executorch.apply,
+        "openvino": openvino.apply_openvino_rule,
+    }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from hfexport.rewrites.examples import Example
@@ -83,6 +83,9 @@ class RuleSelection:
 
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
+    # Why a `disable` pattern is there when the export added it, not the user (a quantizer's exclusions,
+    # `OnnxConfig(fusions=None)`): `(pattern, reason)` pairs the report shows as each skipped rule's reason.
+    reasons: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists from JSON or a single string by mistake, but store tuples (hashable, frozen).
@@ -91,6 +94,23 @@ class RuleSelection:
             if isinstance(value, str):
                 value = (value,)
             object.__setattr__(self, name, tuple(value))
+        reasons = self.reasons.items() if isinstance(self.reasons, dict) else self.reasons
+        object.__setattr__(self, "reasons", tuple((str(p), str(r)) for p, r in reasons))
+
+    def with_disabled(self, patterns: tuple[str, ...] | list[str], reason: str) -> RuleSelection:
+        """This selection with `patterns` disabled too, for `reason` (shown in the report)."""
+        new = tuple(p for p in patterns if p not in self.disable)
+        return RuleSelection(self.enable, (*self.disable, *new), (*self.reasons, *((p, reason) for p in new)))
+
+    def reason_for(self, meta: RuleMeta) -> str:
+        """Why `meta` does not run under this selection (the reason of the pattern that disabled it)."""
+        notes = dict(self.reasons)
+        matching = [p for p in self.disable if _matches(p, meta.id)]
+        if matching:
+            best = max(matching, key=len)
+            if best in notes:
+                return notes[best]
+        return "disabled by the rule selection" if matching or meta.enabled_by_default else "opt-in rule, not enabled"
 
     def is_enabled(self, meta: RuleMeta) -> bool:
         best_len, verdict = -1, meta.enabled_by_default
@@ -110,8 +130,11 @@ class RuleSelection:
         """Patterns that match no registered rule (almost always a typo)."""
         return [p for p in (*self.enable, *self.disable) if not any(_matches(p, i) for i in rule_ids)]
 
-    def to_dict(self) -> dict[str, list[str]]:
-        return {"enable": list(self.enable), "disable": list(self.disable)}
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"enable": list(self.enable), "disable": list(self.disable)}
+        if self.reasons:
+            data["reasons"] = dict(self.reasons)
+        return data
 
 
 def _matches(pattern: str, rule_id: str) -> bool:
@@ -143,3 +166,27 @@ class Rule:
 
     def applies_to(self, backend: str) -> bool:
         return backend in self.meta.backends
+
+
+def module_name(rule_id: str) -> str:
+    """The module (under `hfexport.rewrites.rules.<stage>`) and object name of a rule: its id's name, snake-cased."""
+    return rule_id.split("/", 1)[1].replace("-", "_").replace(".", "_")
+
+
+def load_rules(package: str, ids: list[str]) -> list[Rule]:
+    """The rules `ids` of a stage package, in this order: rule `<stage>/<name>` is `<name>` in `<package>.<name>`.
+
+    Each stage package writes its ordered, commented list as ids; loading them here keeps the id, the file and
+    the Python name one and the same (a rule defined anywhere else, or under another name, fails to load).
+    """
+    import importlib
+
+    rules = []
+    for rule_id in ids:
+        name = module_name(rule_id)
+        module = importlib.import_module(f"{package}.{name}")
+        rule = getattr(module, name, None)
+        if not isinstance(rule, Rule) or rule.id != rule_id:
+            raise RuleDefinitionError(f"{package}.{name} must define the rule {rule_id!r} as `{name}`")
+        rules.append(rule)
+    return rules

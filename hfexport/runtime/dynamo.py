@@ -15,7 +15,7 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     """
     import transformers.modeling_outputs  # noqa: F401 - registers the ModelOutput pytree nodes
 
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
+    from hfexport.cache_pytree import register_cache_pytrees
 
     register_cache_pytrees()
     return torch.export.load(str(path))

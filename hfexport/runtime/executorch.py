@@ -16,30 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from hfexport.errors import InputError
+from hfexport.naming import executorch_named_feed, manager_input_names
 
-
-def _leaf_name(path: tuple[Any, ...]) -> str:
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return ".".join(parts)
-
-
-def executorch_named_feed(inputs: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """`(name, value)` for each method input of forward kwargs `inputs`, in the program's order."""
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
-
-    register_cache_pytrees()
-    leaves, _ = pytree.tree_flatten_with_path(dict(inputs))
-    return [(_leaf_name(path), leaf.detach() if isinstance(leaf, torch.Tensor) else leaf) for path, leaf in leaves]
+__all__ = ["ExecutorchProgram", "executorch_feed", "executorch_named_feed", "manager_input_names", "run_program"]
 
 
 def executorch_feed(inputs: Mapping[str, Any]) -> list[Any]:
@@ -105,16 +86,6 @@ def check_feed(slots: Mapping[int, InputSlot], named_feed: list[tuple[str, Any]]
                     f"{bound} there (shape bound {list(slot.max_sizes)}); re-export with a larger bound, e.g. "
                     f"dynamic_shapes={{{name.split('.')[0]!r}: {{{axis}: Dim('d{axis}', min=1, max={size})}}}}"
                 )
-
-
-def manager_input_names(manager: Any, method: str = "forward") -> list[str] | None:
-    """The forward kwarg names, in the program's order, of an `ExecutorchProgramManager`'s method."""
-    try:
-        spec = manager.exported_program(method).call_spec.in_spec
-        kwargs_spec = spec.child(1) if hasattr(spec, "child") else spec.children_specs[1]
-        return [str(name) for name in kwargs_spec.context]
-    except (AttributeError, IndexError, KeyError, TypeError):
-        return None
 
 
 class ExecutorchProgram:

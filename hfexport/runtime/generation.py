@@ -26,12 +26,10 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.frontends.generation import CacheLeaf, GenerationSpec
-from hfexport.frontends.positions import apply as rebuild_positions
-from hfexport.frontends.positions import text_positions
-
-INPUT_PREFIX = "input."
-OUTPUT_PREFIX = "output."
+from hfexport.generation_spec import CacheLeaf, GenerationSpec
+from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, leaf_names, spec_names
+from hfexport.positions import apply as rebuild_positions
+from hfexport.positions import text_positions
 
 
 @dataclass
@@ -104,7 +102,7 @@ class DynamoDriver(Driver):
     """Runs `ExportedProgram.module()`; the cache is a transformers `Cache` object."""
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
-        from hfexport.frontends.cache_pytree import flatten_cache, unflatten_cache
+        from hfexport.cache_pytree import flatten_cache, unflatten_cache
 
         key = self.spec.cache_key
         if not hasattr(self, "modules"):
@@ -194,8 +192,6 @@ def _cache_name(name: str, key: str | None) -> str:
 
 def _flat(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Tensors of forward kwargs by flat name (`encoder_outputs.0`), as the lowerings name graph inputs."""
-    from hfexport.lowerings.onnx import leaf_names
-
     return {name: value for name, value in leaf_names(dict(kwargs)) if isinstance(value, torch.Tensor)}
 
 
@@ -262,13 +258,11 @@ def _executorch_output_names(manager: Any) -> list[str]:
     """Names of the method outputs: mutated inputs (`output.<input>`) first, then the user outputs."""
     from torch.export.graph_signature import OutputKind
 
-    from hfexport.lowerings.onnx import _spec_names
-
     program = manager.exported_program()
     user_inputs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    input_names = _spec_names(program.call_spec.in_spec, drop_first=True)
+    input_names = spec_names(program.call_spec.in_spec, drop_first=True)
     by_placeholder = {s.arg.name: n for s, n in zip(user_inputs, input_names, strict=False) if hasattr(s.arg, "name")}
-    user_names = iter(_spec_names(program.call_spec.out_spec, drop_first=False))
+    user_names = iter(spec_names(program.call_spec.out_spec, drop_first=False))
     names = []
     for spec in program.graph_signature.output_specs:
         if spec.kind == OutputKind.USER_INPUT_MUTATION:

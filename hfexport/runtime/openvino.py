@@ -1,8 +1,8 @@
 """Run an `openvino.Model` exported by `OpenVINOExporter` with the source model's forward kwargs.
 
-`openvino_feed` flattens forward kwargs (tensors and transformers caches) to the model's inputs, named as
-the lowering names them (`input_ids`, `cache.layers_0_keys`, `input.<name>` for a cache the model also
-returns). `OpenVINORunner` compiles once and maps outputs back to their names.
+`openvino_feed` (from `hfexport.naming`, re-exported here) flattens forward kwargs (tensors and transformers
+caches) to the model's inputs, named as the lowering names them (`input_ids`, `cache.layers_0_keys`,
+`input.<name>` for a cache the model also returns). `OpenVINORunner` compiles once and maps outputs back to their names.
 """
 
 from __future__ import annotations
@@ -13,40 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfexport.lowerings.openvino import INPUT_PREFIX
+from hfexport.naming import openvino_feed
+
+__all__ = ["F32_HINT", "OpenVINORunner", "openvino_feed"]
 
 # Validation compiles in f32: the CPU plugin's default is bf16/f16 compute on CPUs that have it.
 F32_HINT: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32"}
-
-
-def _flat_tensors(inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
-    from hfexport.lowerings.onnx import leaf_names
-
-    register_cache_pytrees()
-    return {name: leaf for name, leaf in leaf_names(dict(inputs)) if isinstance(leaf, torch.Tensor)}
-
-
-def _input_names(model: Any) -> list[str]:
-    return [port.get_any_name() for port in model.inputs]
-
-
-def openvino_feed(inputs: Mapping[str, Any], model: Any = None) -> dict[str, np.ndarray]:
-    """Numpy arrays by OpenVINO input name for forward kwargs `inputs` (tensors, caches; constants dropped).
-
-    With `model` (an `openvino.Model` or `CompiledModel`), the feed holds exactly its inputs, in its order,
-    and a missing input raises `KeyError`; without it, every tensor leaf of `inputs` by its flat name.
-    """
-    flat = _flat_tensors(inputs)
-    if model is None:
-        return {name: t.detach().cpu().numpy() for name, t in flat.items()}
-    feed = {}
-    for input_name in _input_names(model):
-        name = input_name.removeprefix(INPUT_PREFIX)
-        if name not in flat:
-            raise KeyError(f"model input {input_name!r} has no matching sample input; inputs: {sorted(flat)}")
-        feed[input_name] = flat[name].detach().cpu().numpy()
-    return feed
 
 
 class OpenVINORunner:

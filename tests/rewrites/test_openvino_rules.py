@@ -25,7 +25,6 @@ from hfexport.rewrites.kinds.openvino import (
     OpenVINOFxNodeRule,
     OpenVINOModelRule,
     apply_openvino_rule,
-    rules_of,
 )
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 from hfexport.rewrites.rules.openvino import _symbolic as symbolic
@@ -60,7 +59,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         assert rule.meta.backends == ("openvino",), rule.id
         assert rule.meta.upstream and rule.meta.why, rule.id
     # the lowering runs the program rules before conversion and the model rules after, each in RULES order
-    assert [r.id for r in rules_of(PROGRAM_RULES).rules("openvino")] == [
+    assert [r.id for r in _rules_of(PROGRAM_RULES)] == [
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
         "openvino/sym-mod-to-floordiv",
@@ -68,7 +67,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/distinct-repeated-outputs",
         "openvino/quant-right-shift-as-floor-scale",
     ]
-    assert [r.id for r in rules_of((OpenVINOModelRule,)).rules("openvino")] == [
+    assert [r.id for r in _rules_of((OpenVINOModelRule,))] == [
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
     ]
@@ -162,7 +161,7 @@ def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
     rule = OpenVINOModelRule(meta, transform=lambda model: len(model.get_parameters()))
     program = examples._export(_Mul(), {"x": torch.randn(3)})
     assert apply_openvino_rule(rule, program) == 0
-    registry = rules_of((OpenVINOModelRule,), registry=_registry_of(rule))
+    registry = _registry_of(rule)
     context = RewriteContext(backend="openvino")
     assert apply("openvino", ov.convert_model(program), context, registry) == {"openvino/test-count": 1}
     assert context.outcomes["openvino/test-count"].status == "fired" and "openvino" in context.stage_seconds
@@ -204,3 +203,8 @@ def test_without_the_outputs_rule_a_repeated_output_fails_conversion() -> None:
     program = examples._export(outputs._ReturnsTwice(), outputs._returns_twice(5), dynamic=True)
     with pytest.raises(Exception, match="Tensor name is not a number"):
         ov.convert_model(program)
+
+
+def _rules_of(kinds: tuple[type, ...]) -> list[Any]:
+    """The registered openvino rules of these kinds, in their order."""
+    return [r for r in default_registry().rules("openvino") if isinstance(r, kinds)]

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfexport.rewrites import engine, examples
+from hfexport.rewrites import examples
 from hfexport.rewrites.examples import Example, ExampleFailure, Match, assert_same_outputs
 from hfexport.rewrites.rule import Rule
 
@@ -123,14 +123,12 @@ def edge_compile_config(program: torch.export.ExportedProgram, config: Any = Non
     return dataclasses.replace(config, _core_aten_ops_exception_list=known + [t for t in exceptions if t not in known])
 
 
-def _apply(rule: Rule, target: Any) -> int:
+def apply(rule: Rule, target: Any) -> int:
+    """The engine's applier of stage `executorch`."""
     if isinstance(rule, ExecutorchVerifierExceptionRule):
         return apply_verifier_exception_rule(rule, target)
     assert isinstance(rule, ExecutorchNodeRule)
     return apply_executorch_rule(rule, target)
-
-
-engine.register_applier("executorch", _apply)
 
 
 # -- example checker -----------------------------------------------------------------------------------
@@ -167,7 +165,7 @@ def _check(rule: Any, example: Example) -> int:
     dynamic = isinstance(example, Match) and example.other_inputs is not None
     program = _bounded_export(module, inputs, dynamic)
     before = program.graph_module.code
-    hits = _apply(rule, program)
+    hits = apply(rule, program)
     if isinstance(example, Match):
         if hits == 0:
             raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")

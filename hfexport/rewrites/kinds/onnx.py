@@ -60,7 +60,7 @@ class OnnxRewriteRule(Rule):
 class TranslationTable:
     """The `custom_translation_table` being built for one export, and the overrides in it."""
 
-    context: RewriteContext
+    context: Any  # the export's RewriteContext: hits and skips are recorded on it
     opset: int
     functions: dict[Any, Callable[..., Any]] = field(default_factory=dict)
     rules: list[AtenOverride] = field(default_factory=list)
@@ -84,7 +84,8 @@ def _counting(
     return counted
 
 
-def _apply_aten(rule: Rule, target: TranslationTable) -> int:
+def apply_aten(rule: Rule, target: TranslationTable) -> int:
+    """The engine's applier of stage `aten`: put the override, wrapped to count dispatches, in the table."""
     assert isinstance(rule, AtenOverride)
     op = rule.resolve_target()
     if op is None:
@@ -97,15 +98,6 @@ def _apply_aten(rule: Rule, target: TranslationTable) -> int:
     target.functions[op] = _counting(rule.translation(), lambda: target.context.hit(rule_id), rule.counts)
     target.rules.append(rule)
     return 0
-
-
-def build_translation_table(
-    context: RewriteContext, opset: int, registry: engine.RuleRegistry | None = None
-) -> TranslationTable:
-    """Run the `aten` stage for an export at `opset`: the selected overrides, each wrapped to count dispatches."""
-    table = TranslationTable(context, opset)
-    engine.apply("aten", table, context, registry)
-    return table
 
 
 def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
@@ -125,13 +117,10 @@ def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
     return count
 
 
-def _apply_onnx(rule: Rule, target: Any) -> int:
+def apply_onnx(rule: Rule, target: Any) -> int:
+    """The engine's applier of stage `onnx`."""
     assert isinstance(rule, OnnxRewriteRule)
     return apply_onnx_rule(rule, target)
-
-
-engine.register_applier("aten", _apply_aten)
-engine.register_applier("onnx", _apply_onnx)
 
 
 # -- example checkers ------------------------------------------------------------------------------
@@ -182,7 +171,7 @@ def _check_aten(rule: Any, example: Example) -> int:
     # Examples run at the newest opset the override is for.
     opset = min(rule.max_opset or newest_opset(), newest_opset())
     table = TranslationTable(context, opset)
-    _apply_aten(rule, table)
+    apply_aten(rule, table)
     module, inputs = example.build()
     module.eval()
     dynamic = isinstance(example, Match) and example.other_inputs is not None

@@ -71,18 +71,6 @@ def apply_openvino_rule(rule: Rule, target: Any) -> int:
     raise TypeError(f"not an openvino rule: {rule!r}")
 
 
-engine.register_applier("openvino", apply_openvino_rule)
-
-
-def rules_of(kinds: tuple[type, ...], registry: engine.RuleRegistry | None = None) -> engine.RuleRegistry:
-    """The registered `openvino` rules of the given kinds, in their order (one registry per target)."""
-    selected = engine.RuleRegistry()
-    for rule in (registry or engine.default_registry()).rules("openvino"):
-        if isinstance(rule, kinds):
-            selected.register(rule)
-    return selected
-
-
 # -- example checker -------------------------------------------------------------------------------
 
 
@@ -112,7 +100,7 @@ def _check_against_eager(rule: Rule, example: Match, module: torch.nn.Module, ov
 
 def _other_rules(rule: Rule, kinds: tuple[type, ...]) -> list[Rule]:
     """The registered openvino rules of `kinds` but `rule`: the rest of the lowering a Match runs through."""
-    return [r for r in rules_of(kinds).rules("openvino") if r.id != rule.id]
+    return [r for r in engine.default_registry().rules("openvino") if isinstance(r, kinds) and r.id != rule.id]
 
 
 def _model_text(model: Any) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -130,7 +118,7 @@ def _model_text(model: Any) -> list[tuple[str, str, tuple[str, ...]]]:
 def _check_openvino(rule: Any, example: Example) -> int:
     import openvino as ov
 
-    from hfexport.frontends.cache_pytree import register_cache_pytrees
+    from hfexport.cache_pytree import register_cache_pytrees
 
     register_cache_pytrees()  # examples may return a transformers cache, as real exports do
     module, inputs = example.build()

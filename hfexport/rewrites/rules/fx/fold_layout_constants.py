@@ -23,7 +23,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
-from hfexport.frontends.generation import LAYOUT_MAX_NUMEL, LayoutSpecialised
+from hfexport.generation_spec import LAYOUT_MAX_NUMEL, LayoutSpecialised
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.fx import FxGraphRule
 from hfexport.rewrites.rule import RuleMeta

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hfexport.frontends.generation import LAYOUT_MAX_NUMEL, LayoutSpecialised
+from hfexport.generation_spec import LAYOUT_MAX_NUMEL, LayoutSpecialised
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch

@@ -1,0 +1,121 @@
+"""The generation artifact's schema: how the components of one `export_for_generation` call are run.
+
+Plain data (JSON-ready), written by the frontend, saved in the manifest, read by the runtime; plus the wrapper
+that bakes an image layout into a modality component, which rules must recognise without importing the
+frontend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hfexport.naming import canonical_output
+from hfexport.positions import MultimodalPositions
+
+
+class LayoutSpecialised(torch.nn.Module):
+    """A modality component with its layout inputs (image_grid_thw, image_sizes...) as constants of the graph.
+
+    Vision towers turn these small integer tensors into Python ints (`grid_thw.tolist()`) to split patches per
+    image, which torch.export can only trace as data-dependent values it cannot branch on. Built as literals
+    inside the forward, they stay known while tracing (rule `patch/fake-constant-layouts` lets torch's fake
+    tensors keep tensors of that size as constants), so the graph is exact for that image layout; the runtime
+    refuses other layouts (see `ComponentSpec.layout`).
+    """
+
+    def __init__(self, inner: torch.nn.Module, layout: Mapping[str, tuple[list[Any], torch.dtype]]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.layout = dict(layout)
+
+    def forward(self, **kwargs: Any) -> Any:
+        literals = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.layout.items()}
+        return canonical_output(self.inner(**kwargs, **literals))
+
+
+# Largest layout tensor baked into a modality component (a few images' grid_thw / sizes, not data).
+LAYOUT_MAX_NUMEL = 64
+
+
+@dataclass
+class CacheLeaf:
+    """One tensor of a component's initial cache: its flat name, sample shape and dtype."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass
+class ComponentSpec:
+    """What a runtime needs to feed one component: its tensor inputs, constants and initial cache."""
+
+    inputs: list[str]
+    constants: dict[str, Any]
+    mask_rank: int | None
+    cache_leaves: list[CacheLeaf]
+    # Layout inputs baked into the graph (`LayoutSpecialised`): the only values the component accepts.
+    layout: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationSpec:
+    """How to run the components of one `export_for_generation` call; plain data (JSON-ready).
+
+    `static_cache`: the cache has a fixed length (`max_cache_len` in the sample) written in place; the
+    runtime allocates it once. Otherwise prefill starts from an empty cache and each step returns the grown one.
+    """
+
+    components: dict[str, ComponentSpec]
+    cache_key: str | None
+    static_cache: bool
+    max_cache_len: int | None
+    multi_token_decode: bool
+    sample_batch: int
+    is_encoder_decoder: bool = False
+    # State-space caches (Mamba): a 2-D mask covers the current tokens only, not past + current.
+    mask_current_only: bool = False
+    eos_token_id: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+    decoder_start_token_id: int | None = None
+    # Logits processors of the model's generation config that the runtime applies (greedy parity needs them):
+    # the first new token forced, the last one forced to end the sequence, token ids never produced, and
+    # ids not produced as the first new token (Whisper's `begin_suppress_tokens`).
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: list[int] = field(default_factory=list)
+    suppress_tokens: list[int] = field(default_factory=list)
+    begin_suppress_tokens: list[int] = field(default_factory=list)
+    # The fields of the `encoder_outputs` ModelOutput the decoder steps take ([] for a tuple): a runtime without
+    # the samples (a loaded artifact) feeds the encoder output under the same names.
+    encoder_output_fields: list[str] = field(default_factory=list)
+    # The decode step takes every token so far, not only the new one (CPM-Ant re-embeds the whole sequence and
+    # slices off the cached part itself); the runtime then feeds the whole sequence at each step.
+    decode_full_sequence: bool = False
+    # Multimodal rotary positions the runtime rebuilds for the prefill and the decode steps (Qwen2-VL style).
+    positions: MultimodalPositions | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GenerationSpec:
+        components = {
+            name: ComponentSpec(
+                inputs=list(c["inputs"]),
+                constants=dict(c["constants"]),
+                mask_rank=c["mask_rank"],
+                cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
+                layout=dict(c.get("layout", {})),
+            )
+            for name, c in data["components"].items()
+        }
+        positions = data.get("positions")
+        if positions is not None:
+            positions = MultimodalPositions.from_dict(positions)
+        return cls(**{**data, "components": components, "positions": positions})
