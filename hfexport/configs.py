@@ -13,17 +13,9 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from hfexport.errors import ConfigError
+from hfexport.formats import ExportFormat
+from hfexport.quantizers.base import ExportQuantizer
 from hfexport.rewrites.rule import RuleSelection
-
-
-class ExportFormat(str, Enum):
-    DYNAMO = "dynamo"
-    ONNX = "onnx"
-    EXECUTORCH = "executorch"
-    OPENVINO = "openvino"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _dim_to_json(dim: Any) -> Any:
@@ -104,14 +96,11 @@ class ExportConfigMixin:
     quantizer: Any = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        if self.quantizer is not None:
-            from hfexport.quantizers.base import ExportQuantizer
-
-            if not isinstance(self.quantizer, ExportQuantizer):
-                raise ConfigError(
-                    f"quantizer must be an ExportQuantizer (PT2EQuantizer, OnnxRuntimeQuantizer, ...), "
-                    f"got {type(self.quantizer).__name__}"
-                )
+        if self.quantizer is not None and not isinstance(self.quantizer, ExportQuantizer):
+            raise ConfigError(
+                f"quantizer must be an ExportQuantizer (PT2EQuantizer, OnnxRuntimeQuantizer, ...), "
+                f"got {type(self.quantizer).__name__}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"export_format": str(self.export_format)}

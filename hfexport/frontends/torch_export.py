@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from hfexport.cache_pytree import cache_dynamic_shapes, register_cache_pytrees
-from hfexport.errors import HfExportError, InputError
+from hfexport.errors import InputError
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -258,28 +257,16 @@ def capture(
         _prepare_model(model, session, warnings_out)
         # After the patches, so a patch of the top-level forward sits under the explicit signature.
         session.setattr(model, "forward", _flat_forward(model.forward, list(inputs)))
-        context.current_stage = "trace"
-        start = time.perf_counter()
-        try:
-            # Inference export: under no_grad, modules that toggle grad mode internally (e.g. rotary
-            # embeddings decorated with @torch.no_grad) leave no set_grad_enabled wrappers in the graph.
-            with session.active(), torch.no_grad():
-                program = torch.export.export(
-                    model,
-                    (),
-                    inputs,
-                    dynamic_shapes=dynamic_shapes,
-                    strict=options.strict,
-                    prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
-                )
-        except Exception as exc:
-            raise HfExportError(f"{type(exc).__name__}: {exc}", stage="trace", model=model_name) from exc
-        finally:
-            context.stage_seconds["trace"] = time.perf_counter() - start
-    try:
-        engine.apply("fx", program, context)
-    except Exception as exc:
-        raise HfExportError(
-            f"{type(exc).__name__}: {exc}", stage="fx", rule_id=context.current_rule, model=model_name
-        ) from exc
+        # Inference export: under no_grad, modules that toggle grad mode internally (e.g. rotary
+        # embeddings decorated with @torch.no_grad) leave no set_grad_enabled wrappers in the graph.
+        with context.stage("trace", model=model_name), session.active(), torch.no_grad():
+            program = torch.export.export(
+                model,
+                (),
+                inputs,
+                dynamic_shapes=dynamic_shapes,
+                strict=options.strict,
+                prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
+            )
+    engine.apply("fx", program, context)
     return program

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from hfexport.configs import ExecutorchConfig
-from hfexport.errors import HfExportError
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -275,12 +273,9 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
     """Lower `program` to an `ExecutorchProgramManager` with the `executorch` stage applied."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    from hfexport.rewrites.kinds.executorch import edge_compile_config  # also registers the stage's applier
+    from hfexport.rewrites.kinds.executorch import edge_compile_config
 
-    try:
-        engine.apply("executorch", program, context)
-    except Exception as exc:
-        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="executorch", rule_id=context.current_rule) from exc
+    engine.apply("executorch", program, context)
 
     unbounded = unbounded_inputs(program)
     if unbounded:
@@ -297,20 +292,7 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
         compile_config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
     # Plus the targets the stage's verifier-exception rules found (executorch/sym-size-functions-verifier).
     compile_config = edge_compile_config(program, compile_config)
-    context.current_stage = "edge"
-    start = time.perf_counter()
-    try:
+    with context.stage("edge"):
         edge = to_edge_transform_and_lower(program, partitioner=_partitioners(config), compile_config=compile_config)
-    except Exception as exc:
-        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="edge") from exc
-    finally:
-        context.stage_seconds["edge"] = time.perf_counter() - start
-
-    context.current_stage = "to_executorch"
-    start = time.perf_counter()
-    try:
+    with context.stage("to_executorch"):
         return edge.to_executorch(backend_config(config))
-    except Exception as exc:
-        raise HfExportError(f"{type(exc).__name__}: {exc}", stage="to_executorch") from exc
-    finally:
-        context.stage_seconds["to_executorch"] = time.perf_counter() - start

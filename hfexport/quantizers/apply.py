@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError, HfExportError
+from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, jsonable
 from hfexport.report import QuantizationRecord
 

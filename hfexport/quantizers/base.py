@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError, InputError
+from hfexport.formats import ExportFormat
 from hfexport.naming import onnx_feed, openvino_feed
 from hfexport.versions import check_packages
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError
+from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, jsonable, onnx_feed, openvino_feed, traced_inputs
 
 logger = logging.getLogger("hfexport")

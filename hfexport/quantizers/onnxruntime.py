@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError
+from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, jsonable, onnx_feed, traced_inputs
 
 _QUANT_TYPES = ("qint8", "quint8")

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import ExportFormat
 from hfexport.errors import ConfigError
+from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, traced_inputs
 
 logger = logging.getLogger("hfexport")

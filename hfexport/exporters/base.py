@@ -1,0 +1,161 @@
+"""`HfExporter`, the base of every exporter: environment and config checks, generation components, reports."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.configs import ExportConfigMixin
+from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.exporters.preflight import check_generation_call
+from hfexport.report import ExportReport
+from hfexport.versions import check_packages
+
+logger = logging.getLogger("hfexport")
+
+
+# One export at a time per process (docs/reliability.md, "Concurrency"). torch.export itself is not
+# thread-safe: it sets process-wide flags (torch.compiler.is_exporting), registers pytree nodes and patches
+# dispatch tables while it traces, and the export switches the model's own state (eval mode, attention
+# implementation) for the trace. Exports in other threads wait here; an eager forward in another thread does
+# not wait and never sees a patch (patches are bound per instance and thread, or dispatch on a ContextVar).
+# Reentrant: export_for_generation holds it across its components' exports.
+EXPORT_LOCK = threading.RLock()
+
+
+# Raised as they are: they say what to fix in the call, and are raised before the model is touched.
+_API_ERRORS = (InputError, ConfigError, MissingPackageError, HfExportError)
+
+
+class HfExporter(ABC):
+    """Base of every exporter: environment checks, config checks, the export report.
+
+    Subclasses set `export_format`, `config_class`, the package attributes, and implement `export`.
+    """
+
+    export_format: ClassVar[str] = ""
+    config_class: ClassVar[type[ExportConfigMixin]] = ExportConfigMixin
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    min_versions: ClassVar[dict[str, str]] = {"torch": "2.9.0", "transformers": "5.0.0"}
+    tested_versions: ClassVar[dict[str, str]] = {"torch": "2.13.0", "transformers": "5.24.0"}
+
+    def __init__(self) -> None:
+        self.report: ExportReport | None = None
+
+    def validate_environment(self) -> dict[str, str]:
+        """Raise `MissingPackageError` for missing/too-old packages; warn once on drift from tested."""
+        return check_packages(self.required_packages, self.min_versions, self.tested_versions, who=type(self).__name__)
+
+    def check_config(self, config: ExportConfigMixin | None) -> ExportConfigMixin:
+        if config is None:
+            return self.config_class()
+        # The config classes subclass DynamoConfig: an OnnxConfig is a DynamoConfig, but its ONNX options would be
+        # silently ignored by the DynamoExporter, so the format must match too.
+        if not isinstance(config, self.config_class) or str(config.export_format) != str(self.export_format):
+            raise ConfigError(
+                f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}; "
+                "AutoHfExporter.from_config(config) picks the exporter that fits a config"
+            )
+        return config
+
+    @abstractmethod
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        """Export `model`, traced on `sample_inputs` (its forward kwargs); return the backend's native object."""
+
+    def export_for_generation(
+        self,
+        model: torch.nn.Module,
+        generate_kwargs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None = None,
+        *,
+        generation_config: Any = None,
+        multi_token_decode: bool = False,
+    ) -> dict[str, Any]:
+        """Export every component `generate` runs (see `decompose_for_generation`): `{name: native object}`.
+
+        `config` is one config for all components or a dict keyed by component name that names every one.
+        `self.reports` holds each component's report (`self.report` is the last one's).
+        """
+        if isinstance(config, Mapping):
+            for each in config.values():
+                self.check_config(each)
+        else:
+            self.check_config(config)
+        check_generation_call(model, generate_kwargs, generation_config)
+        self.validate_environment()
+        with EXPORT_LOCK:
+            return self._export_components(model, generate_kwargs, config, generation_config, multi_token_decode)
+
+    def _export_components(
+        self,
+        model: torch.nn.Module,
+        generate_kwargs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None,
+        generation_config: Any,
+        multi_token_decode: bool,
+    ) -> dict[str, Any]:
+        from hfexport.frontends.generation import (
+            GenerationComponents,
+            decompose_for_generation,
+            describe,
+            specialise_layouts,
+            split_config,
+        )
+
+        components = decompose_for_generation(
+            model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
+        )
+        configs = split_config(config, list(components))
+        configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
+        components, layouts = specialise_layouts(components)
+        results = GenerationComponents()
+        results.spec = describe(components, generation_config, model, multi_token_decode, generate_kwargs)
+        for name, layout in layouts.items():
+            results.spec.components[name].layout = layout
+        results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
+        self.reports: dict[str, ExportReport] = {}
+        for name, (submodule, kwargs) in components.items():
+            logger.info("exporting component %s (%s)", name, type(submodule).__name__)
+            self.report = None
+            try:
+                results[name] = self.export(submodule, kwargs, configs[name])
+            except Exception as exc:
+                raise HfExportError(
+                    f"{type(exc).__name__}: {exc}",
+                    stage=getattr(exc, "stage", "export"),
+                    rule_id=getattr(exc, "rule_id", None),
+                    model=f"component {name!r} ({type(submodule).__name__}, inputs {sorted(kwargs)})",
+                ) from exc
+            finally:
+                if self.report is not None:
+                    self.report.component = name
+                    self.reports[name] = self.report
+        return results
+
+    def _calibrate_components(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        configs: dict[str, Any],
+        generation_config: Any,
+        multi_token_decode: bool,
+    ) -> dict[str, Any]:
+        """Per-component quantizer calibration: a single config's dataset holds generate kwargs, and each component
+        calibrates on the forward kwargs recorded for it (a `{component: config}` dict is used as it is)."""
+        from hfexport.quantizers.apply import check_quantizer
+        from hfexport.quantizers.generation import calibrate_components
+
+        # Every component's quantizer is checked before the first component is traced.
+        for each in configs.values():
+            if getattr(each, "quantizer", None) is not None:
+                check_quantizer(each.quantizer, self.export_format, each)
+        return calibrate_components(
+            model, config, configs, generation_config=generation_config, multi_token_decode=multi_token_decode
+        )

@@ -1,0 +1,44 @@
+"""The OpenVINO exporter: `openvino.Model`, saved atomically as IR when `output_path` is set."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.configs import ExportConfigMixin, OpenVINOConfig
+from hfexport.exporters.base import HfExporter
+from hfexport.exporters.dynamo import DynamoExporter
+from hfexport.exporters.pipeline import save_atomically
+from hfexport.formats import ExportFormat
+
+
+class OpenVINOExporter(DynamoExporter):
+    """Export to an `openvino.Model` (compile with `openvino.Core().compile_model(model, "CPU")`)."""
+
+    export_format: ClassVar[str] = ExportFormat.OPENVINO.value
+    config_class: ClassVar[type[ExportConfigMixin]] = OpenVINOConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
+    tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
+
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        return self._capture_and_lower(model, sample_inputs, config)
+
+    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        from hfexport.lowerings.openvino import lower
+
+        assert isinstance(config, OpenVINOConfig)
+        return lower(program, config, context)
+
+    def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
+        import openvino as ov
+
+        assert isinstance(config, OpenVINOConfig)
+        save_atomically(
+            Path(config.output_path),
+            lambda path: ov.save_model(result, str(path), compress_to_fp16=config.compress_to_fp16),
+        )

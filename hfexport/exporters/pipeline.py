@@ -1,0 +1,213 @@
+"""The export pipeline, written once for every format (`CaptureExporter`), and the selection it runs with."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfexport.configs import ExportConfigMixin
+from hfexport.errors import ConfigError, HfExportError
+from hfexport.exporters.base import _API_ERRORS, EXPORT_LOCK, HfExporter, logger
+from hfexport.exporters.preflight import preflight
+from hfexport.report import ExportReport
+from hfexport.rewrites.rule import RuleSelection
+
+
+def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> RuleSelection:
+    """The one rule selection an export runs with: the config's, plus what the quantizer and config switch off.
+
+    A quantizer's `disabled_rules` and `OnnxConfig(fusions=None)` are disabled here, each with its reason, so
+    the engine has one place that decides whether a rule runs and the report says why one did not.
+    """
+    from hfexport.rewrites.engine import default_registry
+
+    selection = config.rules
+    if quantizer is not None and quantizer.disabled_rules:
+        selection = selection.with_disabled(
+            quantizer.disabled_rules, f"{type(quantizer).__name__} cannot work with this rule's output"
+        )
+    if getattr(config, "fusions", "") is None:
+        fusions = [r.id for r in default_registry().rules("onnx") if r.meta.kind == "optimization"]
+        selection = selection.with_disabled(fusions, "OnnxConfig.fusions is None")
+    return selection
+
+
+def _mutates(program: torch.export.ExportedProgram) -> bool:
+    """Whether the graph writes into one of its inputs (an in-place or out= op on an input or a view of one).
+
+    Writes into intermediates (a vision tower's `x[mask] = y`) run as they are and need no functionalisation,
+    whose re-trace would also lose what the first trace knew (layouts baked into a component)."""
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            if argument.alias_info is not None and argument.alias_info.is_write and _input_behind(value):
+                return True
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments[len(node.args) :]):
+            return True  # a written keyword argument (out=): keep the conservative answer
+    return False
+
+
+def _input_behind(value: Any) -> bool:
+    """Whether `value` is a graph input or a view of one (through view ops such as slice, select, view)."""
+    while isinstance(value, torch.fx.Node):
+        if value.op == "placeholder":
+            return True
+        schema = getattr(value.target, "_schema", None)
+        if value.op != "call_function" or schema is None or not schema.returns:
+            return False
+        alias = schema.returns[0].alias_info
+        if alias is None or alias.is_write or not value.args:
+            return False  # a fresh tensor (not a view)
+        value = value.args[0]
+    return False
+
+
+def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
+    """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
+
+    The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
+    sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
+    """
+    created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    try:
+        write(staging / destination.name)
+        for produced in sorted(staging.iterdir(), key=lambda p: p.name == destination.name):
+            os.replace(produced, destination.parent / produced.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+class CaptureExporter(HfExporter):
+    """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report.
+
+    Backends override `capture_options`, `lower` and `save_lowered`; nothing else differs between them.
+    """
+
+    def capture_options(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
+    ) -> Any:
+        """How to trace: the config's capture fields. A backend may bound or narrow the shapes here."""
+        from hfexport.frontends.torch_export import CaptureOptions
+
+        return CaptureOptions(
+            dynamic=config.dynamic,
+            dynamic_shapes=config.dynamic_shapes,
+            strict=config.strict,
+            prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+        )
+
+    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+        # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
+        # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
+        if _mutates(program):
+            with context.stage("lower"):
+                program = program.run_decompositions({})
+        return program
+
+    def _capture_and_lower(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None
+    ) -> Any:
+        from hfexport.frontends.torch_export import capture
+        from hfexport.rewrites.engine import RewriteContext
+
+        config, versions = preflight(self, model, sample_inputs, config)
+        output_path = getattr(config, "output_path", None)
+        quantizer = getattr(config, "quantizer", None)
+        # The lowering never writes: the result is saved here, at stage "save", all or nothing.
+        unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
+
+        context = RewriteContext(backend=self.export_format, selection=effective_selection(config, quantizer))
+        warnings: list[str] = []
+        quantization = None
+        start = time.perf_counter()
+        try:
+            with EXPORT_LOCK:
+                options = self.capture_options(model, sample_inputs, config, warnings)
+                program = capture(model, sample_inputs, options, context, warnings)
+                if quantizer is None:
+                    result = self.lower(program, unsaved, context)
+                else:
+                    result, quantization = self._quantize_and_lower(
+                        quantizer, program, sample_inputs, options, unsaved, context
+                    )
+                if output_path is not None:
+                    with context.stage("save"):
+                        self.save_lowered(result, config)
+        except HfExportError as exc:
+            if exc.rule_id is not None or context.current_rule is None:
+                raise
+            # A stage that caught a failure inside a rule's code (a patch replacement during the trace) names the
+            # stage only; the engine knows which rule was running.
+            raise HfExportError(
+                exc.detail, stage=exc.stage, rule_id=context.current_rule, model=exc.model or type(model).__name__
+            ) from (exc.__cause__ or exc)
+        except _API_ERRORS:
+            raise
+        except Exception as exc:
+            # Whatever failed (a rule, torch, a backend, a hook), the caller learns where: the stage and rule
+            # the engine was in. The original exception is chained as __cause__.
+            raise HfExportError(
+                f"{type(exc).__name__}: {exc}",
+                stage=context.current_stage or "export",
+                rule_id=context.current_rule,
+                model=type(model).__name__,
+            ) from exc
+        finally:
+            for warning in warnings:
+                logger.warning("%s: %s", type(model).__name__, warning)
+            self.report = ExportReport.from_context(
+                context,
+                export_format=self.export_format,
+                model_class=type(model).__name__,
+                model_type=getattr(getattr(model, "config", None), "model_type", None),
+                total_seconds=time.perf_counter() - start,
+                warnings=warnings,
+                versions=versions,
+                quantization=quantization,
+            )
+        return result
+
+    def _quantize_and_lower(
+        self,
+        quantizer: Any,
+        program: torch.export.ExportedProgram,
+        sample_inputs: Mapping[str, Any],
+        options: Any,
+        config: ExportConfigMixin,
+        context: Any,
+    ) -> tuple[Any, Any]:
+        """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
+        (the caller saves afterwards, so a saved artifact is the quantized one)."""
+        from hfexport.quantizers.apply import quantize_backend_model, quantize_program
+
+        if quantizer.quantizes_fx_graph:
+            with context.stage("quantize"):
+                program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)
+            return self.lower(program, config, context), record
+        result = self.lower(program, config, context)
+        with context.stage("quantize"):
+            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
+        return result, record
+
+    def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
+        """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
+        raise ConfigError(f"{type(self).__name__} has no output_path to save a model to")

@@ -1,0 +1,134 @@
+"""Checks an export makes before it traces: each refuses a bad call with what to change, in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfexport.errors import ConfigError, InputError, OutputPathError
+
+# generate kwargs that are model inputs, always tensors (others such as `forced_decoder_ids` may be lists).
+_TENSOR_KWARGS = frozenset(
+    {
+        "input_ids",
+        "attention_mask",
+        "inputs_embeds",
+        "pixel_values",
+        "input_features",
+        "decoder_input_ids",
+        "decoder_attention_mask",
+        "token_type_ids",
+        "position_ids",
+    }
+)
+
+
+# Caches whose tensors live elsewhere (offloaded: moved between devices on CUDA streams) or in a quantized
+# store (optimum-quanto/HQQ kernels): none can be an input or output of an exported graph.
+_UNEXPORTABLE_CACHE = re.compile(r"offloaded|quantized")
+
+
+def check_generation_call(model: Any, generate_kwargs: Any, generation_config: Any = None) -> None:
+    """Refuse, before `generate` runs, generate kwargs and cache settings that cannot be exported."""
+    if not isinstance(generate_kwargs, Mapping) or not generate_kwargs:
+        raise InputError("generate_kwargs must be a non-empty mapping, e.g. a tokenizer's BatchEncoding")
+    for name, value in generate_kwargs.items():
+        if name in _TENSOR_KWARGS and not isinstance(value, (torch.Tensor, type(None))):
+            raise InputError(
+                f"generate_kwargs[{name!r}] is a {type(value).__name__}, not a tensor; tokenize with "
+                "return_tensors='pt' and pass the tensors"
+            )
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    cache = getattr(config, "cache_implementation", None)
+    if isinstance(cache, str) and _UNEXPORTABLE_CACHE.search(cache):
+        raise ConfigError(
+            f"cache_implementation={cache!r} cannot be exported (its tensors are offloaded or quantized outside the "
+            "graph); use cache_implementation='static' for a fixed-size cache, or None for the dynamic cache"
+        )
+    max_cache_len = getattr(config, "max_cache_len", None)
+    prompt = generate_kwargs.get("input_ids", generate_kwargs.get("inputs_embeds"))
+    if isinstance(max_cache_len, int) and isinstance(prompt, torch.Tensor) and prompt.ndim >= 2:
+        length = prompt.shape[1]
+        if max_cache_len <= length:
+            # transformers would silently grow the cache to fit; the export would then not have the asked size.
+            raise InputError(
+                f"max_cache_len={max_cache_len} leaves no room after the {length}-token prompt; set max_cache_len "
+                f"to at least the prompt length plus max_new_tokens (here >= {length + 1}), or leave it None"
+            )
+
+
+def check_calibration_samples(quantizer: Any, sample_inputs: Mapping[str, Any]) -> None:
+    """Refuse, before tracing, calibration samples (a list) that lack a tensor input of the export."""
+    from hfexport.quantizers.base import CalibrationSet
+
+    dataset = getattr(quantizer, "calibration_dataset", None)
+    if isinstance(dataset, (list, tuple, Mapping, torch.Tensor, str)):
+        # Its own checks (a single sample, a tensor, ...); only an iterator is not built here, as that would consume it.
+        CalibrationSet(dataset, sample_inputs)
+    if not isinstance(dataset, (list, tuple)) or not getattr(quantizer, "needs_calibration", True):
+        return
+    needed = [name for name, value in sample_inputs.items() if isinstance(value, torch.Tensor)]
+    for index, sample in enumerate(dataset):
+        if not isinstance(sample, Mapping):
+            raise InputError(
+                f"calibration sample {index} is a {type(sample).__name__}; each sample must be a mapping of forward "
+                "argument names to tensors, like sample_inputs"
+            )
+        missing = [name for name in needed if name not in sample]
+        if missing:
+            raise InputError(
+                f"calibration sample {index} lacks {missing}, tensor inputs of the export (its keys: "
+                f"{sorted(map(str, sample))}); give every sample the keys of sample_inputs: {needed}"
+            )
+
+
+def check_output_path(output_path: str | os.PathLike[str]) -> None:
+    """Refuse, before tracing, an `output_path` that cannot be written: a folder, or under a file or a read-only
+    folder. An existing file is replaced (atomically, when the export succeeds)."""
+    path = Path(output_path)
+    if path.is_dir():
+        raise OutputPathError(
+            f"output_path {str(path)!r} is a folder; name the model file in it (e.g. {path}/model...)"
+        )
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputPathError(
+            f"output_path {str(path)!r} cannot be created: {str(parent)!r} is a file, not a folder; choose another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"output_path {str(path)!r} cannot be written: no write permission in {str(parent)!r}")
+
+
+def preflight(exporter: Any, model: Any, sample_inputs: Mapping[str, Any], config: Any) -> tuple[Any, dict[str, str]]:
+    """Every check an export makes before tracing, in order: a bad call fails in milliseconds, the model untouched.
+
+    Returns the config to use (the exporter's default when None) and the package versions found.
+    """
+    from hfexport.frontends.torch_export import check_attention_implementation, validate_inputs
+    from hfexport.rewrites.engine import default_registry
+
+    config = exporter.check_config(config)
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}")
+    validate_inputs(sample_inputs, getattr(config, "dynamic_shapes", None))
+    check_attention_implementation(model)
+    versions = exporter.validate_environment()
+    default_registry().validate_selection(config.rules)
+    output_path = getattr(config, "output_path", None)
+    if output_path is not None:
+        check_output_path(output_path)
+    quantizer = getattr(config, "quantizer", None)
+    if quantizer is not None:
+        # Before tracing: a quantizer that does not fit the format, or lacks its packages, fails in milliseconds.
+        from hfexport.quantizers.apply import check_quantizer
+
+        versions = {**versions, **check_quantizer(quantizer, exporter.export_format, config)}
+        check_calibration_samples(quantizer, sample_inputs)
+    return config, versions
