@@ -106,7 +106,7 @@ def test_first_forward_modality_inputs_and_per_token_inputs() -> None:
 
 
 def test_a_decode_step_that_takes_every_token_is_recorded() -> None:
-    from hfexport.frontends.generation import _decodes_full_sequence
+    from hfexport.frontends.describe import _decodes_full_sequence
 
     linear = torch.nn.Linear(2, 2)
     ids = torch.ones(2, 8, dtype=torch.long)

@@ -1,0 +1,162 @@
+"""The recorded calls of a generation: what one component call looks like, merged, with its mask restored."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.errors import InputError
+
+Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
+
+
+# Kwargs of a generate call that are not model inputs (they configure the loop).
+_LOOP_KWARGS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "generation_config")
+
+
+def tensor_fields(value: Any) -> Any:
+    """A ModelOutput (or a dict of them) with only its tensor-valued fields (tensors, nested sequences of them):
+    the pytree an exported graph takes and returns for `mm_encoder_outputs` / `encoder_outputs`."""
+    from transformers.utils import ModelOutput
+
+    def tensors(v: Any) -> bool:
+        # Nested sequences too: Qwen3-VL's deepstack_features is a list (per layer) of tuples (per image).
+        return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and bool(v) and all(map(tensors, v)))
+
+    if isinstance(value, ModelOutput):
+        return type(value)(**{k: v for k, v in value.items() if tensors(v)})
+    if isinstance(value, Mapping):
+        return {k: tensor_fields(v) for k, v in value.items()}
+    return value
+
+
+def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Model outputs given as inputs (`encoder_outputs`) keep their class (a registered pytree node) with only
+    their tensor fields: some forwards read `encoder_outputs.last_hidden_state` and cannot take a tuple."""
+    from transformers.utils import ModelOutput
+
+    out: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if isinstance(value, ModelOutput):
+            value = type(value)(**{k: v for k, v in value.items() if isinstance(v, torch.Tensor)})
+        elif name == "mm_encoder_outputs" and isinstance(value, Mapping):
+            value = tensor_fields(dict(value))
+        out[name] = value
+    return out
+
+
+def _query_length(call: Mapping[str, Any]) -> int:
+    for key in ("input_ids", "decoder_input_ids", "inputs_embeds", "decoder_inputs_embeds"):
+        value = call.get(key)
+        if isinstance(value, torch.Tensor):
+            return value.shape[1]
+    raise InputError("a decode step has no input_ids / inputs_embeds to merge")
+
+
+def merge_decode_calls(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One call equivalent to two consecutive decode steps: the first step's cache, both steps' tokens.
+
+    Per-token tensors are concatenated along their query axis; a 2-D attention mask (over past + current
+    tokens) is the second step's, which covers both tokens; a 4-D mask (one row per query) stacks the rows.
+    All logits are kept, so the graph can check a block of speculative tokens.
+    """
+    merged = dict(first)
+    q = _query_length(first)
+    for key, value in second.items():
+        old = first.get(key)
+        if not isinstance(value, torch.Tensor) or not isinstance(old, torch.Tensor):
+            continue
+        if key in ("attention_mask", "decoder_attention_mask") and value.ndim == 2:
+            merged[key] = value
+        elif key in ("attention_mask", "decoder_attention_mask") and value.ndim == 4:
+            merged[key] = torch.cat([old, value], dim=2)
+        elif old.ndim >= 2 and old.shape[1] == q and key not in ("encoder_outputs",):
+            merged[key] = torch.cat([old, value], dim=1)
+        elif old.ndim == 1 and old.shape[0] == q:  # cache_position
+            merged[key] = torch.cat([old, value], dim=0)
+    if "logits_to_keep" in merged:
+        merged["logits_to_keep"] = 0
+    return merged
+
+
+def _empty_like_static(cache: Any) -> Any:
+    """An initialised copy of a static cache, emptied: a prefill sample whose K/V buffers are allocated.
+
+    generate allocates static layers lazily inside the first forward, so the prefill call sees unallocated
+    layers, which torch.export cannot take as inputs; the decode step's cache has them allocated.
+    """
+    fresh = copy.deepcopy(cache)
+    fresh.reset()
+    return fresh
+
+
+def _linear_only(cache: Any) -> bool:
+    linear = getattr(cache, "is_linear", None)
+    return bool(linear) and all(linear)
+
+
+def _is_static(cache: Any) -> bool:
+    """A fixed-length attention cache written in place (state-space layers are fixed-size, but have no length)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(getattr(layer, "is_compileable", False) for layer in layers):
+        return False
+    return any(getattr(layer, "get_max_length", lambda: -1)() > 0 for layer in layers)
+
+
+def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
+    from transformers.cache_utils import Cache
+
+    return next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+
+
+def _accepts(module: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict[str, Any]:
+    """Give a decoder-only step the attention mask generate left out.
+
+    generate drops an all-ones mask (a fast path), and a graph traced without one has no mask input, so a
+    later padded batch would be wrong. The mask put back is the one generate builds for a padding-free
+    batch: 2-D over past + current tokens, or, with a compileable (static) cache, the 4-D mask that
+    `create_masks_for_generate` makes.
+    """
+    if call.get("attention_mask") is not None or not _accepts(model, "attention_mask"):
+        return call
+    tokens = next((call[k] for k in ("input_ids", "inputs_embeds") if isinstance(call.get(k), torch.Tensor)), None)
+    if tokens is None:
+        return call
+    batch, query = tokens.shape[:2]
+    cache_key = _cache_key(call)
+    cache = call.get(cache_key) if cache_key else None
+    # A state-space cache has no length: its models mask the current tokens only.
+    past = int(cache.get_seq_length()) if cache is not None and not _linear_only(cache) else 0
+    mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
+    if cache is not None and cache.is_compileable and not all(cache.is_linear):
+        from transformers.masking_utils import create_masks_for_generate
+
+        make = getattr(model, "create_masks_for_generate", create_masks_for_generate)
+        dtype = getattr(model, "dtype", torch.float32)
+        mask = make(
+            config=model.config,
+            inputs_embeds=torch.empty((batch, query, 0), dtype=dtype, device=tokens.device),
+            attention_mask=mask,
+            cache=cache,
+            position_ids=call.get("position_ids"),
+        )
+        if mask is None:
+            # sdpa's is_causal fast path (no padding, empty cache) needs no mask; a graph input needs one.
+            positions = call.get("position_ids")
+            if not isinstance(positions, torch.Tensor):
+                positions = torch.arange(past, past + query, device=tokens.device).expand(batch, query)
+            length = max((layer.get_max_length() for layer in cache.layers), default=-1)
+            slots = torch.arange(length if length > 0 else past + query, device=tokens.device)
+            mask = (slots[None, None, None, :] <= positions[:, None, :, None]).contiguous()
+    return {**call, "attention_mask": mask}

@@ -1,0 +1,125 @@
+"""The multimodal parts of a model (modality encoders, projector) and the layouts baked into their components."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.frontends.calls import Components
+from hfexport.generation_spec import LAYOUT_MAX_NUMEL, LayoutSpecialised
+from hfexport.naming import canonical_output
+
+# Submodule names under which multimodal models keep the projector from encoder features to text embeddings.
+PROJECTOR_NAMES = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
+
+
+MODALITIES = ("image", "audio")
+
+
+def _submodule(root: torch.nn.Module, names: tuple[str, ...]) -> tuple[str, torch.nn.Module] | None:
+    """The first submodule named like `names` on the model or its base model (`model.model`)."""
+    holders = [root, getattr(root, "base_model", None), getattr(root, "model", None)]
+    for holder in holders:
+        if not isinstance(holder, torch.nn.Module):
+            continue
+        for name in names:
+            module = getattr(holder, name, None)
+            if isinstance(module, torch.nn.Module):
+                return name, module
+    return None
+
+
+def multimodal_parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modality encoders, projector, language model and lm_head of a multimodal model ({} otherwise)."""
+    get_encoder = getattr(model, "get_encoder", None)
+    if get_encoder is None:
+        return {}
+    parts: dict[str, torch.nn.Module] = {}
+    for modality in MODALITIES:
+        try:
+            encoder = get_encoder(modality=modality)
+        except (TypeError, ValueError):
+            continue
+        # `get_encoder` answers the model itself (or its base model) when it has no such encoder.
+        if isinstance(encoder, torch.nn.Module) and encoder is not model and encoder is not model.base_model:
+            parts[f"{modality}_encoder"] = encoder
+    if not parts:
+        return {}
+    projector = _submodule(model, PROJECTOR_NAMES)
+    if projector is not None:
+        parts["multi_modal_projector"] = projector[1]
+    decoder = model.get_decoder()
+    if decoder is not model:
+        parts["language_model"] = decoder
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Module):
+        parts["lm_head"] = head
+    return parts
+
+
+class ModalityFeatures(torch.nn.Module):
+    """`base_model.get_<modality>_features(**kwargs)` as a module: what generate runs on pixel_values & co."""
+
+    def __init__(self, model: torch.nn.Module, modality: str) -> None:
+        super().__init__()
+        self.base = model.base_model
+        self.modality = modality
+
+    def forward(self, **kwargs: Any) -> Any:
+        return canonical_output(getattr(self.base, f"get_{self.modality}_features")(**kwargs))
+
+
+def _modality_features(
+    model: torch.nn.Module, kwargs: Mapping[str, Any], prefill: Mapping[str, Any]
+) -> dict[str, tuple[torch.nn.Module, dict[str, Any]]]:
+    """The `get_<modality>_features` calls generate made before prefill, with the kwargs it gave them
+    (the modality inputs its signature names, `return_dict=True`), as transformers builds them."""
+    given = prefill.get("mm_encoder_outputs")
+    if not isinstance(given, Mapping):
+        return {}
+    out: dict[str, tuple[torch.nn.Module, dict[str, Any]]] = {}
+    for modality in given:
+        fn = getattr(model.base_model, f"get_{modality}_features", None)
+        if fn is None:
+            continue
+        names = [k for k in inspect.signature(fn).parameters if k != "kwargs" and k in kwargs]
+        call = {k: copy.deepcopy(kwargs[k]) for k in names}
+        call["return_dict"] = True
+        out[modality] = (ModalityFeatures(model, modality), call)
+    return out
+
+
+def _is_layout(name: str, value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.ndim >= 1
+        and 0 < value.numel() <= LAYOUT_MAX_NUMEL
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+        and "mask" not in name
+        and "input_ids" not in name
+    )
+
+
+def specialise_layouts(components: Components) -> tuple[Components, dict[str, dict[str, list[Any]]]]:
+    """Modality components (`*_encoder`, `*_features`, the projector) with their layout inputs baked in.
+
+    Returns the components to export and, per wrapped component, the baked values by input name.
+    """
+    out: Components = {}
+    layouts: dict[str, dict[str, list[Any]]] = {}
+    for name, (module, kwargs) in components.items():
+        modality = name.endswith(("_encoder", "_features")) or name == "multi_modal_projector"
+        layout = {k: v for k, v in kwargs.items() if modality and _is_layout(k, v)}
+        if not layout:
+            out[name] = (module, kwargs)
+            continue
+        baked = {k: (v.tolist(), v.dtype) for k, v in layout.items()}
+        out[name] = (LayoutSpecialised(module, baked), {k: v for k, v in kwargs.items() if k not in layout})
+        layouts[name] = {k: values for k, (values, _) in baked.items()}
+    return out, layouts
