@@ -356,6 +356,51 @@ def expiry_status(meta: RuleMeta) -> tuple[bool, str]:
     return met, f"{requirement.name} {installed} {verb} {meta.expires}"
 
 
+@dataclass(frozen=True)
+class RuleLocation:
+    """Where a rule is defined: `path` (relative to the directory holding the `hfexport` package, i.e. the
+    repository root of a checkout) and the 1-based `line` of `<name> = ...`."""
+
+    module: str
+    attribute: str
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def rule_module_name(rule_id: str) -> tuple[str, str]:
+    """(module, attribute) that must define `rule_id`: `hfexport.rewrites.rules.<stage>.<name>`, `<name>`."""
+    stage, name = rule_id.split("/", 1)
+    attribute = name.replace("-", "_").replace(".", "_")
+    return f"hfexport.rewrites.rules.{stage}.{attribute}", attribute
+
+
+def rule_location(rule: Rule) -> RuleLocation | None:
+    """The file and line that define `rule` by the naming convention; None when the convention is broken
+    (tests/rewrites/test_rule_metadata.py fails on that for every registered rule)."""
+    import importlib
+    import re
+
+    import hfexport
+
+    module_name, attribute = rule_module_name(rule.id)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    if getattr(module, attribute, None) is not rule or not getattr(module, "__file__", None):
+        return None
+    file = Path(module.__file__).resolve()
+    root = Path(hfexport.__file__).resolve().parent.parent
+    path = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
+    definition = re.compile(rf"^{re.escape(attribute)}\s*(?::[^=]*)?=")
+    lines = file.read_text().splitlines()
+    line = next((i for i, text in enumerate(lines, 1) if definition.match(text)), 0)
+    return RuleLocation(module_name, attribute, path, line) if line else None
+
+
 def _source(obj: Any) -> str | None:
     target = inspect.unwrap(obj) if callable(obj) else obj
     try:

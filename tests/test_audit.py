@@ -68,18 +68,20 @@ def test_expiry_is_met_only_by_an_installed_version_that_satisfies_it() -> None:
     import torch
 
     installed = torch.__version__.split("+")[0]
-    expired, detail = expiry_status(RuleMeta(id="fx/old", why="w", upstream="u", expires="torch>=2.0"))
+    expired, detail = expiry_status(RuleMeta(id="fx/old", why="w", upstream="hfexport==0 tests", expires="torch>=2.0"))
     assert expired and detail == f"torch {torch.__version__} satisfies torch>=2.0"
-    assert expiry_status(RuleMeta(id="fx/new", why="w", upstream="u", expires="torch>=99")) == (
+    assert expiry_status(RuleMeta(id="fx/new", why="w", upstream="hfexport==0 tests", expires="torch>=99")) == (
         False,
         f"torch {torch.__version__} does not satisfy yet torch>=99",
     )
-    assert expiry_status(RuleMeta(id="fx/pkg", why="w", upstream="u", expires="no-such-package>=1")) == (
+    assert expiry_status(
+        RuleMeta(id="fx/pkg", why="w", upstream="hfexport==0 tests", expires="no-such-package>=1")
+    ) == (
         False,
         "no-such-package is not installed",
     )
-    assert expiry_status(RuleMeta(id="fx/none", why="w", upstream="u")) == (False, "")
-    assert expiry_status(RuleMeta(id="fx/eq", why="w", upstream="u", expires=f"torch=={installed}"))[0]
+    assert expiry_status(RuleMeta(id="fx/none", why="w", upstream="hfexport==0 tests")) == (False, "")
+    assert expiry_status(RuleMeta(id="fx/eq", why="w", upstream="hfexport==0 tests", expires=f"torch=={installed}"))[0]
 
 
 def test_ablation_config_adds_one_disabled_rule_to_the_callers_selection() -> None:
