@@ -28,9 +28,55 @@ class RuleOutcome:
     # fired | no-match | not-applicable | disabled | other-backend
     status: str = "no-match"
     reason: str = ""
+    # Why the rule left sites alone that its pattern matched: each reason its check (or replacement) gave,
+    # with how often. A rule that "matched nothing" often matched and declined; this says why.
+    declined: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason")}
+        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason", "declined")}
+
+
+# Where `note_declined` reports while an export runs a stage (set by `apply` and `patched`): rule kinds call
+# it from their appliers without the context being threaded through every applier signature.
+_DECLINE_SINK: ContextVar[Callable[[str, str], None] | None] = ContextVar("hfexport_decline_sink", default=None)
+# Distinct reasons kept per rule: a check that words its reason per site must not grow the report unboundedly.
+MAX_DECLINE_REASONS = 20
+
+
+def note_declined(rule_id: str, reason: str) -> None:
+    """Record that `rule_id` matched a site and declined it, and why (a no-op outside an engine stage)."""
+    sink = _DECLINE_SINK.get()
+    if sink is not None:
+        sink(rule_id, " ".join(str(reason).split())[:300] or "declined without a reason")
+
+
+# Reasons that cost extra work to collect (the ONNX rewriter gives them only to a dry-run pass) are collected
+# only inside `explaining_declines()`, which `hfexport audit` enters; the reasons FX checks return are free.
+_EXPLAIN: ContextVar[bool] = ContextVar("hfexport_explain_declines", default=False)
+
+
+@contextmanager
+def explaining_declines() -> Iterator[None]:
+    """Also collect the decline reasons that cost an extra pass, for the exports started in this block."""
+    token = _EXPLAIN.set(True)
+    try:
+        yield
+    finally:
+        _EXPLAIN.reset(token)
+
+
+def recording_declines(costly: bool = False) -> bool:
+    """Whether `note_declined` goes anywhere; with `costly`, also whether `explaining_declines` asked for it."""
+    return _DECLINE_SINK.get() is not None and (not costly or _EXPLAIN.get())
+
+
+@contextmanager
+def _declines_to(context: RewriteContext) -> Iterator[None]:
+    token = _DECLINE_SINK.set(context.decline)
+    try:
+        yield
+    finally:
+        _DECLINE_SINK.reset(token)
 
 
 # Who hears stage changes of the exports started in this context (the CLI's progress display).
@@ -86,6 +132,7 @@ class RewriteContext:
     selection: RuleSelection = field(default_factory=RuleSelection)
     hits: Counter[str] = field(default_factory=Counter)
     outcomes: dict[str, RuleOutcome] = field(default_factory=dict)
+    declined: dict[str, Counter[str]] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Set by the stage that is running, so a failure can name it.
     current_stage: str | None = None
@@ -123,9 +170,15 @@ class RewriteContext:
             self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
         return self.outcomes[rule.id]
 
+    def decline(self, rule_id: str, reason: str) -> None:
+        reasons = self.declined.setdefault(rule_id, Counter())
+        if reason in reasons or len(reasons) < MAX_DECLINE_REASONS:
+            reasons[reason] += 1
+
     def finish(self, rule: Rule) -> None:
         outcome = self._outcome(rule)
         outcome.hits = self.hits[rule.id]
+        outcome.declined = dict(self.declined.get(rule.id, {}))
         if outcome.hits:
             outcome.status, outcome.reason = "fired", ""
 
@@ -259,7 +312,8 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
                 context.skip(rule, "not-applicable", reason)
         context.current_rule = None
         installed = time.perf_counter()
-        yield session
+        with _declines_to(context):
+            yield session
     finally:
         resumed = time.perf_counter()
         try:
@@ -278,7 +332,7 @@ def apply(stage: str, target: Any, context: RewriteContext, registry: RuleRegist
     if applier is None:
         raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_APPLIERS)} (patch uses `patched`)")
     hits: dict[str, int] = {}
-    with _timed(context, stage):
+    with _timed(context, stage), _declines_to(context):
         for rule in registry.selected(stage, context):
             context.current_rule = rule.id
             count = applier(rule, target)
