@@ -3,9 +3,11 @@
 `run_audit` exports a model once and lists every registered rule with its stage, kind, hits and status
 (fired, no match, not applicable and why, disabled, other backend), plus whether its `expires`
 requirement is met by the installed packages. With `ablate`, it re-exports once per fired rule with only
-that rule disabled (`RuleSelection(disable=(id,))` added to the config's selection), runs the saved
-artifact in its own runtime against eager, and calls the rule *needed* when the export then fails or no
-longer matches eager.
+that rule disabled (`RuleSelection(disable=(id,))` added to the config's selection; the rules that require
+it go with it, as the engine plans, and are named), runs the saved artifact in its own runtime against
+eager, and calls a fix *needed* when the export then fails or no longer matches eager. An optimization
+keeps numerics by design, so it is judged by the graph its runtime executes: node count and op histogram
+with and without it ("needed for speed: N nodes fewer").
 
 The inspection helpers at the bottom (`expiry_status`, `rule_diff`, `rule_sources`) back `hfexport rules
 show` and the generated catalogue.
@@ -38,8 +40,22 @@ Progress = Callable[[str], None]
 
 
 @dataclass
+class GraphStats:
+    """The size of what the runtime executes: node count and op histogram, and which graph was counted."""
+
+    where: str
+    nodes: int
+    ops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Ablation:
-    """One re-export with a single rule disabled."""
+    """One re-export with a single rule disabled (and the rules that require it, which go with it).
+
+    A fix is judged by the export: needed when the export then fails or no longer matches eager. An
+    optimization keeps the numerics by design, so it is judged by what it buys: the node count (and op
+    histogram) of the graph the runtime executes, with the rule (`base_graph`) and without it (`graph`).
+    """
 
     rule_id: str
     exported: bool
@@ -47,22 +63,72 @@ class Ablation:
     max_abs_diff: dict[str, float] = field(default_factory=dict)
     matches: bool | None = None
     seconds: float = 0.0
+    kind: str = "fix"
+    # Rules that ran in the audited export and were dropped with this one because they require it.
+    dependents: list[str] = field(default_factory=list)
+    base_graph: GraphStats | None = None
+    graph: GraphStats | None = None
+
+    @property
+    def nodes_saved(self) -> int | None:
+        """Nodes the runtime's graph has fewer with the rule than without (None when not measured)."""
+        if self.base_graph is None or self.graph is None:
+            return None
+        return self.graph.nodes - self.base_graph.nodes
+
+    @property
+    def op_changes(self) -> dict[str, int]:
+        """Op type -> how many more the graph has without the rule (negative: fewer)."""
+        if self.base_graph is None or self.graph is None:
+            return {}
+        ops = set(self.base_graph.ops) | set(self.graph.ops)
+        changes = {op: self.graph.ops.get(op, 0) - self.base_graph.ops.get(op, 0) for op in sorted(ops)}
+        return {op: delta for op, delta in changes.items() if delta}
 
     @property
     def needed(self) -> bool:
-        return not self.exported or not self.matches
+        if not self.exported or not self.matches:
+            return True
+        return self.kind == "optimization" and bool(self.nodes_saved and self.nodes_saved > 0)
 
     @property
     def verdict(self) -> str:
+        text = self._verdict()
+        if self.dependents:
+            text += f"; disabling it also disabled {', '.join(self.dependents)} (they require it)"
+        return text
+
+    def _verdict(self) -> str:
         if not self.exported:
             return f"needed: without it the export fails ({self.error})"
         worst = max(self.max_abs_diff.values(), default=0.0)
         if not self.matches:
             return f"needed: without it the artifact differs from eager ({self.error or f'max abs diff {worst:.3g}'})"
-        return f"not needed here: exports and matches eager without it (max abs diff {worst:.3g})"
+        if self.kind != "optimization":
+            return f"not needed here: exports and matches eager without it (max abs diff {worst:.3g})"
+        saved, changes = self.nodes_saved, self.op_changes
+        if saved is None or self.base_graph is None or self.graph is None:
+            return f"numerics equal without it (max abs diff {worst:.3g}); its effect on the graph was not measured"
+        sizes = f"{self.base_graph.nodes} vs {self.graph.nodes} nodes in {self.base_graph.where}"
+        if changes:
+            shown = sorted(changes.items(), key=lambda item: (-abs(item[1]), item[0]))[:6]
+            sizes += "; without it " + ", ".join(f"{op} {delta:+d}" for op, delta in shown)
+        if saved > 0:
+            return f"needed for speed: {saved} node(s) fewer with it ({sizes}; max abs diff {worst:.3g})"
+        if saved < 0:
+            return f"not needed for speed here: {-saved} node(s) more with it ({sizes})"
+        if changes:
+            return f"changes the ops, not their number ({sizes})"
+        return f"not needed here: the same graph without it ({sizes})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "needed": self.needed, "verdict": self.verdict}
+        return {
+            **dataclasses.asdict(self),
+            "nodes_saved": self.nodes_saved,
+            "op_changes": self.op_changes,
+            "needed": self.needed,
+            "verdict": self.verdict,
+        }
 
 
 @dataclass
@@ -79,6 +145,8 @@ class RuleAudit:
     expires: str | None = None
     expired: bool = False
     expiry: str = ""
+    # Why the rule declined sites its pattern matched (reason -> count), from the engine.
+    declined: dict[str, int] = field(default_factory=dict)
     explanation: str = ""
     ablation: Ablation | None = None
 
@@ -203,6 +271,53 @@ class _Attempt:
     error: str
     report: Any
     validation: Any
+    graph: GraphStats | None = None
+
+
+def graph_stats(artifact: str | Path, export_format: str) -> GraphStats | None:
+    """Node count and op histogram of what the runtime executes for a saved artifact (every component).
+
+    ONNX: the graph ONNX Runtime runs after its own optimizations (function bodies inlined, contrib fusions),
+    which is what an ONNX-level fusion changes; OpenVINO: the compiled CPU runtime model; Dynamo: the
+    program's ATen graph. None for ExecuTorch (no optimization rules there yet) or an unreadable artifact.
+    """
+    from collections import Counter
+
+    artifact = Path(artifact)
+    ops: Counter[str] = Counter()
+    try:
+        if export_format == "onnx":
+            import onnx
+            import onnxruntime as ort
+
+            where = "ONNX Runtime's optimized CPU graph"
+            for index, path in enumerate(sorted(artifact.rglob("*.onnx"))):
+                options = ort.SessionOptions()
+                optimized = artifact / f".hfexport-audit-optimized-{index}.onnx"
+                options.optimized_model_filepath = str(optimized)
+                ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                graph = onnx.load(str(optimized), load_external_data=False).graph
+                ops.update(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph.node)
+        elif export_format == "openvino":
+            import openvino as ov
+
+            where = "OpenVINO's compiled CPU model"
+            core = ov.Core()
+            for path in sorted(artifact.rglob("*.xml")):
+                runtime = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).get_runtime_model()
+                ops.update(op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ordered_ops())
+        elif export_format == "dynamo":
+            import torch
+
+            where = "the exported ATen graph"
+            for path in sorted(artifact.rglob("*.pt2")):
+                graph = torch.export.load(str(path)).graph  # the artifact this audit saved itself
+                ops.update(str(n.target) for n in graph.nodes if n.op == "call_function")
+        else:
+            return None
+    except Exception:
+        return None  # measuring is best effort: the verdict then says the graph was not measured
+    return GraphStats(where, sum(ops.values()), dict(sorted(ops.items())))
 
 
 def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, atol: float, rtol: float) -> _Attempt:
@@ -224,7 +339,8 @@ def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, ato
         except Exception as exc:
             # Exported, but the artifact does not save or run in its runtime: as good as a failed export.
             return _Attempt(False, f"the artifact does not run: {_error_text(exc)}", exporter.report, None)
-    return _Attempt(True, "", exporter.report, validation)
+        graph = graph_stats(artifact, config.export_format)
+    return _Attempt(True, "", exporter.report, validation, graph)
 
 
 def run_audit(
@@ -242,10 +358,25 @@ def run_audit(
 
     `ablate`: True ablates every rule that fired; a sequence ablates exactly those rule ids.
     """
+    from hfexport.rewrites.declines import explaining_declines
     from hfexport.rewrites.engine import default_registry
 
+    with explaining_declines():
+        return _run_audit(model, inputs, config, model_name, ablate, atol, rtol, progress, default_registry())
+
+
+def _run_audit(
+    model: Any,
+    inputs: Mapping[str, Any],
+    config: Any,
+    model_name: str,
+    ablate: bool | Sequence[str],
+    atol: float,
+    rtol: float,
+    progress: Progress | None,
+    registry: Any,
+) -> Audit:
     say = progress or (lambda _message: None)
-    registry = default_registry()
     registry.validate_selection(config.rules)
     start = time.perf_counter()
     say(f"exporting {type(model).__name__} to {config.export_format}")
@@ -262,11 +393,32 @@ def run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
+        running = registry.plan(config.rules)
         for i, rule_id in enumerate(targets, 1):
+            ablated = with_rule_disabled(config, rule_id)
+            # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
+            without = registry.plan(ablated.rules)
+            dependents = [
+                other.id
+                for other in registry.rules()
+                if other.id != rule_id
+                and running[other.id] is None
+                and without[other.id] is not None
+                and other.applies_to(config.export_format)
+            ]
             say(f"ablation {i}/{len(targets)}: exporting without {rule_id}")
             t0 = time.perf_counter()
-            attempt = _export_and_validate(model, inputs, with_rule_disabled(config, rule_id), atol, rtol)
-            ablation = Ablation(rule_id, attempt.exported, attempt.error, seconds=time.perf_counter() - t0)
+            attempt = _export_and_validate(model, inputs, ablated, atol, rtol)
+            ablation = Ablation(
+                rule_id,
+                attempt.exported,
+                attempt.error,
+                seconds=time.perf_counter() - t0,
+                kind=registry.get(rule_id).meta.kind,
+                dependents=dependents,
+                base_graph=base.graph,
+                graph=attempt.graph,
+            )
             if attempt.validation is not None:
                 ablation.max_abs_diff = attempt.validation.max_abs_diff
                 ablation.matches = attempt.validation.ok
@@ -294,8 +446,10 @@ def run_audit(
 def _rule_row(rule: Rule, outcome: Any, export_format: str, model_type: str | None, exported: bool) -> RuleAudit:
     meta = rule.meta
     expired, expiry = expiry_status(meta)
+    declined: dict[str, int] = {}
     if outcome is not None:
         status, reason, hits = outcome.status, outcome.reason, outcome.hits
+        declined = dict(getattr(outcome, "declined", {}) or {})
     elif not rule.applies_to(export_format):
         status, reason, hits = "other-backend", f"only for {', '.join(meta.backends)}", 0
     elif rule.stage not in FORMAT_STAGES.get(export_format, STAGES):
@@ -314,17 +468,30 @@ def _rule_row(rule: Rule, outcome: Any, export_format: str, model_type: str | No
         expires=meta.expires,
         expired=expired,
         expiry=expiry,
+        declined=declined,
     )
     row.explanation = _explain(row, meta, model_type)
     return row
 
 
+def _declined_text(declined: dict[str, int]) -> str:
+    total = sum(declined.values())
+    reasons = sorted(declined.items(), key=lambda item: (-item[1], item[0]))
+    listed = "; ".join(f"{reason} (x{count})" if count > 1 else reason for reason, count in reasons[:5])
+    more = f"; and {len(reasons) - 5} more reason(s)" if len(reasons) > 5 else ""
+    return f"declined {total} matched site(s): {listed}{more}"
+
+
 def _explain(row: RuleAudit, meta: RuleMeta, model_type: str | None) -> str:
     if row.status == "fired":
-        return f"fired {row.hits} time(s) in stage {row.stage!r}"
+        text = f"fired {row.hits} time(s) in stage {row.stage!r}"
+        return text + (f"; {_declined_text(row.declined)}" if row.declined else "")
     if row.status != "no-match":
         return f"{row.status}: {row.reason}"
-    # The engine records no reason for a pattern that matched nothing: say what the rule looks for instead.
+    if row.declined:
+        # Its pattern matched, and its check said why each match was left alone.
+        return f"ran in stage {row.stage!r} and fired nowhere: {_declined_text(row.declined)}"
+    # No site matched the pattern at all: say what the rule looks for instead.
     matches = [e.description for e in meta.examples if type(e).__name__ == "Match" and e.description]
     text = f"ran in stage {row.stage!r} and matched nothing"
     if matches:
@@ -354,6 +521,51 @@ def expiry_status(meta: RuleMeta) -> tuple[bool, str]:
     met = requirement.specifier.contains(Version(Version(installed).public), prereleases=True)
     verb = "satisfies" if met else "does not satisfy yet"
     return met, f"{requirement.name} {installed} {verb} {meta.expires}"
+
+
+@dataclass(frozen=True)
+class RuleLocation:
+    """Where a rule is defined: `path` (relative to the directory holding the `hfexport` package, i.e. the
+    repository root of a checkout) and the 1-based `line` of `<name> = ...`."""
+
+    module: str
+    attribute: str
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def rule_module_name(rule_id: str) -> tuple[str, str]:
+    """(module, attribute) that must define `rule_id`: `hfexport.rewrites.rules.<stage>.<name>`, `<name>`."""
+    stage, name = rule_id.split("/", 1)
+    attribute = name.replace("-", "_").replace(".", "_")
+    return f"hfexport.rewrites.rules.{stage}.{attribute}", attribute
+
+
+def rule_location(rule: Rule) -> RuleLocation | None:
+    """The file and line that define `rule` by the naming convention; None when the convention is broken
+    (tests/rewrites/test_rule_metadata.py fails on that for every registered rule)."""
+    import importlib
+    import re
+
+    import hfexport
+
+    module_name, attribute = rule_module_name(rule.id)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    if getattr(module, attribute, None) is not rule or not getattr(module, "__file__", None):
+        return None
+    file = Path(module.__file__).resolve()
+    root = Path(hfexport.__file__).resolve().parent.parent
+    path = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
+    definition = re.compile(rf"^{re.escape(attribute)}\s*(?::[^=]*)?=")
+    lines = file.read_text().splitlines()
+    line = next((i for i, text in enumerate(lines, 1) if definition.match(text)), 0)
+    return RuleLocation(module_name, attribute, path, line) if line else None
 
 
 def _source(obj: Any) -> str | None:

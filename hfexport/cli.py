@@ -388,7 +388,7 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_show(args: argparse.Namespace) -> int:
-    from hfexport.audit import expiry_status, rule_diff, rule_sources, rule_target
+    from hfexport.audit import expiry_status, rule_diff, rule_location, rule_sources, rule_target
     from hfexport.rewrites.engine import default_registry
 
     try:
@@ -401,7 +401,10 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
     if meta.expires:
         expiry_text = f"{meta.expires}: " + ("EXPIRED, " if expired else "") + expiry
     print(f"{meta.id}  ({type(rule).__name__}, stage {rule.stage}, kind {meta.kind})")
+    location = rule_location(rule)
+    upstream = meta.upstream_ref
     fields = [
+        ("defined", str(location) if location else "-"),
         ("why", meta.why),
         ("upstream", meta.upstream or "-"),
         ("expires", expiry_text),
@@ -410,8 +413,14 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         ("default", "on" if meta.enabled_by_default else "off (enable it with RuleSelection(enable=...))"),
         ("target", rule_target(rule) or "-"),
     ]
+    if upstream is not None and upstream.kind == "package":
+        # A pin says which release the rule was written against; the installed one may have moved on.
+        from hfexport.versions import installed_version
+
+        installed = installed_version(upstream.package) or "not installed"
+        fields.insert(3, ("", f"(written against {upstream.package} {upstream.version}; installed: {installed})"))
     for name, value in fields:
-        print(f"{name + ':':10s} {value}")
+        print(f"{name + ':' if name else '':10s} {value}")
     print("examples:")
     for example in meta.examples:
         print(f"  {type(example).__name__:8s} {example.description or '(no description)'}")

@@ -52,34 +52,128 @@ def test_audit_counts_equal_the_engine_report_and_ablation_finds_the_needed_rule
     assert "openvino/drop-constant-inputs: ran in stage 'openvino' and matched nothing" in printed.out
 
 
+def _example(rule_id: str, index: int) -> tuple:
+    from hfexport.rewrites.engine import default_registry
+
+    example = default_registry().get(rule_id).meta.examples[index]
+    module, inputs = example.build()
+    return module.eval(), inputs, example.opset
+
+
+def test_explain_keeps_the_reason_an_onnx_rule_check_gave_for_each_match_it_declined() -> None:
+    from hfexport import OnnxConfig
+    from hfexport.audit import run_audit
+
+    # Attention at opset 24 is run by ONNX Runtime's own kernel: the fusion's check refuses it and says so.
+    module, inputs, opset = _example("onnx/attention-as-matmul", 1)
+    audit = run_audit(module, inputs, OnnxConfig(opset_version=opset), model_name="gqa-sdpa")
+    row = audit.rule("onnx/attention-as-matmul")
+    assert (row.status, row.hits) == ("no-match", 0)
+    assert row.declined == {"below opset 25 ONNX Runtime runs Attention with its own kernel": 1}
+    text = audit.render(explain=True)
+    assert (
+        "onnx/attention-as-matmul: ran in stage 'onnx' and fired nowhere: declined 1 matched site(s): "
+        "below opset 25 ONNX Runtime runs Attention with its own kernel"
+    ) in text
+    assert audit.to_dict()["report"]["rules"]  # the engine's outcomes carry the reasons into the report
+    reported = {o["id"]: o for o in audit.report["rules"]}
+    assert reported["onnx/attention-as-matmul"]["declined"] == row.declined
+
+
+def test_fx_pattern_check_reasons_are_kept_per_rule() -> None:
+    import torch
+
+    from hfexport.rewrites import engine
+    from hfexport.rewrites.engine import RewriteContext, RuleRegistry
+    from hfexport.rewrites.examples import Match, NoMatch
+    from hfexport.rewrites.kinds.fx import FxPatternRule
+
+    class TwoRelus(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x) + torch.relu(y)
+
+    def check(match, gm) -> str | None:
+        # Leave the relu of `y` alone, and say so.
+        source = match.placeholder_nodes[0]
+        return "the input is y" if source.name == "y" else None
+
+    build = lambda: (TwoRelus(), {"x": torch.randn(3), "y": torch.randn(3)})  # noqa: E731
+    examples = (Match(build), NoMatch(build))
+    rule = FxPatternRule(
+        RuleMeta(id="fx/test-relu-clamp", why="w", upstream="hfexport==0 tests", examples=examples),
+        pattern=lambda x: torch.relu(x),
+        replacement=lambda x: torch.clamp(x, min=0),
+        pattern_args=lambda: (torch.randn(3),),
+        check=check,
+    )
+    registry = RuleRegistry()
+    registry.register(rule)
+    x, y = torch.randn(3), torch.randn(3)
+    program = torch.export.export(TwoRelus(), (x, y))
+    context = RewriteContext(backend="dynamo")
+    assert engine.apply("fx", program, context, registry) == {"fx/test-relu-clamp": 1}
+    outcome = context.outcomes["fx/test-relu-clamp"]
+    assert (outcome.status, outcome.declined) == ("fired", {"the input is y": 1})
+    torch.testing.assert_close(program.module()(x, y), TwoRelus()(x, y))
+
+
+def test_ablating_an_optimization_counts_the_runtime_nodes_it_saves_and_names_its_dependents() -> None:
+    from hfexport import OnnxConfig
+    from hfexport.audit import run_audit
+
+    # A pre-norm layer: RMSNorm fusion, then the residual Add folded into SkipSimplifiedLayerNormalization,
+    # which requires the RMSNorm fusion and so goes with it.
+    module, inputs, _ = _example("onnx/skip-rms-norm-fusion", 0)
+    audit = run_audit(module, inputs, OnnxConfig(), ablate=("onnx/rms-norm-fusion", "onnx/skip-rms-norm-fusion"))
+    assert audit.exported and audit.validation and audit.validation["ok"]
+    norm = audit.rule("onnx/rms-norm-fusion").ablation
+    skip = audit.rule("onnx/skip-rms-norm-fusion").ablation
+    assert norm is not None and skip is not None
+    assert norm.exported and norm.matches and skip.exported and skip.matches  # numerics equal either way
+    assert norm.dependents == ["onnx/skip-rms-norm-fusion"] and skip.dependents == []
+    # Each is judged by ONNX Runtime's optimized graph: fewer nodes with the rule than without.
+    assert norm.base_graph is not None and norm.graph is not None
+    assert norm.nodes_saved == norm.graph.nodes - norm.base_graph.nodes > skip.nodes_saved > 0
+    assert norm.op_changes["com.microsoft.SkipSimplifiedLayerNormalization"] < 0
+    assert skip.op_changes["SimplifiedLayerNormalization"] > 0
+    assert norm.needed and skip.needed
+    assert norm.verdict.startswith(f"needed for speed: {norm.nodes_saved} node(s) fewer with it")
+    assert "disabling it also disabled onnx/skip-rms-norm-fusion (they require it)" in norm.verdict
+
+
 @pytest.mark.slow
-def test_onnx_moe_needs_the_portable_grouped_mm_but_not_the_fusions(capsys, tmp_path: Path) -> None:
+def test_onnx_moe_needs_the_portable_grouped_mm_and_the_fusion_for_speed(capsys, tmp_path: Path) -> None:
     out = tmp_path / "audit.json"
     args = ["audit", "--model", "tiny-qwen3-moe", "--format", "onnx", "--json", str(out)]
     assert main([*args, "--ablate", "patch/moe-grouped-mm-portable,onnx/rms-norm-fusion"]) == 0
     rows = {r["id"]: r for r in json.loads(out.read_text())["rules"]}
     portable = rows["patch/moe-grouped-mm-portable"]["ablation"]
     assert portable["needed"] and not portable["exported"] and "translate" in portable["error"]
+    # An optimization keeps numerics: it is needed for the nodes it saves in ONNX Runtime's graph.
     fusion = rows["onnx/rms-norm-fusion"]["ablation"]
-    assert not fusion["needed"] and fusion["matches"]
+    assert fusion["matches"] and fusion["nodes_saved"] > 0 and fusion["needed"]
+    assert fusion["verdict"].startswith("needed for speed: ")
+    assert "onnx/skip-rms-norm-fusion" in fusion["dependents"]
 
 
 def test_expiry_is_met_only_by_an_installed_version_that_satisfies_it() -> None:
     import torch
 
     installed = torch.__version__.split("+")[0]
-    expired, detail = expiry_status(RuleMeta(id="fx/old", why="w", upstream="u", expires="torch>=2.0"))
+    expired, detail = expiry_status(RuleMeta(id="fx/old", why="w", upstream="hfexport==0 tests", expires="torch>=2.0"))
     assert expired and detail == f"torch {torch.__version__} satisfies torch>=2.0"
-    assert expiry_status(RuleMeta(id="fx/new", why="w", upstream="u", expires="torch>=99")) == (
+    assert expiry_status(RuleMeta(id="fx/new", why="w", upstream="hfexport==0 tests", expires="torch>=99")) == (
         False,
         f"torch {torch.__version__} does not satisfy yet torch>=99",
     )
-    assert expiry_status(RuleMeta(id="fx/pkg", why="w", upstream="u", expires="no-such-package>=1")) == (
+    assert expiry_status(
+        RuleMeta(id="fx/pkg", why="w", upstream="hfexport==0 tests", expires="no-such-package>=1")
+    ) == (
         False,
         "no-such-package is not installed",
     )
-    assert expiry_status(RuleMeta(id="fx/none", why="w", upstream="u")) == (False, "")
-    assert expiry_status(RuleMeta(id="fx/eq", why="w", upstream="u", expires=f"torch=={installed}"))[0]
+    assert expiry_status(RuleMeta(id="fx/none", why="w", upstream="hfexport==0 tests")) == (False, "")
+    assert expiry_status(RuleMeta(id="fx/eq", why="w", upstream="hfexport==0 tests", expires=f"torch=={installed}"))[0]
 
 
 def test_ablation_config_adds_one_disabled_rule_to_the_callers_selection() -> None:

@@ -153,7 +153,14 @@ def test_rules_show_prints_metadata_and_the_patch_diff_against_the_original_sour
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert out.startswith("patch/moe-grouped-mm-portable  (ModuleFunctionPatch, stage patch, kind fix)")
-    assert "upstream:" in out and "pytorch/pytorch#172440" in out and "expires:   never" in out
+    assert "upstream:" in out and "pytorch/pytorch/issues/172440" in out and "expires:   never" in out
+    # The id names the file: `rules show` says where the rule is defined, relative to the checkout.
+    defined = next(line for line in out.splitlines() if line.startswith("defined:"))
+    path, line = defined.split()[1].rsplit(":", 1)
+    assert path == "hfexport/rewrites/rules/patch/moe_grouped_mm_portable.py"
+    source = (Path(__file__).resolve().parents[1] / path).read_text().splitlines()
+    assert source[int(line) - 1].startswith("moe_grouped_mm_portable = ")
+    assert "(written against transformers 5.24.0; installed: " in out
     assert "Match    a single token: most experts get no rows" in out and "NoMatch  a dense model" in out
     diff = out.split("diff (patched source -> replacement):\n", 1)[1].splitlines()
     assert diff[0] == "--- transformers.integrations.moe._grouped_mm" and diff[1] == "+++ gathered_grouped_mm"

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.naming",),
     ("hfexport.positions",),
     ("hfexport.generation_spec",),
-    ("hfexport.rewrites.examples",),
+    ("hfexport.rewrites.examples", "hfexport.rewrites.declines"),
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
     ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),

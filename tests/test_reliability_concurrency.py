@@ -203,7 +203,7 @@ def test_a_method_patch_runs_its_replacement_only_in_the_thread_that_installed_i
         RuleMeta(
             id="patch/test-triple",
             why="test",
-            upstream="n/a",
+            upstream="hfexport==0 tests",
             backends=("dynamo",),
             models=(),
             kind="fix",

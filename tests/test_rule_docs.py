@@ -34,6 +34,34 @@ def test_catalogue_documents_every_rule_with_its_metadata() -> None:
     assert (ROOT / "docs" / "authoring-rules.md").is_file() and "(authoring-rules.md)" in text
 
 
+def test_catalogue_links_each_rule_to_its_file_and_its_upstream_issue() -> None:
+    import re
+
+    from hfexport.rewrites.engine import default_registry
+
+    text = _generator().render()
+    docs = ROOT / "docs"
+    for rule in default_registry().rules():
+        section = text.split(f"### `{rule.id}`", 1)[1].split("\n### ", 1)[0]
+        defined = re.search(r"- \*\*defined in\*\*: \[`([^`]+)`\]\(([^)]+)\)", section)
+        assert defined, rule.id
+        path, link = defined.groups()
+        name = rule.id.split("/", 1)[1].replace("-", "_")
+        assert path == f"hfexport/rewrites/rules/{rule.stage}/{name}.py"
+        # The link is relative to docs/ and reaches the file in this checkout.
+        assert (docs / link).resolve() == (ROOT / path).resolve() and (ROOT / path).is_file()
+        upstream = section.split("- **upstream**: ", 1)[1].split("\n", 1)[0]
+        ref = rule.meta.upstream_ref
+        assert ref is not None
+        if ref.kind == "url":
+            assert upstream.startswith(f"[{ref.url}]({ref.url})"), (rule.id, upstream)
+        else:
+            assert upstream.startswith(f"`{ref.package}=={ref.version}` `{ref.path}`"), (rule.id, upstream)
+        # Every URL in a note is a link too.
+        for url in re.findall(r"(?<![(\[])https://[^\s)\]]+", upstream):
+            raise AssertionError(f"{rule.id}: bare URL {url} in {upstream}")
+
+
 def test_check_mode_fails_on_a_stale_catalogue(tmp_path: Path, monkeypatch, capsys) -> None:
     generator = _generator()
     stale = tmp_path / "rules.md"

@@ -27,6 +27,33 @@ def _anchor(rule_id: str) -> str:
     return re.sub(r"[^a-z0-9_\- ]", "", rule_id.lower()).replace(" ", "-")
 
 
+_URL_RE = re.compile(r"https://[^\s()<>;,]+[^\s()<>;,.]")
+
+
+def _linked(text: str) -> str:
+    """A table-safe cell with every URL in it a link."""
+    cell = _cell(text)
+    return _URL_RE.sub(lambda m: f"[{m.group(0)}]({m.group(0)})", cell)
+
+
+def _upstream(meta: object) -> str:
+    ref = meta.upstream_ref  # type: ignore[attr-defined]
+    if ref is None:
+        return ""
+    head = f"[{ref.url}]({ref.url})" if ref.kind == "url" else f"`{ref.package}=={ref.version}` `{ref.path}`"
+    return f"{head} {_linked(ref.note)}".rstrip()
+
+
+def _source_link(rule: object) -> str:
+    from hfexport.audit import rule_location
+
+    location = rule_location(rule)  # type: ignore[arg-type]
+    if location is None:
+        return ""
+    # Relative to docs/, without a line anchor: the catalogue must not go stale when a rule's body moves.
+    return f"[`{location.path}`](../{location.path}) (`{location.attribute}`)"
+
+
 def render() -> str:
     """The catalogue text for the rules registered in this checkout."""
     from hfexport.audit import rule_target
@@ -46,13 +73,15 @@ def render() -> str:
         "`hfexport rules list`, `hfexport rules show ID` (with the source diff of a patch), and "
         "`hfexport audit --model M --format F --explain --ablate` for what they do to one export.",
         "",
-        "| stage | rule | kind | backends |",
-        "|---|---|---|---|",
+        "| stage | rule | kind | backends | defined in |",
+        "|---|---|---|---|---|",
     ]
     for rule in rules:
         meta = rule.meta
         link = f"[`{meta.id}`](#{_anchor(meta.id)})"
-        lines.append(f"| {rule.stage} | {link} | {meta.kind} | {', '.join(meta.backends)} |")
+        name = meta.id.split("/", 1)[1].replace("-", "_").replace(".", "_")
+        source = f"[{name}.py](../hfexport/rewrites/rules/{rule.stage}/{name}.py)"
+        lines.append(f"| {rule.stage} | {link} | {meta.kind} | {', '.join(meta.backends)} | {source} |")
     for stage in STAGES:
         staged = registry.rules(stage)
         if not staged:
@@ -63,15 +92,18 @@ def render() -> str:
             meta = rule.meta
             lines += ["", f"### `{meta.id}`", "", _cell(meta.why), ""]
             facts = [
+                ("defined in", _source_link(rule)),
                 ("kind", f"{meta.kind} ({type(rule).__name__})"),
                 ("backends", ", ".join(meta.backends)),
                 ("target", f"`{rule_target(rule)}`" if rule_target(rule) else ""),
                 ("models", ", ".join(meta.models)),
-                ("upstream", meta.upstream),
+                ("upstream", _upstream(meta)),
                 ("expires", f"`{meta.expires}`" if meta.expires else "not set"),
                 ("default", "on" if meta.enabled_by_default else "off: enable with `RuleSelection(enable=(...,))`"),
+                ("requires", ", ".join(f"[`{r}`](#{_anchor(r)})" for r in meta.requires)),
             ]
-            lines += [f"- **{name}**: {_cell(value)}" for name, value in facts if value]
+            # Values are already markdown (links, code spans); only whitespace is normalised.
+            lines += [f"- **{name}**: {' '.join(value.split())}" for name, value in facts if value]
             lines.append("- **examples**:")
             for example in meta.examples:
                 lines.append(f"  - {type(example).__name__}: {_cell(example.description) or '(no description)'}")

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.rewrites.declines import (
+    MAX_DECLINE_REASONS,
+    declines_to,
+)
 from hfexport.rewrites.kinds.patch import PatchSession
 from hfexport.rewrites.registry import RuleRegistry, default_registry
 from hfexport.rewrites.rule import Rule, RuleSelection
@@ -33,9 +37,12 @@ class RuleOutcome:
     # fired | no-match | not-applicable | disabled | other-backend
     status: str = "no-match"
     reason: str = ""
+    # Why the rule left sites alone that its pattern matched: each reason its check (or replacement) gave,
+    # with how often. A rule that "matched nothing" often matched and declined; this says why.
+    declined: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason")}
+        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason", "declined")}
 
 
 # Who hears stage changes of the exports started in this context (the CLI's progress display).
@@ -94,6 +101,7 @@ class RewriteContext:
     selection: RuleSelection = field(default_factory=RuleSelection)
     hits: Counter[str] = field(default_factory=Counter)
     outcomes: dict[str, RuleOutcome] = field(default_factory=dict)
+    declined: dict[str, Counter[str]] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Set by the stage that is running, so a failure can name it.
     current_stage: str | None = None
@@ -157,9 +165,15 @@ class RewriteContext:
             self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
         return self.outcomes[rule.id]
 
+    def decline(self, rule_id: str, reason: str) -> None:
+        reasons = self.declined.setdefault(rule_id, Counter())
+        if reason in reasons or len(reasons) < MAX_DECLINE_REASONS:
+            reasons[reason] += 1
+
     def finish(self, rule: Rule) -> None:
         outcome = self._outcome(rule)
         outcome.hits = self.hits[rule.id]
+        outcome.declined = dict(self.declined.get(rule.id, {}))
         if outcome.hits:
             outcome.status, outcome.reason = "fired", ""
 
@@ -190,7 +204,8 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
                 context.skip(rule, "not-applicable", reason)
         context.current_rule = None
         installed = time.perf_counter()
-        yield session
+        with declines_to(context.decline):
+            yield session
     finally:
         resumed = time.perf_counter()
         try:
@@ -220,7 +235,7 @@ def apply(
     if applier is None:
         raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_appliers())} (patch uses `patched`)")
     hits: dict[str, int] = {}
-    with context.stage(step or stage):
+    with context.stage(step or stage), declines_to(context.decline):
         for rule in registry.selected(stage, context):
             if where is not None and not where(rule):
                 continue

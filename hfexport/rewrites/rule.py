@@ -21,9 +21,79 @@ RuleKind = Literal["fix", "optimization"]
 
 _ID_RE = re.compile(r"^(?P<stage>[a-z]+)/[a-z0-9]+(?:[-.][a-z0-9]+)*$")
 
+# `upstream` starts with a reference a reader can follow, then an optional short note:
+# - an issue or pull request: https://github.com/<owner>/<repo>/issues/<n> or /pull/<n> (an issue comment anchor
+#   allowed), a GitLab issue or merge request, or a Chromium issue;
+# - a package version and where in it: `<package>==<version> <path> [note]`, e.g.
+#   `transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan`.
+# A link into a source tree (github.com/.../blob/...) is a code location: cite it in the package form, which
+# also says which release the rule was written against.
+_TRACKER_URL_RE = re.compile(
+    r"^https://(?:"
+    r"github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+(?:#issuecomment-\d+)?"
+    r"|gitlab\.com/[\w./-]+/-/(?:issues|merge_requests)/\d+"
+    r"|issues\.chromium\.org/issues/\d+"
+    r")$"
+)
+_PACKAGE_PIN_RE = re.compile(r"^(?P<package>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>\S+)$")
+UPSTREAM_FORMS = (
+    "an issue or PR URL (https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>) or "
+    "'<package>==<version> <path>' (e.g. 'transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan'), "
+    "optionally followed by a short note"
+)
+
 
 class RuleDefinitionError(ValueError):
     """A rule violates the rule model (bad id, missing examples, unknown backend, ...)."""
+
+
+@dataclass(frozen=True)
+class UpstreamRef:
+    """The parsed `upstream` of a rule: where the bug (or the fused-into op) lives upstream.
+
+    `kind` "url": `url` is an issue or pull request. `kind` "package": `package`==`version`, at `path`
+    (a file, a module or an op family). `note` is the free text after the reference (it may name more links).
+    """
+
+    kind: Literal["url", "package"]
+    url: str = ""
+    package: str = ""
+    version: str = ""
+    path: str = ""
+    note: str = ""
+
+    @property
+    def reference(self) -> str:
+        """The reference without the note: the URL, or `package==version path`."""
+        return self.url if self.kind == "url" else f"{self.package}=={self.version} {self.path}"
+
+
+def parse_upstream(text: str) -> UpstreamRef:
+    """Parse an `upstream` string (see `UPSTREAM_FORMS`); raise ValueError saying what is wrong."""
+    from packaging.version import InvalidVersion, Version
+
+    words = text.split()
+    if not words:
+        raise ValueError(f"`upstream` is empty; it must be {UPSTREAM_FORMS}")
+    first = words[0]
+    if first.startswith(("http://", "https://")):
+        if not _TRACKER_URL_RE.match(first):
+            raise ValueError(
+                f"`upstream` URL {first!r} is not an issue or pull request; cite a code location as "
+                f"'<package>==<version> <path>'. It must be {UPSTREAM_FORMS}"
+            )
+        return UpstreamRef("url", url=first, note=" ".join(words[1:]))
+    pin = _PACKAGE_PIN_RE.match(first)
+    if pin is None:
+        raise ValueError(f"`upstream` must start with a URL or '<package>==<version>', not {first!r}: {UPSTREAM_FORMS}")
+    try:
+        Version(pin["version"])
+    except InvalidVersion:
+        raise ValueError(f"`upstream` pins {first!r}, whose version is not a version number") from None
+    if len(words) < 2:
+        raise ValueError(f"`upstream` {first!r} needs the path it refers to: '{first} <path> [note]'")
+    note = " ".join(words[2:])
+    return UpstreamRef("package", package=pin["package"], version=pin["version"], path=words[1], note=note)
 
 
 @dataclass(frozen=True)
@@ -52,10 +122,15 @@ class RuleMeta:
             )
         if not self.why.strip():
             raise RuleDefinitionError(f"rule {self.id}: `why` must say what it fixes or buys")
-        if self.kind == "fix" and not self.upstream.strip():
-            raise RuleDefinitionError(f"rule {self.id}: a fix needs `upstream` (issue, PR or package version)")
         if self.kind not in ("fix", "optimization"):
             raise RuleDefinitionError(f"rule {self.id}: kind must be 'fix' or 'optimization'")
+        if self.kind == "fix" and not self.upstream.strip():
+            raise RuleDefinitionError(f"rule {self.id}: a fix needs `upstream`: {UPSTREAM_FORMS}")
+        if self.upstream.strip():
+            try:
+                parse_upstream(self.upstream)
+            except ValueError as exc:
+                raise RuleDefinitionError(f"rule {self.id}: {exc}") from None
         unknown = set(self.backends) - set(BACKENDS)
         if unknown or not self.backends:
             raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {BACKENDS}")
@@ -64,13 +139,32 @@ class RuleMeta:
             if not _ID_RE.match(required) or required == self.id:
                 raise RuleDefinitionError(f"rule {self.id}: `requires` names {required!r}, not another rule id")
         if self.expires is not None:
-            from packaging.requirements import Requirement
+            from packaging.requirements import InvalidRequirement, Requirement
 
-            Requirement(self.expires)  # raises on a malformed requirement
+            try:
+                requirement = Requirement(self.expires)
+            except InvalidRequirement as exc:
+                message = f"rule {self.id}: `expires` {self.expires!r} is not a requirement: {exc}"
+                raise RuleDefinitionError(message) from None
+            if not requirement.specifier:
+                # A bare package name would be met by any installed version: the rule would always be expired.
+                raise RuleDefinitionError(
+                    f"rule {self.id}: `expires` {self.expires!r} needs a version bound, e.g. '{requirement.name}>1.2.3'"
+                )
 
     @property
     def stage(self) -> str:
         return self.id.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """The id without its stage: `rules/<stage>/<name with underscores>.py` defines the rule."""
+        return self.id.split("/", 1)[1]
+
+    @property
+    def upstream_ref(self) -> UpstreamRef | None:
+        """`upstream` parsed; None for an optimization that names no upstream."""
+        return parse_upstream(self.upstream) if self.upstream.strip() else None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def _examples() -> tuple:
 
 
 def _meta(rule_id: str, **kwargs) -> RuleMeta:
-    return RuleMeta(id=rule_id, why="test", upstream="none", examples=_examples(), **kwargs)
+    return RuleMeta(id=rule_id, why="test", upstream="hfexport==0 tests", examples=_examples(), **kwargs)
 
 
 # -- metadata and registration --------------------------------------------------------------------
@@ -53,7 +53,7 @@ def test_fix_needs_upstream_and_backends_are_checked() -> None:
 def test_registration_refuses_missing_examples_and_duplicates() -> None:
     registry = RuleRegistry()
     pred, rewrite = (lambda n: False), (lambda gm, n: None)
-    only_match = RuleMeta(id="fx/a", why="w", upstream="u", examples=(_examples()[0],))
+    only_match = RuleMeta(id="fx/a", why="w", upstream="hfexport==0 tests", examples=(_examples()[0],))
     with pytest.raises(RuleDefinitionError, match="Match and one NoMatch"):
         registry.register(FxNodeRule(only_match, predicate=pred, rewrite=rewrite))
     registry.register(FxNodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))

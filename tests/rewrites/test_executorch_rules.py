@@ -52,7 +52,7 @@ def _toy_rule(rewrite=_sub_as_add_of_neg) -> ExecutorchNodeRule:
         RuleMeta(
             id="executorch/toy-sub-as-add",
             why="test of the rule kind",
-            upstream="none: a test rule",
+            upstream="hfexport==0 tests",
             backends=("executorch",),
             examples=(
                 Match(lambda: _pair(Residual()), "x - y", other_inputs=lambda: _pair(Residual(), 9)[1]),

@@ -46,7 +46,9 @@ _FEED = {"x": np.array([1.0, -2.0, 3.5], dtype=np.float32)}
 
 
 def _ir_rule(examples: tuple) -> OnnxRewriteRule:
-    meta = RuleMeta(id="onnx/test-double-neg", why="test", upstream="test", backends=("onnx",), examples=examples)
+    meta = RuleMeta(
+        id="onnx/test-double-neg", why="test", upstream="hfexport==0 tests", backends=("onnx",), examples=examples
+    )
     return OnnxRewriteRule(meta, rewrite_rule=_double_neg_rule)
 
 
@@ -74,7 +76,7 @@ def test_ir_rule_stamps_the_nodes_it_produced() -> None:
 def test_aten_override_of_a_missing_op_is_not_applicable() -> None:
     from hfexport.rewrites.kinds.onnx import _apply_aten
 
-    meta = RuleMeta(id="aten/test-missing", why="test", upstream="test", backends=("onnx",))
+    meta = RuleMeta(id="aten/test-missing", why="test", upstream="hfexport==0 tests", backends=("onnx",))
     rule = AtenOverride(meta, target="aten.no_such_op.default", translation=lambda: print)
     context = RewriteContext(backend="onnx")
     table = TranslationTable(context, opset=18)

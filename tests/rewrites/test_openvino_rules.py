@@ -127,7 +127,13 @@ def _mul_to_add_rule(examples_: tuple) -> OpenVINOFxNodeRule:
         node.target = torch.ops.aten.add.Tensor
 
     return OpenVINOFxNodeRule(
-        RuleMeta(id="openvino/test-wrong", why="test", upstream="test", backends=("openvino",), examples=examples_),
+        RuleMeta(
+            id="openvino/test-wrong",
+            why="test",
+            upstream="hfexport==0 tests",
+            backends=("openvino",),
+            examples=examples_,
+        ),
         predicate=lambda node: node.target is torch.ops.aten.mul.Tensor,
         rewrite=rewrite,
     )
@@ -154,7 +160,7 @@ def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
     meta = RuleMeta(
         id="openvino/test-count",
         why="test",
-        upstream="test",
+        upstream="hfexport==0 tests",
         backends=("openvino",),
         examples=(Match(lambda: (_Mul(), {})), NoMatch(lambda: (_Mul(), {}))),
     )

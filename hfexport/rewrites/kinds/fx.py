@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfexport.rewrites.declines import note_declined
 from hfexport.rewrites.rule import Rule
 
 
@@ -80,7 +81,13 @@ def apply_fx_rule(rule: FxRule, target: fx.GraphModule | torch.export.ExportedPr
         check = rule.check
 
         def keep(match: Any, original_graph: fx.Graph, pattern_graph: fx.Graph) -> bool:
-            return check is None or check(match, gm) is None
+            if check is None:
+                return True
+            reason = check(match, gm)
+            if reason is not None:
+                # The check says why this match is left alone: kept for `audit --explain`.
+                note_declined(rule.id, reason)
+            return reason is None
 
         replaced = subgraph_rewriter.replace_pattern_with_filters(
             gm, _aten_graph(rule.pattern, args), _aten_graph(rule.replacement, args), match_filters=[keep]

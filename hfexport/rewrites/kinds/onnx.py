@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hfexport.rewrites import engine, examples
+from hfexport.rewrites.declines import note_declined, recording_declines
 from hfexport.rewrites.engine import RewriteContext
 from hfexport.rewrites.examples import Example, ExampleFailure, Match, assert_same_outputs
 from hfexport.rewrites.rule import Rule
@@ -110,11 +111,35 @@ def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
     # commutative ops, whose operand order torch.onnx does not fix).
     rule_set = built if isinstance(built, pattern.RewriteRuleSet) else pattern.RewriteRuleSet([built])
     count = rule_set.apply_to_model(model)
+    if recording_declines(costly=True):
+        # With a tracer onnxscript's rewriter only matches (changes nothing): a second, dry pass over the
+        # rewritten model reports why the rule's checks refused the sites it left alone.
+        rule_set.apply_to_model(model, tracer=_decline_tracer(rule.id))
     if count:
         for node in model.graph.all_nodes():
             if id(node) not in before:
                 node.metadata_props[RULE_ID_KEY] = rule.id
     return count
+
+
+def _decline_tracer(rule_id: str) -> Any:
+    """An onnxscript matching tracer that keeps the reason of each match the rule's checks refused.
+
+    onnxscript's rewriter reports a `check` that returns a failed `MatchResult` (`result.fail("why")`) only
+    to a tracer, and a tracer turns `apply_to_model` into a dry run: hence the second pass above.
+    """
+    from onnxscript.rewriter import _basics
+
+    refused = (_basics.MatchStatus.CONDITION_FAILED, _basics.MatchStatus.REPLACEMENT_FAILED)
+
+    class DeclineTracer(_basics.MatchingTracer):
+        def log(self, rule: Any, container: Any, node: Any, match_result: Any, status: Any) -> None:
+            # A node this rule produced is no declined site: the dry pass runs after the rewrite.
+            if status in refused and node.metadata_props.get(RULE_ID_KEY) != rule_id:
+                reason = match_result.reason if match_result is not None else ""
+                note_declined(rule_id, reason or f"{status.name.lower().replace('_', ' ')}")
+
+    return DeclineTracer()
 
 
 def apply_onnx(rule: Rule, target: Any) -> int:

@@ -48,6 +48,16 @@ NOT_APPLICABLE = _NotApplicable()
 """Returned by a replacement to decline one call: the original runs and no hit is counted."""
 
 HitCallback = Callable[[str], None]
+_DECLINED = "its replacement returned NOT_APPLICABLE"
+
+
+def _declined(rule_id: str) -> None:
+    # A replacement gives no reason with NOT_APPLICABLE; that it was called and declined is still worth
+    # telling from "never called". Not under TorchDynamo (strict=True), which would trace the bookkeeping.
+    if not torch.compiler.is_dynamo_compiling():
+        from hfexport.rewrites.declines import note_declined
+
+        note_declined(rule_id, _DECLINED)
 
 
 @dataclass
@@ -141,6 +151,7 @@ def _make_gate(key: tuple[int, str], original: Callable[..., Any]) -> Callable[.
             if result is not NOT_APPLICABLE:
                 on_hit(rule_id)
                 return result
+            _declined(rule_id)
         return original(*args, **kwargs)
 
     gate.__wrapped__ = original  # type: ignore[attr-defined]
@@ -161,6 +172,7 @@ class _RuleTorchFunctionMode(TorchFunctionMode):
             if result is not NOT_APPLICABLE:
                 self._on_hit(rule_id)
                 return result
+            _declined(rule_id)
         return func(*args, **kwargs)
 
 
@@ -262,6 +274,7 @@ class PatchSession:
                 return original(*args, **kwargs)
             result = replacement(original, module_self, *args, **kwargs)
             if result is NOT_APPLICABLE:
+                _declined(rule_id)
                 return original(*args, **kwargs)
             on_hit(rule_id)
             return result

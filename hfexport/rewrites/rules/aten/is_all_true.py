@@ -14,7 +14,7 @@ is_all_true = AtenOverride(
         "that the image features fill the image tokens), which leaves aten._is_all_true in the graph; "
         "torch.onnx (2.13, onnxscript 0.7.2) has no translation for it and the export fails "
         "('No ONNX function found for aten._is_all_true')",
-        upstream="onnxscript 0.7.2 torchlib: no aten::_is_all_true",
+        upstream="onnxscript==0.7.2 function_libs/torch_lib/ops/core.py has no aten::_is_all_true",
         backends=("onnx",),
         models=("llava",),
         examples=(

@@ -117,7 +117,8 @@ sdpa_fully_masked_rows = AtenOverride(
         why="below opset 23 torchlib's SDPA gives a fully masked query row (left padding) the mean of V "
         "with a bool mask and NaN with an additive -inf mask; eager gives zeros (observed at opset 18 in ORT "
         "1.32: max abs diff 1.1 on a bool mask; at opset >= 23 the ONNX Attention op is right)",
-        upstream="onnxscript 0.7.2 torchlib aten_scaled_dot_product_attention (opset 18 decomposition)",
+        upstream="onnxscript==0.7.2 function_libs/torch_lib/ops/nn.py aten_scaled_dot_product_attention (opset 18 "
+        "decomposition; its bool-mask handling: https://github.com/microsoft/onnxscript/pull/2479)",
         backends=("onnx",),
         models=("llama",),
         examples=(

@@ -21,7 +21,8 @@ squeeze_dim_noop = AtenOverride(
         "Squeeze(axes=[dim]) regardless, which ONNX Runtime rejects when that size is not 1 ('Dimension of input 0 "
         "must be 1 instead of 8'; Mistral3's image features, squeezed on the token axis). Hits count only those "
         "no-op squeezes; a squeeze of a size-1 axis keeps torchlib's Squeeze",
-        upstream="onnxscript 0.7.2 torchlib aten_squeeze_dim: Squeeze without checking the size",
+        upstream="onnxscript==0.7.2 function_libs/torch_lib/ops/core.py aten_squeeze_dim: Squeeze without checking the "
+        "size",
         backends=("onnx",),
         models=("mistral3", "lighton_ocr"),
         examples=(

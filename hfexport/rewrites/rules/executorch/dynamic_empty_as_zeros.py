@@ -85,7 +85,7 @@ dynamic_empty_as_zeros = ExecutorchNodeRule(
         "and sequence to the sample's, and the program is planned for the sample shape only (deepseek_v2, "
         "deepseek_v3, axk2: the grown input was refused). `full(sizes, 0)` keeps the sizes symbolic; zeros "
         "are a valid content of an uninitialised tensor",
-        upstream="executorch 1.4.1 exir/passes/dim_order_ops_registry.py (`_empty_dim_order(int[] size, ...)`), "
+        upstream="executorch==1.4.1 exir/passes/dim_order_ops_registry.py (`_empty_dim_order(int[] size, ...)`), "
         "applied by MemoryFormatOpsPass in to_edge; transformers deepseek_v3 `kv_nope.new_empty(...)`",
         backends=("executorch",),
         models=("deepseek_v2", "deepseek_v3", "axk2"),

@@ -97,7 +97,7 @@ integer_sort_as_topk = ExecutorchNodeRule(
         "aten::sort.values', error 0x14). A sort of an integer tensor, not asked to be stable, is the full "
         "`topk(x, x.size(dim), dim, largest=descending)`, which the portable kernels have: the same values, "
         "and indices in an order an unstable sort may give (ties in topk's order)",
-        upstream="executorch 1.4.1 kernels/portable/functions.yaml: topk.values, no sort.values or argsort",
+        upstream="executorch==1.4.1 kernels/portable/functions.yaml: topk.values, no sort.values or argsort",
         backends=("executorch",),
         models=("jetmoe",),
         examples=(

@@ -92,8 +92,9 @@ max_values_as_amax = ExecutorchNodeRule(
         "its serializer then fails the lowering with 'amax.default only supports dim == 2 or dim == 3' for "
         "gpt_oss's attention sinks (`logits.max(dim=-1, keepdim=True).values`: dim -1, not 3) or 'only supports "
         "keep_dim == True'; `amax` computes the same values and runs as the portable kernel",
-        upstream="executorch 1.4.1 backends/xnnpack: partition/config/node_configs.py MaxDimConfig checks rank and "
-        "dtype only; operators/op_max_dim.py MaxDim.define_node compares the raw dim with 2 and 3 (no issue filed)",
+        upstream="executorch==1.4.1 backends/xnnpack/partition/config/node_configs.py MaxDimConfig checks rank and "
+        "dtype only; backends/xnnpack/operators/op_max_dim.py MaxDim.define_node compares the raw dim with 2 and 3 (no "
+        "issue filed)",
         backends=("executorch",),
         models=("gpt_oss",),
         examples=(

@@ -19,7 +19,7 @@ quant_computed_weight_linear_untagged = ExecutorchNodeRule(
         "non-contiguous 3-D input decomposes to expand + bmm, and XNNPACK's ConvertToLinearPass, seeing the bmm "
         "tagged as an nn.Linear, rebuilds a linear on the 3-D expanded weight: 't() expects a tensor with <= 2 "
         "dimensions'. The linear loses its source-module tag (numerics unchanged), so the bmm runs as a bmm",
-        upstream="executorch 1.4.1 backends/xnnpack/_passes/convert_to_linear.py (create_linear takes the bmm's "
+        upstream="executorch==1.4.1 backends/xnnpack/_passes/convert_to_linear.py (create_linear takes the bmm's "
         "expanded operands for the linear's input and weight)",
         backends=("executorch",),
         models=("nncf-weight-compression",),

@@ -150,7 +150,9 @@ quant_identity_requantize = ExecutorchNodeRule(
         "or corruption'). A quantize of a dequantize with the same parameters is the identity on the int8 "
         "values; its users read the first quantize instead (exact)",
         upstream="https://github.com/google/XNNPACK/pull/9935 (double free in "
-        "xnn_subgraph_fuse_unary_quantized_into_lut, Chromium issue 497456778; executorch 1.4.1 predates it)",
+        "xnn_subgraph_fuse_unary_quantized_into_lut, Chromium issue 497456778; executorch 1.4.1 predates it, main "
+        "vendors it since pytorch/executorch#21400, for 1.5.0)",
+        expires="executorch>=1.5.0",
         backends=("executorch",),
         models=("llama", "qwen3_moe"),
         examples=(

@@ -13,8 +13,8 @@ quant_right_shift_verifier = ExecutorchVerifierExceptionRule(
         id="executorch/quant-right-shift-verifier",
         why="NNCF's int4 weights are unpacked with aten.bitwise_right_shift, which to_edge refuses as not core "
         "ATen although the portable kernels run it (NNCFTorchFXQuantizer int4 on ExecuTorch)",
-        upstream="https://github.com/pytorch/executorch/pull/15893 (kernels added, op left out of core ATen: "
-        "'use _core_aten_ops_exception_list'); https://github.com/pytorch/executorch/issues/15673",
+        upstream="https://github.com/pytorch/executorch/pull/15893 (kernels added, op left out of core ATen: 'use "
+        "_core_aten_ops_exception_list'); https://github.com/pytorch/executorch/issues/15673",
         backends=("executorch",),
         models=("nncf-int4",),
         examples=(

@@ -139,7 +139,8 @@ quant_slice_keeps_qparams = ExecutorchNodeRule(
         "xnn_status_invalid_parameter'). Each such slice is quantized again with its input's parameters (exact), "
         "and the original quantize follows",
         upstream="https://github.com/pytorch/executorch/pull/21568 (XNNPACKQuantizer shares the observer of "
-        "aten.slice.Tensor; not in executorch 1.4.1); https://github.com/pytorch/executorch/issues/21829",
+        "aten.slice.Tensor; merged for 1.5.0, not in 1.4.1); https://github.com/pytorch/executorch/issues/21829",
+        expires="executorch>=1.5.0",
         backends=("executorch",),
         models=("llama", "nncf-pt2e-xnnpack"),
         examples=(

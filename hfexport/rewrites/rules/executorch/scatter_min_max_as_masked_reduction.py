@@ -124,7 +124,7 @@ scatter_min_max_as_masked_reduction = ExecutorchNodeRule(
         "float tensors and `amin` / `amax` the same result is a masked reduction (`index == i` over a [len(out), "
         "len(src)] mask, amin / amax along the sources, `self` kept where no source lands); quadratic in the "
         "length, which tapas' segments (one per table cell of a row) keep small",
-        upstream="executorch 1.4.1 kernels/portable/functions.yaml: scatter.src_out, scatter_add.out, no "
+        upstream="executorch==1.4.1 kernels/portable/functions.yaml: scatter.src_out, scatter_add.out, no "
         "scatter_reduce.two_out",
         backends=("executorch",),
         models=("tapas",),

@@ -86,8 +86,8 @@ sdpa_output_contiguous_before_view = ExecutorchNodeRule(
         "`transpose(1, 2).reshape(...)` plus a later `view` (GPT-2's Conv1D) trace as views; to_edge re-traces "
         "SDPA through its math decomposition, whose output strides differ, and fails with 'Cannot view a tensor "
         "with shape ... and strides ...'; a contiguous copy before such a view is valid for either layout",
-        upstream="https://github.com/pytorch/pytorch/issues/141107 (SDPA decomposition strides vs. the fused "
-        "kernel's; also #136543)",
+        upstream="https://github.com/pytorch/pytorch/issues/141107 (SDPA decomposition strides vs. the fused kernel's; "
+        "also pytorch/pytorch#136543)",
         backends=("executorch",),
         models=("gpt2",),
         examples=(

@@ -107,8 +107,8 @@ split_as_slices = ExecutorchNodeRule(
         "size: batch (or the flattened token count of MoE routing) becomes static and the program is planned "
         "for the sample shape (deepseek_v3: `Eq(16*s70, 128)`). The same pieces as `slice`/`select` views, one "
         "node each, return single tensors",
-        upstream="executorch 1.4.1 exir/verification/arg_validator.py EdgeOpArgValidator.call_function "
-        "(`for i in range(len(kernel_ret))` over the first returned tensor of a Tensor[] return)",
+        upstream="executorch==1.4.1 exir/verification/arg_validator.py EdgeOpArgValidator.call_function (`for i in "
+        "range(len(kernel_ret))` over the first returned tensor of a Tensor[] return)",
         backends=("executorch",),
         models=("deepseek_v2", "deepseek_v3", "axk2", "gpt2"),
         examples=(

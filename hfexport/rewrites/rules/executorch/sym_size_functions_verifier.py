@@ -46,8 +46,8 @@ sym_size_functions_verifier = ExecutorchVerifierExceptionRule(
         "ops later (to_executorch) and runs them; they go into EdgeCompileConfig's verifier exception list. "
         "(Rewriting min as integer arithmetic instead loses the `Min` that proves `k <= length` to the "
         "re-trace, which then guards the sequence axis to the sample)",
-        upstream="https://github.com/pytorch/executorch/issues/11988 (sym_max support; PR #12037 added the "
-        "prim ops, tested only with _check_ir_validity=False); executorch 1.4.1 exir/verification/verifier.py "
+        upstream="https://github.com/pytorch/executorch/issues/11988 (sym_max support; PR #12037 added the prim ops, "
+        "tested only with _check_ir_validity=False); executorch 1.4.1 exir/verification/verifier.py "
         "check_valid_edge_op asserts on every FunctionType but alloc",
         backends=("executorch",),
         models=("axk2", "deepseek_v4"),

@@ -173,7 +173,8 @@ complex_to_real = FxGraphRule(
         why="ONNX has no complex type and OpenVINO no aten.polar: complex rotary embeddings (polar, "
         "view_as_complex, complex mul) fail to translate ('No decompositions registered for the complex-valued "
         "input'; OpenVINO: no translator for aten.polar; to_edge: view_as_complex_copy)",
-        upstream="https://github.com/pytorch/pytorch/issues/126972",
+        upstream="https://github.com/pytorch/pytorch/issues/86746 (torch.onnx cannot trace complex types; also "
+        "pytorch/pytorch#126972); OpenVINO has no aten.polar translator, to_edge no view_as_complex_copy",
         backends=("onnx", "openvino", "executorch"),
         models=("deepseek_v2", "llama4"),
         examples=(

@@ -169,7 +169,7 @@ fold_layout_constants = FxGraphRule(
         "the grid computations traced statically become data-dependent again and translation fails "
         "('Could not guard on data-dependent expression Eq(u12, 0)', GLM-4V, VideoLLaMA3). Folding them into "
         "constants with eager kernels is exact",
-        upstream="torch 2.13 torch/export/exported_program.py _decompose_and_get_gm_with_new_signature_constants "
+        upstream="torch==2.13.0 export/exported_program.py _decompose_and_get_gm_with_new_signature_constants "
         "(_register_constants_as_buffers)",
         # The lowerings that re-trace the program (torch.onnx, to_edge, OpenVINO's decompositions); a Dynamo
         # program keeps its graph as traced.

@@ -106,8 +106,8 @@ gen_view_after_transpose = FxNodeRule(
         "`.contiguous().reshape` is recorded as aten.view; after run_decompositions (torch.onnx) the sdpa math "
         "output is laid out [b, h, l, d] and the view fails: 'Cannot view a tensor with shape [...] and strides "
         "[...]' (T5's encoder and decoder)",
-        upstream="torch 2.13: the sdpa fake kernel's output strides differ from its math decomposition's "
-        "(torch/_decomp, aten._scaled_dot_product_flash_attention_for_cpu); no upstream issue filed yet",
+        upstream="https://github.com/pytorch/pytorch/issues/141107 (a view of the sdpa output's transpose fails once "
+        "run_decompositions lays the math output out differently; also pytorch/pytorch#136543)",
         backends=("onnx",),
         models=("t5", "mt5", "longt5"),
         examples=(

@@ -12,8 +12,9 @@ attention_as_matmul = OnnxRewriteRule(
         id="onnx/attention-as-matmul",
         why="ONNX Runtime 1.32 has no CPU kernel for Attention-25 and inlines its ~60-node function body per "
         "layer; MatMul/Softmax/MatMul over grouped heads runs as fast as the opset-24 kernel",
-        upstream="onnxruntime 1.32 registers its CPU Attention kernel for opsets 23 and 24 only (a kernel "
-        "registered without an end version matches its start version only, cf. microsoft/onnxruntime#32201)",
+        upstream="onnxruntime==1.32.0 onnxruntime/core/providers/cpu/cpu_execution_provider.cc registers the CPU "
+        "Attention kernel for opsets 23 and 24 only (a kernel registered without an end version matches its start "
+        "version only, cf. https://github.com/microsoft/onnxruntime/pull/32201)",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",

@@ -12,7 +12,8 @@ attention_drop_repeat_kv = OnnxRewriteRule(
         id="onnx/attention-drop-repeat-kv",
         why="repeat_kv (Unsqueeze/Expand/Reshape copying the key and value cache per layer and step) before a "
         "standard Attention node is dropped: the op reads fewer key/value heads itself",
-        upstream="",
+        upstream="onnx==1.23.2 docs/Operators.md Attention-23 (kv_num_heads below q_num_heads: grouped-query attention "
+        "inside the op)",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",

@@ -127,7 +127,8 @@ gelu_tanh_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/gelu-tanh-fusion",
         why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20)",
-        upstream="",
+        upstream="onnx==1.23.2 docs/Operators.md Gelu-20 with approximate=tanh; below opset 20 onnxruntime's contrib "
+        "op com.microsoft.FastGelu",
         backends=("onnx",),
         models=("gpt2", "codegen", "gptj"),
         kind="optimization",

@@ -168,7 +168,8 @@ index_copy_scatter_elements = OnnxRewriteRule(
         id="onnx/index-copy-scatter-elements",
         why="a static cache write (index_copy_: Transpose, ScatterND, Transpose: 3 cache copies per step) becomes "
         "one ScatterElements, which copies nothing when the runtime binds the output to the input's buffer",
-        upstream="",
+        upstream="onnx==1.23.2 docs/Operators.md ScatterElements (in place when onnxruntime binds the output to the "
+        "input's buffer)",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",

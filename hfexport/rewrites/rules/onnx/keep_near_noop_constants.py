@@ -139,8 +139,8 @@ keep_near_noop_constants = OnnxRewriteRule(
         id="onnx/keep-near-noop-constants",
         why="the onnxscript optimizer drops `+ eps` for eps <= 1e-8 (and `* c` for c within 1e-5 of 1) as a no-op: "
         "Helium's RMSNorm (eps 1e-8) lost its epsilon and gave NaN on the padding token's zero embedding",
-        upstream="onnxscript 0.7.2 rewriter/rules/common/_no_op.py (add_0, sub_0, mul_by_1, div_by_1) match "
-        "through pattern Constant(rel_tol=1e-5, abs_tol=1e-8) in rewriter/_pattern_ir.py",
+        upstream="onnxscript==0.7.2 rewriter/rules/common/_no_op.py (add_0, sub_0, mul_by_1, div_by_1) match through "
+        "pattern Constant(rel_tol=1e-5, abs_tol=1e-8) in rewriter/_pattern_ir.py",
         backends=("onnx",),
         models=("helium",),
         kind="fix",

@@ -101,7 +101,7 @@ matmul_add_gemm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/matmul-add-gemm-fusion",
         why="a bias added to a matrix product runs as one Gemm",
-        upstream="",
+        upstream="onnx==1.23.2 docs/Operators.md Gemm",
         backends=("onnx",),
         kind="optimization",
         examples=(

@@ -17,7 +17,7 @@ rms_norm_core_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/rms-norm-core-fusion",
         why="fuses the normalisation of RMSNorms whose weight multiply must stay apart (float16 upcast)",
-        upstream="",
+        upstream="onnxruntime==1.32.0 contrib op SimplifiedLayerNormalization",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3"),
         kind="optimization",

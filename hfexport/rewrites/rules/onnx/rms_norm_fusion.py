@@ -11,7 +11,7 @@ rms_norm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/rms-norm-fusion",
         why="one SimplifiedLayerNormalization kernel instead of seven ops per RMSNorm on ONNX Runtime",
-        upstream="",
+        upstream="onnxruntime==1.32.0 contrib op SimplifiedLayerNormalization",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3"),
         kind="optimization",

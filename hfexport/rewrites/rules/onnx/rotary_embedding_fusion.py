@@ -195,7 +195,7 @@ rotary_embedding_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/rotary-embedding-fusion",
         why="q/k rotation (two Slices, Neg, Concat, two Muls, Add each) becomes one RotaryEmbedding node",
-        upstream="",
+        upstream="onnx==1.23.2 docs/Operators.md RotaryEmbedding-23 (onnxruntime 1.32 CPU kernel)",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",

@@ -16,7 +16,7 @@ skip_layer_norm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/skip-layer-norm-fusion",
         why="residual Add + LayerNormalization in one SkipLayerNormalization kernel",
-        upstream="",
+        upstream="onnxruntime==1.32.0 contrib op com.microsoft.SkipLayerNormalization",
         backends=("onnx",),
         models=("bert", "roberta", "gpt2", "phi"),
         kind="optimization",

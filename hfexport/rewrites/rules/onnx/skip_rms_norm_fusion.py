@@ -11,7 +11,7 @@ skip_rms_norm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/skip-rms-norm-fusion",
         why="residual Add + SimplifiedLayerNormalization in one SkipSimplifiedLayerNormalization kernel",
-        upstream="",
+        upstream="onnxruntime==1.32.0 contrib op com.microsoft.SkipSimplifiedLayerNormalization",
         backends=("onnx",),
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",

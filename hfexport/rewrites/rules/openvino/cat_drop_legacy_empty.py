@@ -93,8 +93,8 @@ cat_drop_legacy_empty = OpenVINOFxNodeRule(
         why="openvino.convert_model fails with 'Axis -2 out of the tensor rank range' on aten.cat of a 1-D "
         "empty tensor with N-D tensors, which torch skips; every transformers DynamicCache layer starts as "
         "torch.tensor([]) and concatenates its first keys/values onto it",
-        upstream="openvino 2026.4.1 src/frontends/pytorch/src/op/cat.cpp (translate_cat has no legacy "
-        "empty-input skip; cf. pytorch/pytorch#5889 for the torch behaviour)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op/cat.cpp (translate_cat has no legacy empty-input "
+        "skip; cf. pytorch/pytorch#5889 for the torch behaviour)",
         backends=("openvino",),
         models=("llama", "gpt2", "qwen3", "mistral"),
         examples=(

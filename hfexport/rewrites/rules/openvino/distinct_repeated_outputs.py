@@ -90,9 +90,9 @@ distinct_repeated_outputs = OpenVINOFxNodeRule(
         "once per Result, so the second Result of the same tensor finds only its debug name. Cache layers "
         "that share keys or a length (exaone4, exaone_moe, deepseek_v4) do that. Each repeat becomes its own "
         "node of the same value",
-        upstream="https://github.com/openvinotoolkit/openvino/blob/master/src/frontends/pytorch/src/"
-        "translate_session.cpp (TranslateSession::translate_graph erases the index name of every Result's "
-        "tensor, then decode_tensor_name checks is_number; no issue filed found)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/translate_session.cpp "
+        "(TranslateSession::translate_graph erases the index name of every Result's tensor, then decode_tensor_name "
+        "checks is_number; no issue filed found)",
         backends=("openvino",),
         models=("exaone4", "exaone_moe", "deepseek_v4"),
         examples=(

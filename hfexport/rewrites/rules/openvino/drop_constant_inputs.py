@@ -49,7 +49,7 @@ drop_constant_inputs = OpenVINOModelRule(
         why="a non-tensor forward argument (use_cache=False, attention_mask=None) becomes a model input of "
         "dynamic rank and type, which the CPU plugin refuses to compile ('Parameter operation with dynamic "
         "rank'); torch.export already folded its value into the graph, so the input has no consumer",
-        upstream="openvino 2026.4.1 frontend/pytorch/fx_decoder.py (one Parameter per placeholder of "
+        upstream="openvino==2026.4.1 frontend/pytorch/fx_decoder.py (one Parameter per placeholder of "
         "ExportedProgram.module(), ConstantArgument inputs included)",
         backends=("openvino",),
         examples=(

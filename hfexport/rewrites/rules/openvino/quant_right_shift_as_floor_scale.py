@@ -99,9 +99,10 @@ quant_right_shift_as_floor_scale = OpenVINOFxNodeRule(
         why="NNCF's int4 weights are unpacked with aten.bitwise_right_shift, which openvino.convert_model cannot "
         "convert ('No conversion rule found for operations: aten.bitwise_right_shift.Tensor_Scalar'); a shift "
         "of a byte by k is floor(x * 2**-k) in float32, exactly",
-        upstream="openvino 2026.4.1 PyTorch frontend FX op table (aten::bitwise_right_shift added for TorchScript "
-        "in https://github.com/openvinotoolkit/openvino/pull/29142, no aten.bitwise_right_shift.Tensor_Scalar "
-        "for torch.export); the u8 floor-division alternative rounds on constants (9 // 16 == 1)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op_table.cpp FX op table (aten::bitwise_right_shift "
+        "added for TorchScript in https://github.com/openvinotoolkit/openvino/pull/29142, no "
+        "aten.bitwise_right_shift.Tensor_Scalar for torch.export); the u8 floor-division alternative rounds on "
+        "constants (9 // 16 == 1)",
         backends=("openvino",),
         models=("nncf-int4",),
         examples=(

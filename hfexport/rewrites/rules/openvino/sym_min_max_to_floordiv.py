@@ -20,9 +20,9 @@ sym_min_max_to_floordiv = OpenVINOFxNodeRule(
         why="openvino.convert_model has no translator for torch.sym_min / torch.sym_max on symbolic sizes "
         "('No conversion rule found for operations: <function sym_min>'), e.g. axk2's indexer topk(k=min(top_k, "
         "L)); min(a, b) = b + d * -(d // (d*d + 1)) with d = a - b (max: a - ...), equal for every int",
-        upstream="https://github.com/openvinotoolkit/openvino/blob/master/src/frontends/pytorch/src/op_table.cpp "
-        "(FX translators for SymInt operators: add, sub, mul, floordiv, neg, getitem; none for sym_min/sym_max; "
-        "torch.onnx had the same gap: https://github.com/pytorch/pytorch/pull/152196)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op_table.cpp (FX translators for SymInt operators: add, "
+        "sub, mul, floordiv, neg, getitem; none for sym_min/sym_max; torch.onnx had the same gap: "
+        "https://github.com/pytorch/pytorch/pull/152196)",
         backends=("openvino",),
         models=("axk2",),
         examples=(

@@ -21,9 +21,8 @@ sym_mod_to_floordiv = OpenVINOFxNodeRule(
         why="openvino.convert_model has no translator for operator.mod on symbolic sizes ('No conversion rule "
         "found for operations: <built-in function mod>'), e.g. the Mamba-2 chunk padding (-L) % chunk_size of "
         "bamba; a % b is rewritten as a - (a // b) * b, equal for every int (Python's // floors)",
-        upstream="https://github.com/openvinotoolkit/openvino/blob/master/src/frontends/pytorch/src/op_table.cpp "
-        "(FX translators for SymInt operators: add, sub, mul, floordiv, neg, getitem; none for mod; no issue "
-        "filed found)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op_table.cpp (FX translators for SymInt operators: add, "
+        "sub, mul, floordiv, neg, getitem; none for mod; no issue filed found)",
         backends=("openvino",),
         models=("bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba"),
         examples=(

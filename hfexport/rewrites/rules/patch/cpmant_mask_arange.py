@@ -60,7 +60,7 @@ cpmant_mask_arange = MethodPatch(
         id="patch/cpmant-mask-arange",
         why="CPM-Ant exports with the sequence length baked in: its mask builds "
         "`torch.tensor(list(range(seqlen - prompt_length))[::-1])` from a Python list",
-        upstream="transformers models/cpmant/modeling_cpmant.py CpmAntModel._prepare_attention_mask",
+        upstream="transformers==5.24.0 models/cpmant/modeling_cpmant.py CpmAntModel._prepare_attention_mask",
         models=("cpmant",),
         examples=(
             Match(

@@ -207,9 +207,9 @@ deepseek_v4_overlap_windows = MethodPatch(
         "attention lays out overlapping windows with a `n_windows - 1` slice, 1 at the sample, on which torch's "
         "contiguity metadata guards, and keeps `min(index_topk, entries)` with Python's min; a padded shift of "
         "the windows and `torch.sym_min` keep the length symbolic with the same values",
-        upstream="transformers 5.24 models/deepseek_v4/modeling_deepseek_v4.py DeepseekV4CSACompressor / "
+        upstream="transformers==5.24.0 models/deepseek_v4/modeling_deepseek_v4.py DeepseekV4CSACompressor / "
         "DeepseekV4Indexer (`if n_windows > 1:`, builtin min); torch 2.13 check_contiguous_sizes_strides "
-        "guard_or_false(x == 1) (pytorch/pytorch#185084)",
+        "guard_or_false(x == 1) (https://github.com/pytorch/pytorch/pull/185084)",
         models=("deepseek_v4",),
         examples=(
             Match(

@@ -54,7 +54,7 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
         "fails on its unbacked size ('Could not extract specialized integer from data-dependent expression'). "
         "Each row instead multiplies its own expert's weight (a gather and a bmm): the same products, every "
         "shape static or backed",
-        upstream="executorch 1.4.1 exir/verification/arg_validator.py EdgeOpArgValidator.call_function reads a "
+        upstream="executorch==1.4.1 exir/verification/arg_validator.py EdgeOpArgValidator.call_function reads a "
         "Tensor[] return's first piece as the list (len() of a tensor); transformers 5.24 "
         "models/jetmoe/modeling_jetmoe.py JetMoeParallelExperts.forward",
         backends=("executorch",),

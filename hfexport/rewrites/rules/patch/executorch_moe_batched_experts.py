@@ -12,8 +12,8 @@ executorch_moe_batched_experts = MethodPatch(
         why="transformers' grouped_mm experts forward computes expert offsets with aten.histc, which to_edge "
         "refuses (not in the core ATen opset), and in bf16 keeps aten._grouped_mm, which has no XNNPACK or "
         "portable kernel; the batched_mm forward computes the same per-token expert products with gathers and bmm",
-        upstream="executorch 1.4.1 EdgeCompileConfig core ATen check (aten.histc); no _grouped_mm.out kernel in "
-        "executorch kernels/portable; transformers integrations/moe.py grouped_mm_experts_forward",
+        upstream="executorch==1.4.1 exir/verification/verifier.py core ATen check refuses aten.histc; no "
+        "_grouped_mm.out kernel in kernels/portable; transformers integrations/moe.py grouped_mm_experts_forward",
         backends=("executorch",),
         models=MODELS,
         examples=EXAMPLES,

@@ -51,7 +51,7 @@ fake_constant_layouts = ModuleFunctionPatch(
         "fake tensors keep literal values only for tensors of at most one element (CONSTANT_NUMEL_LIMIT = 1), so "
         "the two-image grid still becomes data-dependent; small integer literals are kept as constants here, "
         "which is exact: their values are the literal's",
-        upstream="torch 2.13 torch/_subclasses/fake_tensor.py CONSTANT_NUMEL_LIMIT / FakeTensorMode.may_turn_const",
+        upstream="torch==2.13.0 _subclasses/fake_tensor.py CONSTANT_NUMEL_LIMIT / FakeTensorMode.may_turn_const",
         models=("qwen3_vl_moe", "mistral3", "llava_next", "hunyuan_vl", "video_llama_3", "minimax_m3_vl"),
         examples=(
             Match(lambda: _pixtral([[30, 24], [18, 30], [30, 30]]), "three images of unequal, odd patch grids"),

@@ -181,8 +181,8 @@ gated_delta_chunk_scan_hop = ModuleFunctionPatch(
         why="Qwen3-Next-style linear attention exports with the sample's 64-token chunk count baked in "
         "(`for i in range(num_chunks)` plus size-1 guards): exported from 8 tokens, the program fails "
         "'Guard failed: ... // 64 == 1' on 65 or 128 tokens",
-        upstream="transformers models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule (and its "
-        "copies); torch 0/1 specialisation of derived sizes: pytorch/pytorch#151582",
+        upstream="transformers==5.24.0 models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule (and its "
+        "copies); torch 0/1 specialisation of derived sizes (cf. https://github.com/pytorch/pytorch/issues/151582)",
         backends=("dynamo",),
         models=_FAMILIES,
         examples=(

@@ -66,7 +66,7 @@ hunyuan_vl_placeholder_check = MethodPatch(
         "boolean-mask selection is data-dependent, and torch.export fails on the branch ('Could not guard on "
         "data-dependent expression Ne(u0, 2816)'); the same check as a traceable torch._check keeps the mask "
         "and the error for mismatched inputs",
-        upstream="transformers 5.24 models/hunyuan_vl/modeling_hunyuan_vl.py HunYuanVLModel.get_placeholder_mask "
+        upstream="transformers==5.24.0 models/hunyuan_vl/modeling_hunyuan_vl.py HunYuanVLModel.get_placeholder_mask "
         "(LLaVA's uses torch_compilable_check)",
         models=("hunyuan_vl",),
         examples=(

@@ -65,7 +65,7 @@ longt5_pad_blocks = ModuleFunctionPatch(
         id="patch/longt5-pad-blocks",
         why="LongT5's encoder exports with a guard `seq_len % block_len != 0` from the sample: "
         "`_split_into_blocks` pads to whole blocks only when the length is not a multiple",
-        upstream="transformers models/longt5/modeling_longt5.py _split_into_blocks",
+        upstream="transformers==5.24.0 models/longt5/modeling_longt5.py _split_into_blocks",
         models=("longt5",),
         examples=(
             Match(

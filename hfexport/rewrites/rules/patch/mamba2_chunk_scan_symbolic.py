@@ -170,8 +170,9 @@ mamba2_chunk_scan_symbolic = ModuleFunctionPatch(
         why="Mamba-2 hybrids exported from a sample shorter than one chunk only accept lengths that fit one "
         "chunk and are not a multiple of it (bamba from 8 tokens: 'Guard failed: 16 >= ...' on 17/32/35 "
         "tokens, '... % 16 > 0' on 16)",
-        upstream="transformers models/mamba2/modeling_mamba2.py mamba2_chunk_scan (`if pad_size > 0`, `-1` "
-        "chunk reshapes) and its copies; torch 0/1 specialisation of derived sizes: pytorch/pytorch#151582",
+        upstream="transformers==5.24.0 models/mamba2/modeling_mamba2.py mamba2_chunk_scan (`if pad_size > 0`, `-1` "
+        "chunk reshapes) and its copies; torch 0/1 specialisation of derived sizes (cf. "
+        "https://github.com/pytorch/pytorch/issues/151582)",
         backends=("dynamo",),
         models=_FAMILIES,
         examples=(

@@ -101,8 +101,9 @@ mamba_selective_scan_hop = ModuleFunctionPatch(
         id="patch/mamba-selective-scan-hop",
         why="Mamba-1 models export with the sequence length baked in (`for index in range(seq_len)` in "
         "mamba_selective_scan); a scan op keeps the length symbolic with identical numerics",
-        upstream="transformers models/mamba/modeling_mamba.py mamba_selective_scan (associative scan disabled "
-        "under export); torch._higher_order_ops.scan",
+        upstream="transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan (a Python loop over the "
+        "sequence: the associative scan is disabled under export); torch._higher_order_ops.scan keeps the length "
+        "symbolic",
         backends=("dynamo",),
         models=_FAMILIES,
         examples=EXAMPLES,

@@ -74,10 +74,9 @@ mamba_selective_scan_onnx = ModuleFunctionPatch(
         "unrolled: patch/mamba-selective-scan-hop is dynamo-only): ORT rejected falcon_mamba's grown input and "
         "failed in a Mul broadcast on zamba's; with the scan op not detached, torch.onnx's type promotion fails "
         "with \"AttributeError: 'SymInt' object has no attribute 'unsqueeze'\" in scan's fake kernel",
-        upstream="torch 2.13 torch._higher_order_ops.scan autograd path under fake tensors with symbolic "
-        "shapes (scan_fake_tensor_mode stacks saved SymInts), hit by torch.onnx InsertTypePromotion; "
-        "torch 2.13 scan's nested dynamo cannot fakify a detached view of symbolic-size storage; "
-        "transformers 5.24 mamba_selective_scan",
+        upstream="torch==2.13.0 _higher_order_ops/scan.py autograd path under fake tensors with symbolic shapes "
+        "(scan_fake_tensor_mode stacks saved SymInts), hit by torch.onnx InsertTypePromotion; scan's nested dynamo "
+        "cannot fakify a detached view of symbolic-size storage; transformers 5.24 mamba_selective_scan",
         backends=("onnx",),
         models=_VERIFIED,
         examples=(

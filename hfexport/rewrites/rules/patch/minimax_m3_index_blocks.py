@@ -215,8 +215,9 @@ minimax_m3_index_blocks = MethodPatch(
         "with Python's min, and its scores and mask have an axis of ceil(keys / block) blocks, 1 at the sample, "
         "on which torch's contiguity metadata guards; one padded block more and `torch.sym_min` keep the length "
         "symbolic, with the same attention mask",
-        upstream="transformers 5.24 models/minimax_m3_vl/modeling_minimax_m3_vl.py MiniMaxM3VLIndexer (`if pad:`, "
-        "builtin min); torch 2.13 check_contiguous_sizes_strides guard_or_false(x == 1) (pytorch/pytorch#185084)",
+        upstream="transformers==5.24.0 models/minimax_m3_vl/modeling_minimax_m3_vl.py MiniMaxM3VLIndexer (`if pad:`, "
+        "builtin min); torch 2.13 check_contiguous_sizes_strides guard_or_false(x == 1) "
+        "(https://github.com/pytorch/pytorch/pull/185084)",
         models=("minimax_m3_vl",),
         examples=(
             Match(

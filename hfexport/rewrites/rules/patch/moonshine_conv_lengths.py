@@ -62,7 +62,7 @@ moonshine_conv_lengths = MethodPatch(
         id="patch/moonshine-conv-lengths",
         why="Moonshine's encoder exports for the sample's audio length only: the length of its downsampled "
         "mask is `int()` of a float division of the input length",
-        upstream="transformers models/moonshine/modeling_moonshine.py "
+        upstream="transformers==5.24.0 models/moonshine/modeling_moonshine.py "
         "MoonshinePreTrainedModel._get_feat_extract_output_lengths",
         models=("moonshine",),
         examples=(

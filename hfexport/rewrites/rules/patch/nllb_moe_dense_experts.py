@@ -12,7 +12,7 @@ nllb_moe_dense_experts = MethodPatch(
     RuleMeta(
         id="patch/nllb-moe-dense-experts",
         why="NLLB-MoE does not export: its experts loop over `nonzero()` of the experts hit, a data-dependent length",
-        upstream="transformers models/nllb_moe/modeling_nllb_moe.py NllbMoeExperts.forward",
+        upstream="transformers==5.24.0 models/nllb_moe/modeling_nllb_moe.py NllbMoeExperts.forward",
         models=("nllb-moe",),
         examples=(
             Match(

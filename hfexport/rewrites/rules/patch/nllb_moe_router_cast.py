@@ -13,7 +13,7 @@ nllb_moe_router_cast = MethodPatch(
         id="patch/nllb-moe-router-cast",
         why="NLLB-MoE does not export: its router runs `self.classifier = self.classifier.to(router_dtype)` in "
         "every forward, and `Module.to` cannot swap the fake parameters of a trace",
-        upstream="transformers models/nllb_moe/modeling_nllb_moe.py NllbMoeTop2Router._cast_classifier",
+        upstream="transformers==5.24.0 models/nllb_moe/modeling_nllb_moe.py NllbMoeTop2Router._cast_classifier",
         models=("nllb-moe",),
         examples=(
             Match(

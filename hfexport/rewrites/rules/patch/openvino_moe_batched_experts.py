@@ -12,8 +12,8 @@ openvino_moe_batched_experts = MethodPatch(
         why="openvino.convert_model has no conversion rule for aten.histc and aten.empty_permuted, which "
         "transformers' grouped_mm experts forward uses for its expert offsets and inverse permutation; the "
         "batched_mm forward computes the same per-token expert products with gathers and bmm",
-        upstream="openvino 2026.4.1 PyTorch frontend: no translator for aten.histc / aten.empty_permuted "
-        "(transformers integrations/moe.py grouped_mm_experts_forward)",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op_table.cpp no translator for aten.histc / "
+        "aten.empty_permuted (transformers integrations/moe.py grouped_mm_experts_forward)",
         backends=("openvino",),
         models=MODELS,
         examples=EXAMPLES,

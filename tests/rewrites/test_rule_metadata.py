@@ -1,0 +1,110 @@
+"""Rule metadata a reader can trust: `upstream` is an issue/PR URL or a pinned package path, `expires` is a
+bounded requirement the audit evaluates, and every rule lives in the file its id names."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from hfexport import versions
+from hfexport.audit import expiry_status, rule_location, rule_module_name
+from hfexport.rewrites.engine import default_registry
+from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta, UpstreamRef, parse_upstream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- upstream --------------------------------------------------------------------------------------
+def test_upstream_url_and_package_forms_parse_into_their_parts() -> None:
+    issue = parse_upstream("https://github.com/pytorch/executorch/issues/11449 (static_reshape; one dynamic dim)")
+    assert issue == UpstreamRef(
+        "url", url="https://github.com/pytorch/executorch/issues/11449", note="(static_reshape; one dynamic dim)"
+    )
+    assert parse_upstream("https://github.com/google/XNNPACK/pull/9935").reference == (
+        "https://github.com/google/XNNPACK/pull/9935"
+    )
+    pin = parse_upstream("transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan")
+    assert (pin.kind, pin.package, pin.version, pin.path, pin.note) == (
+        "package",
+        "transformers",
+        "5.24.0",
+        "models/mamba/modeling_mamba.py",
+        "mamba_selective_scan",
+    )
+    assert pin.reference == "transformers==5.24.0 models/mamba/modeling_mamba.py"
+
+
+@pytest.mark.parametrize(
+    ("upstream", "complaint"),
+    [
+        ("transformers models/cpmant/modeling_cpmant.py", "must start with a URL or '<package>==<version>'"),
+        ("https://github.com/openvinotoolkit/openvino/blob/master/src/op_table.cpp", "not an issue or pull request"),
+        ("https://example.com/some/page", "not an issue or pull request"),
+        ("torch==2.13.0", "needs the path"),
+        ("torch==two models/x.py", "not a version number"),
+        ("torch>=2.13 torch/export.py", "must start with a URL"),
+    ],
+)
+def test_malformed_upstream_is_a_rule_definition_error_that_says_what_is_wrong(upstream: str, complaint: str) -> None:
+    with pytest.raises(RuleDefinitionError, match="rule fx/bad: ") as info:
+        RuleMeta(id="fx/bad", why="w", upstream=upstream)
+    assert complaint in str(info.value)
+
+
+def test_every_registered_rule_cites_an_issue_or_a_pinned_package_path() -> None:
+    for rule in default_registry().rules():
+        ref = rule.meta.upstream_ref
+        assert ref is not None, f"{rule.id} has no upstream"
+        if ref.kind == "package":
+            # A pin is a real release: a valid version of a package this project works with.
+            Version(ref.version)
+            assert ref.path, rule.id
+
+
+# -- expires ---------------------------------------------------------------------------------------
+def test_expires_needs_a_version_bound() -> None:
+    with pytest.raises(RuleDefinitionError, match="needs a version bound"):
+        RuleMeta(id="fx/bad", why="w", upstream="torch==2.13.0 export/x.py", expires="torch")
+    with pytest.raises(RuleDefinitionError, match="is not a requirement"):
+        RuleMeta(id="fx/bad", why="w", upstream="torch==2.13.0 export/x.py", expires="torch >> 2")
+
+
+def test_a_rule_expires_once_the_installed_version_satisfies_its_requirement(monkeypatch: pytest.MonkeyPatch) -> None:
+    rule = default_registry().get("executorch/quant-slice-keeps-qparams")
+    requirement = Requirement(rule.meta.expires or "")
+    assert requirement.name == "executorch"
+    # The installed release predates the fix; the first release with it (faked here) retires the rule.
+    for installed, expired in (("1.4.1", False), ("1.5.0", True), ("1.5.1+cpu", True)):
+        monkeypatch.setattr(versions, "installed_version", lambda package, v=installed: v)
+        status = expiry_status(rule.meta)
+        assert status[0] is expired, (installed, status)
+        assert status[1].startswith(f"executorch {installed} ")
+
+
+def test_expiring_rules_pin_a_release_that_predates_their_fix() -> None:
+    # A rule cannot cite `pkg==V` as the buggy release and expire at a requirement V already meets.
+    for rule in default_registry().rules():
+        if not rule.meta.expires:
+            continue
+        requirement = Requirement(rule.meta.expires)
+        ref = rule.meta.upstream_ref
+        assert ref is not None
+        if ref.kind == "package" and ref.package == requirement.name:
+            assert not requirement.specifier.contains(ref.version), rule.id
+
+
+# -- the id is the file and the name ---------------------------------------------------------------
+def test_every_rule_is_defined_in_the_module_its_id_names() -> None:
+    for rule in default_registry().rules():
+        module_name, attribute = rule_module_name(rule.id)
+        module = importlib.import_module(module_name)
+        assert getattr(module, attribute, None) is rule, f"{rule.id} must be `{attribute}` in {module_name}"
+        location = rule_location(rule)
+        assert location is not None, rule.id
+        assert location.path == f"hfexport/rewrites/rules/{rule.stage}/{attribute}.py"
+        line = (ROOT / location.path).read_text().splitlines()[location.line - 1]
+        assert line.startswith(f"{attribute} = "), (rule.id, line)
