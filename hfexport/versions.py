@@ -53,11 +53,13 @@ def install_hint(package: str, version: str | None = None) -> str:
 
 
 @functools.cache
-def _warn_drift(package: str, installed: str, tested: str) -> None:
-    # functools.cache makes this fire once per process for each (package, installed, tested).
+def _warn_drift(who: str, package: str, installed: str, tested: str) -> None:
+    # functools.cache makes this fire once per process for each (class, package, installed, tested): every
+    # exporter and quantizer that was tested against another version says so itself, even after another did.
     logger.warning(
-        "%s %s is installed, hfexport was tested with %s; exports usually work, but rewrite rules target "
+        "%s: %s %s is installed, it was tested with %s; exports usually work, but rewrite rules target "
         "the tested API. Pin it for production (%s).",
+        who,
         package,
         installed,
         tested,
@@ -89,5 +91,5 @@ def check_packages(
             )
         tested = tested_versions.get(package)
         if tested is not None and _public(version) != _public(tested):
-            _warn_drift(package, version, tested)
+            _warn_drift(who, package, version, tested)
     return found

@@ -128,7 +128,18 @@ def test_drift_warns_for_each_package(monkeypatch: pytest.MonkeyPatch, caplog: p
     for _ in range(2):
         check_packages(("torch", "transformers"), {}, {"torch": "2.13.0", "transformers": "5.24.0"})
     messages = sorted(r.getMessage().split(" is installed")[0] for r in _drift_records(caplog))
-    assert messages == ["torch 2.12.0", "transformers 5.20.0"]
+    assert messages == ["hfexport: torch 2.12.0", "hfexport: transformers 5.20.0"]
+
+
+def test_drift_warns_once_per_class(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # An exporter warned about torch; a quantizer tested against the same torch still warns, naming itself.
+    _fake_installed(monkeypatch, {"torch": "2.12.0"})
+    caplog.set_level(logging.WARNING, logger="hfexport")
+    for who in ("OnnxExporter", "OnnxExporter", "NNCFOnnxQuantizer", "NNCFOnnxQuantizer"):
+        check_packages(("torch",), {}, {"torch": "2.13.0"}, who=who)
+    messages = [r.getMessage() for r in _drift_records(caplog)]
+    assert [m.split(":")[0] for m in messages] == ["OnnxExporter", "NNCFOnnxQuantizer"]
+    assert all("torch 2.12.0 is installed" in m for m in messages)
 
 
 @pytest.mark.parametrize("installed", ["2.13.0+cpu", "2.13.0+cu126", "2.13.0", "2.13"])
