@@ -175,11 +175,26 @@ def _load_context(text: str) -> Skeleton:
 
 
 def register_pytree_node(cls: type) -> bool:
-    """Register a `Cache` subclass as a pytree node (idempotent). Returns True when newly registered.
+    """Register a `Cache` subclass as a pytree node (idempotent). Returns True when `cls` was newly registered.
 
-    Call it before `torch.export.load` of a program that takes a cache input, e.g.
-    `register_pytree_node(StaticCache)`.
+    The one call a fresh process needs before `torch.export.load` of an hfexport program, e.g.
+    `register_pytree_node(StaticCache)`: it also makes every other type such a program's specs name
+    deserialisable — transformers' model-output classes and every imported cache class (cache layers included).
     """
+    newly = _register_cache_class(cls)
+    register_program_types()
+    return newly
+
+
+def register_program_types() -> None:
+    """Make the types hfexport programs name in their pytree specs known: model outputs and cache classes."""
+    # ModelOutput subclasses register themselves as pytree nodes when their module is imported.
+    import transformers.modeling_outputs  # noqa: F401
+
+    register_cache_pytrees()
+
+
+def _register_cache_class(cls: type) -> bool:
     if cls in pytree.SUPPORTED_NODES:
         return False
     pytree.register_pytree_node(
@@ -206,7 +221,7 @@ def register_cache_pytrees(*extra: type) -> list[type]:
             continue
         seen.append(cls)
         stack.extend(cls.__subclasses__())
-    return [cls for cls in seen if register_pytree_node(cls)]
+    return [cls for cls in seen if _register_cache_class(cls)]
 
 
 def cache_dynamic_shapes(cache: Any, dim_for_tensor: Any) -> list[Any]:

@@ -13,9 +13,7 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     A program's pytree specs name transformers classes (model outputs, caches); a fresh process knows
     them only once they are imported and, for caches, registered as pytree nodes.
     """
-    import transformers.modeling_outputs  # noqa: F401 - registers the ModelOutput pytree nodes
+    from hfexport.cache_pytree import register_program_types
 
-    from hfexport.cache_pytree import register_cache_pytrees
-
-    register_cache_pytrees()
+    register_program_types()
     return torch.export.load(str(path))
