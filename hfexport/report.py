@@ -53,6 +53,8 @@ class ExportReport:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    # Defaults the export chose for the caller, and why (e.g. the opset a quantizer needs).
+    notes: list[str] = field(default_factory=list)
     parity: dict[str, float] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     quantization: QuantizationRecord | None = None
@@ -91,6 +93,7 @@ class ExportReport:
             "stage_seconds": {k: round(v, 4) for k, v in self.stage_seconds.items()},
             "total_seconds": round(self.total_seconds, 4),
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
             "parity": self.parity,
             "versions": dict(self.versions),
             "quantization": self.quantization.to_dict() if self.quantization else None,
@@ -122,6 +125,7 @@ class ExportReport:
             q = self.quantization
             counts = ", ".join(f"{k} {v}" for k, v in q.op_counts.items()) or "none"
             lines.append(f"quantization: {q.quantizer} at stage {q.stage!r} in {q.seconds:.2f}s, ops: {counts}")
+        lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.parity:
             lines.append("parity (max abs diff): " + ", ".join(f"{k} {v:.3g}" for k, v in self.parity.items()))

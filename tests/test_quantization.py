@@ -382,16 +382,14 @@ def test_nncf_onnx_int8_and_int4_matmulnbits(lm: MiniLM, tmp_path: Path) -> None
     int8 = OnnxExporter().export(
         lm.model,
         lm.batch,
-        OnnxConfig(dynamic=True, opset_version=20, quantizer=NNCFOnnxQuantizer(calibration_dataset=lm.calibration)),
+        OnnxConfig(dynamic=True, quantizer=NNCFOnnxQuantizer(calibration_dataset=lm.calibration)),
     )
     assert _onnx_ops(int8.model).get("QuantizeLinear", 0) > 0
     direct8 = nncf.quantize(proto, dataset, model_type=nncf.ModelType.TRANSFORMER)
     _gate("nncf int8 (onnx)", lm.cosine(_ort_run(int8.model, lm.batch)), lm.cosine(_ort_run(direct8, lm.batch)))
 
     recipe = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32)
-    int4 = OnnxExporter().export(
-        lm.model, lm.batch, OnnxConfig(dynamic=True, opset_version=20, quantizer=NNCFOnnxQuantizer(recipe))
-    )
+    int4 = OnnxExporter().export(lm.model, lm.batch, OnnxConfig(dynamic=True, quantizer=NNCFOnnxQuantizer(recipe)))
     assert _onnx_ops(int4.model).get("MatMulNBits", 0) > 0
     direct4 = nncf.compress_weights(proto, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32)
     _gate("nncf int4 weights (onnx)", lm.cosine(_ort_run(int4.model, lm.batch)), lm.cosine(_ort_run(direct4, lm.batch)))
@@ -570,14 +568,40 @@ def test_mismatches_fail_before_tracing(tiny: Any) -> None:
     # NNCF int8 needs a static graph and, on ONNX, opset <= 20.
     fx_int8 = NNCFTorchFXQuantizer(calibration_dataset=[inputs])
     _refused(DynamoExporter(), model, inputs, DynamoConfig(dynamic=True, quantizer=fx_int8), ConfigError, "static")
+    # An opset left unset is chosen for the quantizer (test_documented_recipes_compose_with_default_configs); only
+    # an explicit opset it cannot work at is refused.
     onnx_int8 = NNCFOnnxQuantizer(NNCFQuantizationConfig())
-    _refused(OnnxExporter(), model, inputs, OnnxConfig(quantizer=onnx_int8), ConfigError, "opset_version=20")
-    _refused(OnnxExporter(), model, inputs, OnnxConfig(quantizer=fx_int8), ConfigError, "opset_version=20")
+    for quantizer in (onnx_int8, fx_int8):
+        config = OnnxConfig(opset_version=25, quantizer=quantizer)
+        _refused(OnnxExporter(), model, inputs, config, ConfigError, "opset_version=20")
     # ExecuTorch takes NNCF's weight compression (tests/test_quantization_nncf_backends.py), not its int8 Q/DQ.
     pytest.importorskip("executorch")
     from hfexport import ExecutorchExporter
 
     _refused(ExecutorchExporter(), model, inputs, ExecutorchConfig(quantizer=fx_int8), ConfigError, "weight")
+
+
+def test_documented_recipes_compose_with_default_configs(tiny: Any) -> None:
+    """The seed's ONNX recipes with no opset given: the opset the quantizer needs is chosen and reported."""
+    import nncf
+
+    model, inputs = tiny
+    # As ../shared/seeds/004 writes it, with a group size that divides this tiny model's widths (32, 64).
+    int4 = NNCFWeightCompressionConfig(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=32)
+    onnx_int4 = OnnxConfig(quantizer=NNCFOnnxQuantizer(int4))
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, onnx_int4)
+    assert _onnx_ops(program.model).get("MatMulNBits", 0) > 0, "int4 weights are ONNX Runtime's MatMulNBits"
+    assert any("opset_version=20" in note for note in exporter.report.notes), exporter.report.notes
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    actual = torch.from_numpy(_ort_run(program.model, inputs))
+    cosine = torch.nn.functional.cosine_similarity(actual.flatten(), expected.flatten(), dim=0).item()
+    assert cosine > 0.9, cosine
+
+    int8 = OnnxExporter().export(model, inputs, OnnxConfig(quantizer=NNCFOnnxQuantizer(calibration_dataset=[inputs])))
+    assert _onnx_ops(int8.model).get("QuantizeLinear", 0) > 0
+    assert np.isfinite(_ort_run(int8.model, inputs)).all()
 
 
 def test_missing_package_fails_before_tracing(tiny: Any) -> None:

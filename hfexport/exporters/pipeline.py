@@ -129,7 +129,7 @@ class CaptureExporter(HfExporter):
         from hfexport.frontends.torch_export import capture
         from hfexport.rewrites.engine import RewriteContext
 
-        config, versions = preflight(self, model, sample_inputs, config)
+        config, versions, notes = preflight(self, model, sample_inputs, config)
         output_path = getattr(config, "output_path", None)
         quantizer = getattr(config, "quantizer", None)
         # The lowering never writes: the result is saved here, at stage "save", all or nothing.
@@ -181,6 +181,7 @@ class CaptureExporter(HfExporter):
                 model_type=getattr(getattr(model, "config", None), "model_type", None),
                 total_seconds=time.perf_counter() - start,
                 warnings=warnings,
+                notes=notes,
                 versions=versions,
                 quantization=quantization,
             )

@@ -106,10 +106,13 @@ def check_output_path(output_path: str | os.PathLike[str]) -> None:
         raise OutputPathError(f"output_path {str(path)!r} cannot be written: no write permission in {str(parent)!r}")
 
 
-def preflight(exporter: Any, model: Any, sample_inputs: Mapping[str, Any], config: Any) -> tuple[Any, dict[str, str]]:
+def preflight(
+    exporter: Any, model: Any, sample_inputs: Mapping[str, Any], config: Any
+) -> tuple[Any, dict[str, str], list[str]]:
     """Every check an export makes before tracing, in order: a bad call fails in milliseconds, the model untouched.
 
-    Returns the config to use (the exporter's default when None) and the package versions found.
+    Returns the config to use (the exporter's default when None, with defaults a quantizer needs filled in), the
+    package versions found, and notes on the defaults chosen (for the report).
     """
     from hfexport.frontends.torch_export import check_attention_implementation, validate_inputs
     from hfexport.rewrites.engine import default_registry
@@ -125,10 +128,30 @@ def preflight(exporter: Any, model: Any, sample_inputs: Mapping[str, Any], confi
     if output_path is not None:
         check_output_path(output_path)
     quantizer = getattr(config, "quantizer", None)
+    notes: list[str] = []
     if quantizer is not None:
+        config, notes = _quantizer_defaults(quantizer, config)
         # Before tracing: a quantizer that does not fit the format, or lacks its packages, fails in milliseconds.
         from hfexport.quantizers.apply import check_quantizer
 
         versions = {**versions, **check_quantizer(quantizer, exporter.export_format, config)}
         check_calibration_samples(quantizer, sample_inputs)
-    return config, versions
+    return config, versions, notes
+
+
+def _quantizer_defaults(quantizer: Any, config: Any) -> tuple[Any, list[str]]:
+    """Fill what the caller left unset with what the quantizer needs (the ONNX opset), saying so.
+
+    A documented recipe (`OnnxConfig(quantizer=NNCFOnnxQuantizer(...))`) must work with the config's defaults;
+    only an explicit choice that conflicts is refused (by the quantizer's `check_config`).
+    """
+    import dataclasses
+
+    newest = quantizer.newest_onnx_opset()
+    if str(getattr(config, "export_format", "")) != "onnx" or newest is None or config.opset_version is not None:
+        return config, []
+    from hfexport.lowerings.onnx import newest_opset
+
+    opset = min(newest, newest_opset())
+    note = f"opset_version={opset}: the newest opset {type(quantizer).__name__} works at (OnnxConfig left it unset)"
+    return dataclasses.replace(config, opset_version=opset), [note]

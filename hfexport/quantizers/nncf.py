@@ -217,6 +217,9 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
                 "NNCFWeightCompressionConfig(...), or use PT2EQuantizer(XNNPACKQuantizer(...)) for int8 activations"
             )
 
+    def newest_onnx_opset(self) -> int | None:
+        return None if self.weight_only else MAX_ONNX_INT8_OPSET
+
     def check_config(self, config: Any) -> None:
         export_format = getattr(config, "export_format", None)
         opset = getattr(config, "opset_version", None)
@@ -242,6 +245,11 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
 
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.ONNX,)
     required_packages: ClassVar[tuple[str, ...]] = ("nncf", "onnx", "onnx-ir")
+
+    def newest_onnx_opset(self) -> int | None:
+        # int8: the newest opset ONNX Runtime loads NNCF's QDQ graph at; int4: the newest at which NNCF writes
+        # MatMulNBits (the documented form) rather than blocked DequantizeLinear.
+        return MAX_ONNX_INT8_OPSET
 
     def check_config(self, config: Any) -> None:
         opset = getattr(config, "opset_version", None)
