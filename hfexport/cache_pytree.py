@@ -188,7 +188,9 @@ def register_pytree_node(cls: type) -> bool:
 
 def register_program_types() -> None:
     """Make the types hfexport programs name in their pytree specs known: model outputs and cache classes."""
-    # ModelOutput subclasses register themselves as pytree nodes when their module is imported.
+    # ModelOutput subclasses register themselves as pytree nodes when their module is imported; the MoE module
+    # defines the `transformers::grouped_mm_fallback` op a Dynamo MoE program calls.
+    import transformers.integrations.moe
     import transformers.modeling_outputs  # noqa: F401
 
     register_cache_pytrees()

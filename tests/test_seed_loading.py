@@ -52,3 +52,21 @@ def test_a_saved_program_with_a_static_cache_loads_with_the_seed_setup(tmp_path:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "o.pt"), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_mm_moe_stays_grouped_mm_on_dynamo() -> None:
+    # Seed 000: grouped_mm MoE traces through DynamoExporter as it is; only other backends swap the experts.
+    tiny = get_tiny_model("tiny-qwen3-moe")
+    model, inputs = tiny.build().eval(), tiny.sample_inputs()
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert any("grouped_mm" in op for op in ops), sorted(ops)
+    assert not any("bmm" in op for op in ops), "the portable experts rule ran on Dynamo"
+    outcome = {o.id: o for o in exporter.report.rules}["patch/moe-grouped-mm-portable"]
+    assert outcome.status == "other-backend"
+    shorter = {k: v[:, :5] if isinstance(v, torch.Tensor) and v.ndim == 2 else v for k, v in inputs.items()}
+    for sample in (inputs, shorter):
+        with torch.no_grad():
+            expected = model(**sample).logits
+        torch.testing.assert_close(program.module()(**sample).logits, expected, atol=1e-5, rtol=1e-5)

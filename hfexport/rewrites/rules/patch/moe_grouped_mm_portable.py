@@ -60,9 +60,11 @@ moe_grouped_mm_portable = ModuleFunctionPatch(
         id="patch/moe-grouped-mm-portable",
         why="fp32 MoE experts export as the opaque `transformers::grouped_mm_fallback` custom op (a Python "
         "loop over offs.tolist()), which no runtime but transformers' can run; a gathered bmm keeps plain "
-        "ATen ops",
+        "ATen ops. Not on Dynamo: an ExportedProgram runs transformers' op itself and keeps grouped_mm as the "
+        "seed documents",
         upstream="transformers==5.24.0 integrations/moe.py _can_use_grouped_mm (grouped_mm refused under tracing for "
         "non-bf16 weights; cf. https://github.com/pytorch/pytorch/issues/172440)",
+        backends=("onnx", "executorch", "openvino"),
         models=("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss", "olmoe", "granitemoehybrid"),
         examples=(
             Match(
