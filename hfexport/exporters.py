@@ -6,12 +6,10 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +24,7 @@ from hfexport.configs import (
     OpenVINOConfig,
 )
 from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError, OutputPathError
+from hfexport.files import save_atomically
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
 from hfexport.versions import check_packages
@@ -466,30 +465,6 @@ def check_output_path(output_path: str | os.PathLike[str]) -> None:
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"output_path {str(path)!r} cannot be written: no write permission in {str(parent)!r}")
-
-
-def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
-    """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
-
-    The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
-    sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
-    """
-    created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    try:
-        write(staging / destination.name)
-        for produced in sorted(staging.iterdir(), key=lambda p: p.name == destination.name):
-            os.replace(produced, destination.parent / produced.name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        for folder in created:  # innermost first
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 class OnnxExporter(DynamoExporter):
