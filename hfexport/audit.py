@@ -206,9 +206,8 @@ class _Attempt:
 
 
 def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, atol: float, rtol: float) -> _Attempt:
-    from hfexport.artifacts import validate
+    from hfexport.artifacts import save, validate
     from hfexport.auto import AutoHfExporter
-    from hfexport.saving import save
 
     exporter = AutoHfExporter.from_config(config)
     try:

@@ -315,8 +315,10 @@ def test_onnx_cache_pairs_are_written_in_place_or_double_buffered_without_copies
         pytest.skip("ONNX Runtime IO binding only")
     seen: list[dict[str, int]] = []
     buffers: dict[str, set[int]] = {}
+    drivers: list = []
 
     def record(driver) -> None:
+        drivers.append(driver)
         if not buffers:
             for k in driver.cache:
                 spare = driver.spare.get(k)
@@ -328,7 +330,8 @@ def test_onnx_cache_pairs_are_written_in_place_or_double_buffered_without_copies
     assert torch.equal(got, _reference(llama, static=True))
     assert len(seen) == NEW_TOKENS - 1 and buffers
     # The key/value caches are written in place (onnx/index-copy-scatter-elements): one buffer each, no spare.
-    driver = components._driver
+    driver = drivers[-1]
+    assert all(d is driver for d in drivers), "one driver for the whole generation"
     in_place = driver.in_place["decode"]
     assert in_place and all(name.endswith(("_keys", "_values")) for name in in_place)
     assert all(len(buffers[name]) == 1 for name in in_place)
@@ -342,7 +345,7 @@ def test_written_in_place_needs_a_scatter_that_nothing_else_reads() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from hfexport.runtime.generation import written_in_place
+    from hfexport.runtime.drivers.onnx import written_in_place
 
     def graph(extra_reader: str | None) -> onnx.ModelProto:
         nodes = [helper.make_node("ScatterElements", ["input.c", "i", "u"], ["output.c"], axis=1)]
