@@ -309,3 +309,13 @@ class _watch_opens:
 
     def __exit__(self, *exc: Any) -> None:
         _watch_opens._active.pop()
+
+
+def test_every_format_has_one_artifact_entry_and_one_runtime_backend() -> None:
+    # Per-format behaviour is looked up by format name: each table covers exactly the formats of hfexport.formats.
+    from hfexport.artifacts import ARTIFACT_FORMATS
+    from hfexport.formats import FORMATS
+    from hfexport.runtime.drivers import BACKEND_MODULES, backend
+
+    assert list(ARTIFACT_FORMATS) == list(FORMATS) == list(BACKEND_MODULES)
+    assert all(ARTIFACT_FORMATS[name].name == backend(name).name == name for name in FORMATS)
