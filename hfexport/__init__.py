@@ -6,8 +6,7 @@ Names load lazily so that `import hfexport` imports neither transformers nor any
 from __future__ import annotations
 
 from hfexport._lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from hfexport._version import __version__ as __version__
 
 _EXPORTS = {
     "DynamoExporter": "hfexport.exporters",
@@ -35,15 +34,15 @@ _EXPORTS = {
     "InputError": "hfexport.errors",
     "ConfigError": "hfexport.errors",
     "MissingPackageError": "hfexport.errors",
-    "save": "hfexport.saving",
-    "load": "hfexport.saving",
-    "LoadedExport": "hfexport.saving",
-    "LoadedComponent": "hfexport.saving",
-    "ArtifactError": "hfexport.saving",
-    "ManifestError": "hfexport.saving",
-    "UnsafePathError": "hfexport.saving",
-    "UntrustedArtifactError": "hfexport.saving",
-    "ArtifactExistsError": "hfexport.saving",
+    "save": "hfexport.artifacts",
+    "load": "hfexport.artifacts",
+    "LoadedExport": "hfexport.artifacts",
+    "LoadedComponent": "hfexport.artifacts",
+    "ArtifactError": "hfexport.artifacts",
+    "ManifestError": "hfexport.artifacts",
+    "UnsafePathError": "hfexport.artifacts",
+    "UntrustedArtifactError": "hfexport.artifacts",
+    "ArtifactExistsError": "hfexport.artifacts",
     "ExportQuantizer": "hfexport.quantizers.base",
     "PT2EQuantizer": "hfexport.quantizers.pt2e",
     "NNCFTorchFXQuantizer": "hfexport.quantizers.nncf",

@@ -321,9 +321,8 @@ def graph_stats(artifact: str | Path, export_format: str) -> GraphStats | None:
 
 
 def _export_and_validate(model: Any, inputs: Mapping[str, Any], config: Any, atol: float, rtol: float) -> _Attempt:
-    from hfexport.artifacts import validate
+    from hfexport.artifacts import save, validate
     from hfexport.auto import AutoHfExporter
-    from hfexport.saving import save
 
     exporter = AutoHfExporter.from_config(config)
     try:
@@ -539,9 +538,10 @@ class RuleLocation:
 
 def rule_module_name(rule_id: str) -> tuple[str, str]:
     """(module, attribute) that must define `rule_id`: `hfexport.rewrites.rules.<stage>.<name>`, `<name>`."""
-    stage, name = rule_id.split("/", 1)
-    attribute = name.replace("-", "_").replace(".", "_")
-    return f"hfexport.rewrites.rules.{stage}.{attribute}", attribute
+    from hfexport.rewrites.rule import module_name
+
+    attribute = module_name(rule_id)
+    return f"hfexport.rewrites.rules.{rule_id.split('/', 1)[0]}.{attribute}", attribute
 
 
 def rule_location(rule: Rule) -> RuleLocation | None:
@@ -549,8 +549,6 @@ def rule_location(rule: Rule) -> RuleLocation | None:
     (tests/rewrites/test_rule_metadata.py fails on that for every registered rule)."""
     import importlib
     import re
-
-    import hfexport
 
     module_name, attribute = rule_module_name(rule.id)
     try:
@@ -560,7 +558,7 @@ def rule_location(rule: Rule) -> RuleLocation | None:
     if getattr(module, attribute, None) is not rule or not getattr(module, "__file__", None):
         return None
     file = Path(module.__file__).resolve()
-    root = Path(hfexport.__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent  # the folder that holds the hfexport package
     path = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
     definition = re.compile(rf"^{re.escape(attribute)}\s*(?::[^=]*)?=")
     lines = file.read_text().splitlines()

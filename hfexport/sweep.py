@@ -315,9 +315,8 @@ def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
     """Export, save, load and run one corpus entry; the row as a dict (also on failure)."""
     import torch
 
-    from hfexport.artifacts import named_outputs
+    from hfexport.artifacts import load, named_outputs, save
     from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.saving import load, save
     from hfexport.testing.corpus import load_entry
 
     row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
+from hfexport.artifacts import MANIFEST, ManifestError, check_manifest, read_manifest
 from hfexport.errors import ConfigError
-from hfexport.saving import MANIFEST, ManifestError, check_manifest, read_manifest
 
 # Hypothesis caches what it learns under ./.hypothesis by default: keep the checkout clean.
 set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "hfexport-hypothesis"))

@@ -7,7 +7,9 @@ Tiny random models from config; prompts are left-padded so masks matter.
 from __future__ import annotations
 
 import copy
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -211,12 +213,23 @@ def test_static_single_graph_generate_matches_generate(static_export: tuple[str,
     backend, components = static_export
     ids, mask = _padded_prompt()
     expected = _reference(llama, static=True)
+    attributes = dict(vars(components))
+    drivers: set[int] = set()
+
+    def record(driver) -> None:
+        drivers.add(id(driver))
+
     # The decode graph alone: the whole prompt on an empty cache, then one token a step.
-    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, on_step=record)
     assert torch.equal(got, expected), backend
     # The cache length is symbolic: a longer cache at run time gives the same tokens.
-    longer = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, max_cache_len=48)
+    longer = generate(
+        components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, max_cache_len=48, on_step=record
+    )
     assert torch.equal(longer, expected), backend
+    # One driver for both calls (sessions and compiled models are reused), kept by the runtime, not on the object.
+    assert len(drivers) == 1
+    assert vars(components).keys() == attributes.keys() and all(vars(components)[k] is v for k, v in attributes.items())
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
@@ -228,7 +241,16 @@ def test_dynamic_cache_pair_generate_matches_generate(backend: str, llama: torch
     assert torch.equal(got, _reference(llama, static=False))
     # A saved artifact drives the same loop from its manifest alone (a growing cache: prefill + decode).
     loaded = hfexport.load(hfexport.save(components, tmp_path / "gen"), trust=True)
+    fields = dict(vars(loaded))
     assert torch.equal(generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), got)
+    assert vars(loaded).keys() == fields.keys(), "generate writes nothing onto the loaded export"
+    # The runtime's driver of an object lives as long as the object, no longer.
+    drivers: list[weakref.ref] = []
+    generate(components, ids, mask, max_new_tokens=2, on_step=lambda d: drivers.append(weakref.ref(d)))
+    assert drivers and drivers[0]() is not None
+    del components
+    gc.collect()
+    assert drivers[0]() is None, "the driver outlived its components"
 
 
 def test_loaded_artifact_generates_like_the_export(static_export: tuple[str, dict], llama, tmp_path) -> None:
@@ -315,8 +337,10 @@ def test_onnx_cache_pairs_are_written_in_place_or_double_buffered_without_copies
         pytest.skip("ONNX Runtime IO binding only")
     seen: list[dict[str, int]] = []
     buffers: dict[str, set[int]] = {}
+    drivers: list = []
 
     def record(driver) -> None:
+        drivers.append(driver)
         if not buffers:
             for k in driver.cache:
                 spare = driver.spare.get(k)
@@ -328,7 +352,8 @@ def test_onnx_cache_pairs_are_written_in_place_or_double_buffered_without_copies
     assert torch.equal(got, _reference(llama, static=True))
     assert len(seen) == NEW_TOKENS - 1 and buffers
     # The key/value caches are written in place (onnx/index-copy-scatter-elements): one buffer each, no spare.
-    driver = components._driver
+    driver = drivers[-1]
+    assert all(d is driver for d in drivers), "one driver for the whole generation"
     in_place = driver.in_place["decode"]
     assert in_place and all(name.endswith(("_keys", "_values")) for name in in_place)
     assert all(len(buffers[name]) == 1 for name in in_place)
@@ -342,7 +367,7 @@ def test_written_in_place_needs_a_scatter_that_nothing_else_reads() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from hfexport.runtime.generation import written_in_place
+    from hfexport.runtime.drivers.onnx import written_in_place
 
     def graph(extra_reader: str | None) -> onnx.ModelProto:
         nodes = [helper.make_node("ScatterElements", ["input.c", "i", "u"], ["output.c"], axis=1)]

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.quantizers",),
     ("hfexport.exporters", "hfexport.auto"),
     ("hfexport.runtime",),
-    ("hfexport.artifacts", "hfexport.saving"),
+    ("hfexport.artifacts",),
     ("hfexport.tiny", "hfexport.testing", "hfexport.audit", "hfexport.scan", "hfexport.sweep"),
     ("hfexport.cli", "hfexport.__main__", "hfexport"),
 ]

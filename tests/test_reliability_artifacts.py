@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hfexport.saving import (
+from hfexport.artifacts import (
     MANIFEST,
     ArtifactError,
     ManifestError,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import hfexport
-from hfexport.saving import (
+from hfexport.artifacts import (
     MANIFEST,
     ArtifactExistsError,
     LoadedExport,
@@ -196,12 +196,12 @@ def test_overwrite_without_an_atomic_exchange_falls_back_to_two_renames(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Filesystems without renameat2(RENAME_EXCHANGE) (and non-Linux systems) take the two-rename path.
-    import hfexport.saving as saving
+    import hfexport.files as files
 
     program, config, report = exported("dynamo")
     out = save(program, tmp_path / "a", config=config, report=report, metadata={"n": 1})
     calls: list[tuple[Path, Path]] = []
-    monkeypatch.setattr(saving, "_exchange", lambda a, b: calls.append((a, b)) or False)
+    monkeypatch.setattr(files, "exchange", lambda a, b: calls.append((a, b)) or False)
     save(program, out, overwrite=True, config=config, metadata={"n": 2})
     assert calls and read_manifest(out)["metadata"] == {"n": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["a"], "the previous artifact is removed, nothing is left over"
@@ -222,7 +222,7 @@ def test_save_refuses_objects_no_exporter_returns_and_bad_component_names(tmp_pa
 _KILL_CHILD = r"""
 import sys, time
 from pathlib import Path
-from hfexport.saving import load, save
+from hfexport.artifacts import load, save
 source, destination = sys.argv[1], Path(sys.argv[2])
 program = load(source, trust=True).components["model"].open()
 print("ready", flush=True)
@@ -309,3 +309,13 @@ class _watch_opens:
 
     def __exit__(self, *exc: Any) -> None:
         _watch_opens._active.pop()
+
+
+def test_every_format_has_one_artifact_entry_and_one_runtime_backend() -> None:
+    # Per-format behaviour is looked up by format name: each table covers exactly the formats of hfexport.formats.
+    from hfexport.artifacts import ARTIFACT_FORMATS
+    from hfexport.formats import FORMATS
+    from hfexport.runtime.drivers import BACKEND_MODULES, backend
+
+    assert list(ARTIFACT_FORMATS) == list(FORMATS) == list(BACKEND_MODULES)
+    assert all(ARTIFACT_FORMATS[name].name == backend(name).name == name for name in FORMATS)

@@ -5,13 +5,14 @@ from hfexport.exporters.dynamo import DynamoExporter
 from hfexport.exporters.executorch import ExecutorchExporter
 from hfexport.exporters.onnx import OnnxExporter
 from hfexport.exporters.openvino import OpenVINOExporter
-from hfexport.exporters.pipeline import CaptureExporter, effective_selection, save_atomically
+from hfexport.exporters.pipeline import CaptureExporter, effective_selection
 from hfexport.exporters.preflight import (
     check_calibration_samples,
     check_generation_call,
     check_output_path,
     preflight,
 )
+from hfexport.files import save_atomically
 
 __all__ = [
     "EXPORT_LOCK",

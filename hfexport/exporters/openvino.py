@@ -11,7 +11,7 @@ import torch
 from hfexport.configs import ExportConfigMixin, OpenVINOConfig
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.pipeline import save_atomically
+from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
 
 

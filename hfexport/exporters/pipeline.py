@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -70,30 +66,6 @@ def _input_behind(value: Any) -> bool:
             return False  # a fresh tensor (not a view)
         value = value.args[0]
     return False
-
-
-def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
-    """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
-
-    The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
-    sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
-    """
-    created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    try:
-        write(staging / destination.name)
-        for produced in sorted(staging.iterdir(), key=lambda p: p.name == destination.name):
-            os.replace(produced, destination.parent / produced.name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        for folder in created:  # innermost first
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 class CaptureExporter(HfExporter):

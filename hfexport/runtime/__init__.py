@@ -10,7 +10,7 @@ from hfexport._lazy import lazy_getattr
 
 _EXPORTS = {
     "generate": "hfexport.runtime.generation",
-    "GenerationSpec": "hfexport.frontends.generation",
+    "GenerationSpec": "hfexport.generation_spec",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
 """Validation of saved exports: run an artifact in its own runtime and compare it with eager, output by output.
 
-Saving and loading live in `hfexport.saving` (`save`, `load`, the manifest schema); this module holds what
-the CLI's `--validate` and the audit add on top: eager references by output name, the comparison, and the
+Saving and loading live beside this module (`hfexport.artifacts.publish`, `.loaded`, `.manifest`); this one holds
+what the CLI's `--validate` and the audit add on top: eager references by output name, the comparison, and the
 `Validation` record written into the manifest. Outputs are compared by name: the flattened model-output
 names (`logits`, `cache.layers_0_keys`) that the lowerings give graph outputs, with the `output.` prefix of
 in-place cache pairs removed.
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.naming import named_outputs, plain_name  # noqa: F401 - re-exported
-from hfexport.saving import MAIN_FILE, MANIFEST, REPORT, load, read_manifest, save  # noqa: F401 - re-exported
+from hfexport.artifacts.loaded import load
+from hfexport.naming import named_outputs
 
 
 @dataclass

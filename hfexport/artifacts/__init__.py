@@ -1,0 +1,93 @@
+"""Saved exports: a folder of model files and a manifest, written all or nothing and loaded without trusting it.
+
+    hfexport.save(exported, "out/", config=config, report=exporter.report)   # one native object
+    hfexport.save({"prefill": ep1, "decode": ep2}, "out/")                  # one per component
+    loaded = hfexport.load("out/")                                          # trust=True for a .pt2
+    outputs = loaded.run(inputs)              # {output name: tensor}, in the artifact's own runtime
+    validation = validate("out/", model, inputs)   # the artifact in its runtime against eager
+
+| module | job |
+|---|---|
+| `errors` | what a refused save or load raises |
+| `paths` | what a manifest file path may look like |
+| `formats` | `ARTIFACT_FORMATS`: per format, how a component is written, its signature, load-time checks |
+| `manifest` | the manifest schema and its checks; `read_manifest`, `check_files`, `update_manifest` |
+| `publish` | `save` (write every component, then the manifest, then publish in one rename), `check_destination` |
+| `loaded` | `load`, `LoadedExport`, `LoadedComponent` (run in the format's runtime: `hfexport.runtime.drivers`) |
+| `validation` | `validate`, `compare`, `Validation`: the artifact against eager, output by output |
+
+Writing to disk goes through `hfexport.files` (the one atomic-write implementation).
+
+| format | files | written by | run by |
+|---|---|---|---|
+| dynamo | `model.pt2` | `torch.export.save` | `hfexport.load_program(...).module()` (needs `trust=True`) |
+| onnx | `model.onnx` (+ `model.onnx.data`) | `ONNXProgram.save` | ONNX Runtime, fed by `onnx_feed` |
+| executorch | `model.pte` | `ExecutorchProgramManager.save` | `hfexport.runtime.executorch.ExecutorchProgram` |
+| openvino | `model.xml` + `model.bin` | `openvino.save_model` | `hfexport.runtime.openvino.OpenVINORunner` |
+"""
+
+from __future__ import annotations
+
+from hfexport.artifacts.errors import (
+    ArtifactError,
+    ArtifactExistsError,
+    ManifestError,
+    UnsafePathError,
+    UntrustedArtifactError,
+)
+from hfexport.artifacts.formats import ARTIFACT_FORMATS, ArtifactFormat
+from hfexport.artifacts.loaded import LoadedComponent, LoadedExport, load
+from hfexport.artifacts.manifest import (
+    MANIFEST,
+    MANIFEST_VERSION,
+    MAX_DEPTH,
+    MAX_MANIFEST_BYTES,
+    REPORT,
+    SINGLE,
+    check_files,
+    check_manifest,
+    read_manifest,
+    update_manifest,
+)
+from hfexport.artifacts.paths import check_path
+from hfexport.artifacts.publish import check_destination, export_format_of, save
+from hfexport.artifacts.validation import OutputDiff, Validation, compare, eager_outputs, run_artifact, validate
+from hfexport.formats import FORMATS, MAIN_FILE
+from hfexport.naming import named_outputs, plain_name
+
+__all__ = [
+    "ARTIFACT_FORMATS",
+    "FORMATS",
+    "MAIN_FILE",
+    "MANIFEST",
+    "MANIFEST_VERSION",
+    "MAX_DEPTH",
+    "MAX_MANIFEST_BYTES",
+    "REPORT",
+    "SINGLE",
+    "ArtifactError",
+    "ArtifactExistsError",
+    "ArtifactFormat",
+    "LoadedComponent",
+    "LoadedExport",
+    "ManifestError",
+    "OutputDiff",
+    "UnsafePathError",
+    "UntrustedArtifactError",
+    "Validation",
+    "check_destination",
+    "check_files",
+    "check_manifest",
+    "check_path",
+    "compare",
+    "eager_outputs",
+    "export_format_of",
+    "load",
+    "named_outputs",
+    "plain_name",
+    "read_manifest",
+    "run_artifact",
+    "save",
+    "update_manifest",
+    "validate",
+]

@@ -1,0 +1,159 @@
+"""Load a saved export back, runnable, without trusting what is in the folder.
+
+    loaded = hfexport.load("out/")                 # trust=True for a .pt2
+    outputs = loaded.run(inputs)                   # {output name: tensor}, in the artifact's own runtime
+
+Loading picks the runtime from a fixed table keyed by the manifest's `format` (`hfexport.runtime.drivers`);
+it never imports or calls anything the manifest names. Before it opens any model file it checks the manifest
+(`hfexport.artifacts.manifest.read_manifest`), every listed file (`check_files`: inside the folder, sizes,
+sha256) and what the format's files name themselves (ONNX external data). A `.pt2` is a zip with pickled
+parts: it loads only with `trust=True`.
+
+A `LoadedExport` is also what `hfexport.runtime.generate` takes for a saved `export_for_generation` artifact:
+it offers `export_format`, `generation` and `components` (each with `path` and `open()`), which the runtime
+reads by duck typing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfexport.artifacts.errors import ArtifactError, UntrustedArtifactError
+from hfexport.artifacts.formats import ARTIFACT_FORMATS
+from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest
+from hfexport.runtime.drivers import backend
+
+
+@dataclass
+class LoadedComponent:
+    """One component of a loaded export, opened in its runtime. `run(inputs)` -> {output name: tensor}."""
+
+    name: str
+    export_format: str
+    directory: Path
+    main: str
+    files: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    config: dict[str, Any] | None = field(default=None, repr=False)
+    report: dict[str, Any] | None = field(default=None, repr=False)
+    runtime: Any = field(default=None, repr=False)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.main
+
+    def open(self) -> Any:
+        """Open the runtime once: an ExportedProgram, an ONNX Runtime session, an ExecuTorch program, or a
+        compiled OpenVINO model (f32 inference hint)."""
+        if self.runtime is not None:
+            return self.runtime
+        try:
+            self.runtime = backend(self.export_format).open(self.path, self.inputs)
+        except ImportError:
+            raise
+        except Exception as exc:
+            raise ArtifactError(
+                f"component {self.name!r} ({self.main}) does not load in the {self.export_format} runtime: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            ) from exc
+        return self.runtime
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run on the source model's forward kwargs; outputs by flat name (`logits`, `cache.layers_0_keys`)."""
+        return backend(self.export_format).run(self.open(), inputs, self.outputs)
+
+    def __call__(self, **inputs: Any) -> dict[str, Any]:
+        return self.run(inputs)
+
+
+@dataclass
+class LoadedExport:
+    """A loaded artifact: its components (`"model"` for a single export) and the manifest (plain data)."""
+
+    directory: Path
+    export_format: str
+    components: dict[str, LoadedComponent]
+    manifest: dict[str, Any] = field(repr=False)
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The export config as recorded (plain data; `AutoExportConfig.from_dict` rebuilds it if you trust it)."""
+        return self.manifest.get("config")
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        return self.manifest.get("report")
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return dict(self.manifest.get("versions") or {})
+
+    @property
+    def generation(self) -> Any:
+        """The `GenerationSpec` of an `export_for_generation` artifact (rebuilt from checked plain data), or None."""
+        data = self.manifest.get("generation")
+        if data is None:
+            return None
+        from hfexport.generation_spec import GenerationSpec
+
+        return GenerationSpec.from_dict(data)
+
+    def __getitem__(self, name: str) -> LoadedComponent:
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(f"no component {name!r}; components: {list(self.components)}") from None
+
+    def run(self, inputs: Mapping[str, Any], component: str | None = None) -> dict[str, Any]:
+        """Run one component (the only one by default) on forward kwargs `inputs`."""
+        if component is None:
+            if len(self.components) != 1:
+                raise ValueError(f"this export has components {list(self.components)}: name one")
+            component = next(iter(self.components))
+        return self[component].run(inputs)
+
+
+def load(
+    directory: str | Path, *, trust: bool = False, verify: bool = True, open_runtimes: bool = True
+) -> LoadedExport:
+    """Load an artifact written by `save` (or `hfexport export`), checking it before opening anything.
+
+    Raises `ManifestError` (schema, code names), `UnsafePathError` (paths leaving the folder),
+    `ArtifactError` (missing, truncated or corrupt files; a file its runtime cannot load) and
+    `UntrustedArtifactError` (a `.pt2` without `trust=True`). `verify=False` skips the sha256 check
+    (sizes are always checked); `open_runtimes=False` defers opening each runtime to its first `run`.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    export_format = manifest["format"]
+    kind = ARTIFACT_FORMATS[export_format]
+    if kind.pickled and not trust:
+        raise UntrustedArtifactError(
+            f"{directory} holds a torch .pt2 (torch.export.save), whose parts deserialise with pickle: loading "
+            "one can run code. Load it with trust=True only if you trust who wrote it"
+        )
+    check_files(directory, manifest, verify)
+    single = set(manifest["components"]) == {SINGLE}
+    components = {}
+    for name, comp in manifest["components"].items():
+        kind.check_saved(directory, comp)
+        components[name] = LoadedComponent(
+            name=name,
+            export_format=export_format,
+            directory=directory,
+            main=comp["main"],
+            files=list(comp["files"]),
+            inputs=list(comp["inputs"]),
+            outputs=list(comp["outputs"]),
+            config=comp.get("config") if comp.get("config") is not None else manifest.get("config"),
+            report=comp.get("report") if not single else manifest.get("report"),
+        )
+    loaded = LoadedExport(directory, export_format, components, manifest)
+    if open_runtimes:
+        for component in components.values():
+            component.open()
+    return loaded

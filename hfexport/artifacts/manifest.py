@@ -1,0 +1,375 @@
+"""The manifest of a saved export: its schema, the checks that refuse anything else, reading and updating it.
+
+The manifest is data, never code. `check_manifest` refuses, before any model file is opened: a manifest that
+is not a JSON object of the documented schema (unknown keys included), a file path that is absolute or has
+`..`, a config key that is not a field of the format's config, and a string in the config or metadata
+shaped like an import path of an importable module (`os.system`). `check_files` then refuses a listed file
+that escapes the folder through a symlink, is missing, or whose size or sha256 differs from the manifest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hfexport.artifacts.errors import ArtifactError, ManifestError, UnsafePathError
+from hfexport.artifacts.formats import ARTIFACT_FORMATS
+from hfexport.artifacts.paths import check_path
+from hfexport.files import digest, is_inside, write_text_atomically
+from hfexport.formats import FORMATS, MAIN_FILE
+
+MANIFEST = "manifest.json"
+REPORT = "report.json"
+MANIFEST_VERSION = 1
+SINGLE = "model"  # the component name of a single (not multi-component) export
+# A manifest is small (names, config, rule report); anything much larger is not one of ours.
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+MAX_DEPTH = 32
+COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# `os.system`, `builtins:eval`, `subprocess.Popen`: the shape of a reference to a Python object.
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_][\w.]*)?$")
+_FILE_SUFFIXES = {"onnx", "data", "pte", "pt2", "xml", "bin", "json", "safetensors", "txt", "csv", "html", "png"}
+# Keys that serialisers (pickle-alikes, jsonpickle, Hydra) use to make data build objects.
+_CODE_KEYS = ("_target_", "py/object", "py/reduce", "py/function", "py/type", "!!python")
+
+
+def to_plain(value: Any) -> Any:
+    """JSON-ready plain data: to_dict() of configs and reports, no objects."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if hasattr(value, "to_dict"):
+        return to_plain(value.to_dict())
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return str(value)
+
+
+# -- the manifest schema -----------------------------------------------------------------------------------
+
+_TOP_KEYS: dict[str, tuple[type, ...]] = {
+    # key: allowed types (NoneType where optional)
+    "manifest_version": (int,),
+    "format": (str,),
+    "components": (dict,),
+    "files": (list,),
+    "checksums": (dict,),
+    "model": (str, type(None)),
+    "model_class": (str, type(None)),
+    "model_type": (str, type(None)),
+    "versions": (dict,),
+    "config": (dict, type(None)),
+    "report": (dict, type(None)),
+    "validation": (dict, type(None)),
+    "metadata": (dict, type(None)),
+    "created": (str,),
+    "inputs": (list,),
+    "outputs": (list,),
+    "generation": (dict, type(None)),
+}
+_REQUIRED = ("manifest_version", "format", "components", "files", "checksums")
+_COMPONENT_KEYS: dict[str, tuple[type, ...]] = {
+    "format": (str,),
+    "main": (str,),
+    "files": (list,),
+    "inputs": (list,),
+    "outputs": (list,),
+    "config": (dict, type(None)),
+    "report": (dict, type(None)),
+}
+_COMPONENT_REQUIRED = ("format", "main", "files", "inputs", "outputs")
+
+
+def _check_plain(value: Any, where: str, depth: int = 0) -> None:
+    """Only JSON's own types, nested at most MAX_DEPTH deep, with no object-building keys."""
+    if depth > MAX_DEPTH:
+        raise ManifestError(f"{where} is nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ManifestError(f"{where} has a non-string key {key!r}")
+            if key.startswith("__") or key in _CODE_KEYS or key.startswith("!!python"):
+                raise ManifestError(f"{where} has the key {key!r}, which names code; a manifest is plain data")
+            _check_plain(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ManifestError(f"{where} is {value}, not a finite number")
+    elif value is not None and not isinstance(value, (str, int, bool)):
+        raise ManifestError(f"{where} is a {type(value).__name__}, not plain JSON data")
+
+
+def _importable(top: str) -> bool:
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in sys.modules:
+        return True
+    try:
+        # A top-level name is looked up on sys.path without running any code.
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_no_code(value: Any, where: str) -> None:
+    """Refuse strings shaped like an import path of an importable module (`os.system`, `builtins:eval`)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_code(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_no_code(item, f"{where}[{i}]")
+    elif isinstance(value, str) and ("." in value or ":" in value) and _IMPORT_PATH.match(value):
+        if value.rsplit(".", 1)[-1] in _FILE_SUFFIXES:
+            return  # `model.onnx` is a file name, even where a module `model` happens to be importable
+        top = re.split(r"[.:]", value, maxsplit=1)[0]
+        if _importable(top):
+            raise ManifestError(
+                f"{where} is {value!r}, the name of Python code; a manifest holds data, and loading never "
+                "imports or calls what it names"
+            )
+
+
+def _check_type(value: Any, types: tuple[type, ...], where: str) -> None:
+    # bool is an int in Python: a `true` where a number belongs is still a schema error.
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ManifestError(f"{where} must be {names}, got {type(value).__name__}")
+
+
+def _check_names(values: list[Any], where: str) -> None:
+    for i, item in enumerate(values):
+        if not isinstance(item, str):
+            raise ManifestError(f"{where}[{i}] must be a string, got {type(item).__name__}")
+
+
+def _config_fields(export_format: str) -> set[str] | None:
+    import dataclasses
+
+    from hfexport.auto import AUTO_CONFIG_MAPPING
+
+    cls = AUTO_CONFIG_MAPPING.get(export_format)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    return {f.name for f in dataclasses.fields(cls)} | {"export_format"}
+
+
+def _check_config(config: dict[str, Any] | None, export_format: str, where: str) -> None:
+    if config is None:
+        return
+    fields = _config_fields(export_format)
+    if fields is not None:
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ManifestError(f"{where} has key(s) {unknown} that are not fields of the {export_format} config")
+    if config.get("export_format", export_format) != export_format:
+        found = config.get("export_format")
+        raise ManifestError(f"{where}.export_format is {found!r}, the artifact is {export_format}")
+    # `quantizer` records which class quantized the export (its module and name, as a description for people):
+    # configs never rebuild it from a dict (`from_dict` drops it), so it is plain data like the report.
+    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where)
+
+
+def _dataclass_keys(cls: Any, required: bool = False) -> set[str]:
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    if required:
+        return {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {f.name for f in fields}
+
+
+def _check_keys(data: Any, cls: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where} must be an object")
+    missing = sorted(_dataclass_keys(cls, required=True) - set(data))
+    unknown = sorted(set(data) - _dataclass_keys(cls))
+    if missing or unknown:
+        raise ManifestError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown} (a {cls.__name__})")
+
+
+def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -> None:
+    """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, plain values."""
+    if spec is None:
+        return
+    from hfexport.generation_spec import CacheLeaf, ComponentSpec, GenerationSpec
+
+    where = "manifest.generation"
+    _check_keys(spec, GenerationSpec, where)
+    if not isinstance(spec["components"], dict) or set(spec["components"]) - set(components):
+        raise ManifestError(f"{where}.components must describe components of this artifact")
+    for name, comp in spec["components"].items():
+        at = f"{where}.components[{name!r}]"
+        _check_keys(comp, ComponentSpec, at)
+        if not isinstance(comp["inputs"], list) or not isinstance(comp["constants"], dict):
+            raise ManifestError(f"{at}: inputs is a list, constants an object")
+        if any(isinstance(v, (dict, list)) for v in comp["constants"].values()):
+            raise ManifestError(f"{at}.constants holds scalars only")
+        if not isinstance(comp["cache_leaves"], list):
+            raise ManifestError(f"{at}.cache_leaves must be a list")
+        for i, leaf in enumerate(comp["cache_leaves"]):
+            _check_keys(leaf, CacheLeaf, f"{at}.cache_leaves[{i}]")
+    _check_no_code(spec, where)
+
+
+def check_manifest(manifest: Any) -> dict[str, Any]:
+    """Validate a manifest (parsed JSON) against the schema; return it, or raise `ManifestError`."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"a manifest is a JSON object, got {type(manifest).__name__}")
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing:
+        raise ManifestError(f"the manifest misses required key(s) {missing}")
+    unknown = sorted(set(manifest) - set(_TOP_KEYS))
+    if unknown:
+        raise ManifestError(f"the manifest has unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
+    for key, value in manifest.items():
+        _check_type(value, _TOP_KEYS[key], f"manifest.{key}")
+    _check_plain(manifest, "manifest")
+    version = manifest["manifest_version"]
+    if version != MANIFEST_VERSION:
+        raise ManifestError(
+            f"manifest_version {version} is not supported (this hfexport reads version {MANIFEST_VERSION})"
+        )
+    export_format = manifest["format"]
+    if export_format not in FORMATS:
+        raise ManifestError(f"manifest.format {export_format!r} is not one of {list(FORMATS)}")
+
+    files = manifest["files"]
+    for i, path in enumerate(files):
+        check_path(path, f"manifest.files[{i}]")
+    if len(set(files)) != len(files):
+        raise ManifestError("manifest.files lists a file twice")
+    checksums = manifest["checksums"]
+    if set(checksums) != set(files):
+        raise ManifestError("manifest.checksums must have exactly one entry per file in manifest.files")
+    for path, entry in checksums.items():
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"size", "sha256"}
+            or not isinstance(entry["size"], int)
+            or isinstance(entry["size"], bool)
+            or entry["size"] < 0
+            or not isinstance(entry["sha256"], str)
+            or not _SHA256.match(entry["sha256"])
+        ):
+            raise ManifestError(f"manifest.checksums[{path!r}] must be {{'size': int >= 0, 'sha256': 64 hex digits}}")
+
+    components = manifest["components"]
+    if not components:
+        raise ManifestError("manifest.components is empty")
+    for name, comp in components.items():
+        where = f"manifest.components[{name!r}]"
+        if not COMPONENT_NAME.match(name) or name in (".", ".."):
+            raise ManifestError(f"{where}: the component name is not a plain folder name")
+        if not isinstance(comp, dict):
+            raise ManifestError(f"{where} must be an object, got {type(comp).__name__}")
+        missing = [k for k in _COMPONENT_REQUIRED if k not in comp]
+        if missing:
+            raise ManifestError(f"{where} misses required key(s) {missing}")
+        unknown = sorted(set(comp) - set(_COMPONENT_KEYS))
+        if unknown:
+            raise ManifestError(f"{where} has unknown key(s) {unknown}; known: {sorted(_COMPONENT_KEYS)}")
+        for key, value in comp.items():
+            _check_type(value, _COMPONENT_KEYS[key], f"{where}.{key}")
+        if comp["format"] != export_format:
+            raise ManifestError(f"{where}.format {comp['format']!r} differs from manifest.format {export_format!r}")
+        for i, path in enumerate(comp["files"]):
+            check_path(path, f"{where}.files[{i}]")
+            if path not in checksums:
+                raise ManifestError(f"{where}.files[{i}] {path!r} is not in manifest.files")
+        main = check_path(comp["main"], f"{where}.main")
+        if main not in comp["files"]:
+            raise ManifestError(f"{where}.main {main!r} is not one of its files")
+        if PurePosixPath(main).suffix != PurePosixPath(MAIN_FILE[export_format]).suffix:
+            raise ManifestError(f"{where}.main {main!r} is not a {PurePosixPath(MAIN_FILE[export_format]).suffix}")
+        for suffix, what in ARTIFACT_FORMATS[export_format].required_siblings.items():
+            sibling = PurePosixPath(main).with_suffix(suffix)
+            if str(sibling) not in comp["files"]:
+                raise ManifestError(f"{where}: {what} {sibling} are not listed")
+        _check_names(comp["inputs"], f"{where}.inputs")
+        _check_names(comp["outputs"], f"{where}.outputs")
+        _check_config(comp.get("config"), export_format, f"{where}.config")
+    _check_config(manifest.get("config"), export_format, "manifest.config")
+    for key in ("inputs", "outputs"):
+        if key in manifest:
+            _check_names(manifest[key], f"manifest.{key}")
+    for key in ("versions",):
+        for name, value in manifest[key].items() if key in manifest else ():
+            if not isinstance(value, str):
+                raise ManifestError(f"manifest.{key}[{name!r}] must be a string")
+    for key in ("model", "model_class", "model_type", "metadata"):
+        _check_no_code(manifest.get(key), f"manifest.{key}")
+    _check_generation(manifest.get("generation"), components)
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Read and validate `directory/manifest.json` (schema only; files are checked by `load`)."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory} is not a folder")
+    if not path.is_file():
+        raise ArtifactError(f"{directory} has no {MANIFEST}: not an hfexport artifact (or an unfinished one)")
+    if path.is_symlink() and not is_inside(path, directory):
+        raise UnsafePathError(f"{path} is a symlink out of the artifact folder")
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise ManifestError(f"{path} is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
+    return check_manifest(manifest)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_files(directory: Path, manifest: dict[str, Any], verify: bool) -> None:
+    """Every listed file inside the folder, present, of its recorded size, and (`verify`) of its sha256."""
+    # Every path, presence and size first (no file is read), then the hashes: a bad entry anywhere is
+    # refused before any byte of any model file is read.
+    for rel, expected in manifest["checksums"].items():
+        path = directory / rel
+        if not is_inside(path, directory):
+            raise UnsafePathError(f"{rel!r} leads outside {directory} (through a symlink)")
+        if not path.is_file():
+            raise ArtifactError(f"{directory} misses {rel!r}, which its manifest lists (an incomplete copy?)")
+        size = path.stat().st_size
+        if size != expected["size"]:
+            raise ArtifactError(
+                f"{rel!r} is {size} bytes, the manifest says {expected['size']}: a truncated or replaced file"
+            )
+    if verify:
+        for rel, expected in manifest["checksums"].items():
+            if digest(directory / rel)["sha256"] != expected["sha256"]:
+                raise ArtifactError(f"{rel!r} does not match its sha256 in the manifest: a corrupt or replaced file")
+
+
+def update_manifest(directory: str | Path, **fields: Any) -> dict[str, Any]:
+    """Set top-level manifest fields (`validation`, `metadata`) of a saved artifact, atomically.
+
+    The new manifest goes through the same checks as a loaded one, then replaces the old file in one
+    rename, so a reader sees the old manifest or the new one, never half of one.
+    """
+    directory = Path(directory)
+    allowed = {"validation", "metadata"}
+    if set(fields) - allowed:
+        raise ValueError(f"update_manifest sets only {sorted(allowed)}, got {sorted(fields)}")
+    manifest = read_manifest(directory)
+    manifest.update({k: to_plain(v) for k, v in fields.items()})
+    check_manifest(manifest)
+    write_text_atomically(directory / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest

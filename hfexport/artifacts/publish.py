@@ -1,0 +1,224 @@
+"""Save an export into a folder, all or nothing: each component's files, then the manifest, then one rename.
+
+    hfexport.save(exported, "out/", config=config, report=exporter.report)   # one native object
+    hfexport.save({"prefill": ep1, "decode": ep2}, "out/")                  # one per component
+
+A single export keeps its files at the top of the folder (`model.onnx`, `model.onnx.data`, `report.json`,
+`manifest.json`); a dict of components gives each its own subfolder (`decode/model.pte`). Each component is
+written by its format's entry of `hfexport.artifacts.formats.ARTIFACT_FORMATS`. Everything is written into a
+temporary folder beside the destination, flushed, then renamed into place (`hfexport.files.replace_folder`:
+an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the filesystem has it). A
+save killed at any point leaves the destination absent or the previous artifact whole; the next save into
+the same place removes the dead save's temporary folder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hfexport._version import __version__
+from hfexport.artifacts.errors import ArtifactExistsError
+from hfexport.artifacts.formats import ARTIFACT_FORMATS
+from hfexport.artifacts.manifest import (
+    COMPONENT_NAME,
+    MANIFEST,
+    MANIFEST_VERSION,
+    REPORT,
+    SINGLE,
+    check_manifest,
+    to_plain,
+)
+from hfexport.files import digest, fsync, remove_dead_temporaries, replace_folder, temporary_beside
+from hfexport.formats import MAIN_FILE, format_of
+
+Progress = Callable[[str], None]
+
+
+def export_format_of(program: Any) -> str:
+    """The format of a native export object (`hfexport.formats.format_of`), or `TypeError` naming what save takes."""
+    try:
+        return format_of(program)
+    except TypeError:
+        cls = type(program)
+        raise TypeError(
+            f"cannot save a {cls.__module__}.{cls.__name__}: save takes what an exporter returned (ExportedProgram, "
+            "ONNXProgram, ExecutorchProgramManager, openvino.Model) or a dict of component name -> one of those"
+        ) from None
+
+
+def _write_component(program: Any, export_format: str, folder: Path, config: Any) -> list[Path]:
+    """Write one component into `folder`; return its files, the one to load first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    main = folder / MAIN_FILE[export_format]
+    ARTIFACT_FORMATS[export_format].write(program, main, config)
+    side = sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model.") and p != main)
+    return [main, *side]
+
+
+def _is_artifact(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def check_destination(destination: str | Path, overwrite: bool = False) -> Path:
+    """Refuse a destination `save` would refuse, before any work: raises `ArtifactExistsError`.
+
+    An absent or empty folder is fine; a non-empty one needs `overwrite=True` and must be an earlier
+    artifact (it has a manifest), so that a typo never replaces an unrelated folder.
+    """
+    destination = Path(destination)
+    if destination.is_symlink():
+        raise ArtifactExistsError(f"{destination} is a symlink; save into a real folder")
+    if destination.exists() and not destination.is_dir():
+        raise ArtifactExistsError(f"{destination} exists and is not a folder")
+    if destination.is_dir() and any(destination.iterdir()):
+        if not overwrite:
+            raise ArtifactExistsError(
+                f"{destination} exists and is not empty; pass overwrite=True (--overwrite) to replace the "
+                "artifact there"
+            )
+        if not _is_artifact(destination):
+            raise ArtifactExistsError(
+                f"{destination} is not an hfexport artifact (no {MANIFEST}); refusing to replace it even with "
+                "overwrite: choose a new or empty folder"
+            )
+    return destination
+
+
+def _publish(tmp: Path, destination: Path, overwrite: bool) -> None:
+    # Checked again at the end: the destination may have been filled while the export was being written.
+    check_destination(destination, overwrite)
+    replace_folder(tmp, destination)
+
+
+def _per_component(value: Any, names: list[str], what: str) -> dict[str, Any]:
+    """A single value for every component, or a dict that must name only known components."""
+    if isinstance(value, Mapping) and not hasattr(value, "to_dict"):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ValueError(f"{what} names unknown component(s) {unknown}; components: {names}")
+        return {n: value.get(n) for n in names}
+    return dict.fromkeys(names, value)
+
+
+def save(
+    result: Any,
+    directory: str | Path,
+    *,
+    overwrite: bool = False,
+    config: Any = None,
+    report: Any = None,
+    model: str | None = None,
+    validation: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Save an export (a native object, or a dict of component name -> native object) into `directory`.
+
+    `config` and `report` (an `ExportReport`) are recorded in the manifest; either may be a dict per
+    component. `metadata` is free plain data (no import paths). Returns the folder. Raises
+    `ArtifactExistsError` when `directory` holds something and `overwrite` is false (nothing is written),
+    `TypeError` for an object no exporter returns.
+    """
+    destination = check_destination(directory, overwrite)
+    say = progress or (lambda _message: None)
+    single = not isinstance(result, Mapping)
+    programs: dict[str, Any] = {SINGLE: result} if single else dict(result)
+    if not programs:
+        raise ValueError("nothing to save: the dict of components is empty")
+    for name in programs:
+        if not isinstance(name, str) or not COMPONENT_NAME.match(name) or name in (".", ".."):
+            raise ValueError(f"component name {name!r} is not a plain folder name (letters, digits, _ . -)")
+    formats = {name: export_format_of(p) for name, p in programs.items()}
+    if len(set(formats.values())) != 1:
+        raise ValueError(f"the components of one export share a format, got {formats}")
+    export_format = next(iter(formats.values()))
+    names = list(programs)
+    configs = _per_component(config, names, "config")
+    # A dict of configs (one per component) goes into each component; one config is recorded once, at the top.
+    config_per_component = isinstance(config, Mapping) and not hasattr(config, "to_dict")
+    reports = _per_component(report, names, "report")
+
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temporaries(destination)
+    tmp = temporary_beside(destination)
+    tmp.mkdir()
+    try:
+        components: dict[str, Any] = {}
+        files: list[str] = []
+        for name, program in programs.items():
+            say(f"saving {name}" if not single else f"saving {export_format} artifact")
+            folder = tmp if single else tmp / name
+            written = _write_component(program, export_format, folder, configs[name])
+            comp_report = reports[name]
+            if comp_report is not None and hasattr(comp_report, "save"):
+                written.append(comp_report.save(folder / REPORT))
+            rel = [p.relative_to(tmp).as_posix() for p in written]
+            inputs, outputs = ARTIFACT_FORMATS[export_format].signature(program)
+            components[name] = {
+                "format": export_format,
+                "main": rel[0],
+                "files": rel,
+                "inputs": inputs,
+                "outputs": outputs,
+                "config": to_plain(configs[name]) if config_per_component else None,
+                "report": to_plain(comp_report) if not single else None,
+            }
+            files += rel
+        for path in files:
+            fsync(tmp / path)
+        shared_config = None if config_per_component else config
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "format": export_format,
+            "components": components,
+            "files": files,
+            "checksums": {path: digest(tmp / path) for path in files},
+            "model": model,
+            "model_class": _first(reports, "model_class"),
+            "model_type": _first(reports, "model_type"),
+            "versions": _versions(reports),
+            "config": to_plain(shared_config),
+            "report": to_plain(reports[SINGLE]) if single else None,
+            "validation": to_plain(validation) if validation is not None else None,
+            "metadata": to_plain(metadata) if metadata is not None else None,
+            # export_for_generation's layout (components' inputs, constants, cache leaves): how to drive them.
+            "generation": to_plain(spec.to_dict()) if (spec := getattr(result, "spec", None)) is not None else None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        if single:
+            # The signature at the top too, for readers of a one-model artifact.
+            manifest["inputs"], manifest["outputs"] = components[SINGLE]["inputs"], components[SINGLE]["outputs"]
+        check_manifest(manifest)  # what we write, we must be able to load
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        fsync(tmp / MANIFEST)
+        fsync(tmp)
+        say(f"publishing {destination}")
+        _publish(tmp, destination, overwrite)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return destination
+
+
+def _first(reports: Mapping[str, Any], attr: str) -> str | None:
+    return next((getattr(r, attr) for r in reports.values() if getattr(r, attr, None)), None)
+
+
+def _versions(reports: Mapping[str, Any]) -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for r in reports.values():
+        versions.update({str(k): str(v) for k, v in (getattr(r, "versions", None) or {}).items()})
+    if not versions:
+        from hfexport.versions import installed_version
+
+        for name in ("torch", "transformers"):
+            found = installed_version(name)
+            if found:
+                versions[name] = found
+    versions.setdefault("hfexport", __version__)
+    return versions

@@ -1,0 +1,24 @@
+"""The `hfexport` command (also `python -m hfexport`).
+
+hfexport export --model tiny-llama --format onnx --output out/ --validate
+hfexport audit --model tiny-qwen3-moe --format onnx [--json audit.json] [--explain] [--ablate [ID ...]]
+hfexport rules list [--stage fx] [--backend onnx]
+hfexport rules show patch/moe-grouped-mm-portable
+hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
+hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h.html] [--png h.png] [--csv F]
+hfexport check out/ [--trust]
+
+Progress goes to stderr (live per stage with rich on a terminal, plain lines otherwise), results to stdout.
+Exit codes: 0 success; 1 the artifact differs from eager beyond the tolerance (or an audited export failed);
+2 the export failed.
+
+One module per command group (`export`, `audit`, `rules`, `scan`, `check`, `sweep`), the parser and `main`
+(`parser`), and what they share: `progress` (stderr progress) and `models` (model and config from arguments).
+"""
+
+from __future__ import annotations
+
+from hfexport.cli.parser import build_parser, main
+from hfexport.cli.progress import Progress
+
+__all__ = ["Progress", "build_parser", "main"]

@@ -1,0 +1,35 @@
+"""`hfexport audit`: export and report what every rule did; optionally ablate the rules that fired."""
+
+from __future__ import annotations
+
+import argparse
+
+from hfexport.cli.models import export_config, load_model, split
+from hfexport.cli.progress import step as _step
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from hfexport.audit import run_audit
+
+    config = export_config(args)
+    _step(f"building {args.model}")
+    model, inputs = load_model(args.model, args.task)
+    ablate: bool | tuple[str, ...] = False
+    if args.ablate is not None:
+        ablate = split(args.ablate) or True
+    rtol = args.rtol if args.rtol is not None else 1e-3
+    audit = run_audit(
+        model,
+        inputs,
+        config,
+        model_name=args.model,
+        ablate=ablate,
+        atol=args.atol,
+        rtol=rtol,
+        progress=lambda message: _step(message),
+    )
+    print(audit.render(explain=args.explain))
+    if args.json:
+        audit.save(args.json)
+        _step(f"wrote {args.json}")
+    return 0 if audit.exported and (audit.validation or {}).get("ok") else 1

@@ -1,0 +1,167 @@
+"""`hfexport export`: export a model, save the artifact with its manifest, and (`--validate`) run it against eager."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hfexport.cli.models import export_config, load_model
+from hfexport.cli.progress import Progress
+from hfexport.formats import MAIN_FILE
+
+
+def _default_rtol(config: Any) -> float:
+    # fp16 weights (OpenVINO's save default) are within ~1e-3 of f32 relative to the output's scale.
+    return 1e-2 if getattr(config, "compress_to_fp16", False) else 1e-3
+
+
+def _stage_times(report: Any) -> str:
+    return ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in report.stage_seconds.items())
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hfexport.artifacts import ArtifactExistsError, check_destination, save, update_manifest, validate
+    from hfexport.auto import AutoHfExporter
+    from hfexport.errors import HfExportError
+    from hfexport.rewrites.engine import stage_listener
+
+    output = Path(args.output)
+    try:
+        # Before minutes of export: a destination the save would refuse is refused now.
+        check_destination(output, args.overwrite)
+    except ArtifactExistsError as exc:
+        raise SystemExit(str(exc)) from None
+    config = export_config(args)
+    progress = Progress()
+    try:
+        start = progress.step(f"building {args.model}")
+        model, inputs = load_model(args.model, args.task)
+        exporter = AutoHfExporter.from_config(config)
+        if args.generation:
+            return _export_generation(args, model, inputs, exporter, config, progress, start)
+        progress.step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
+        try:
+            with stage_listener(progress.stage):
+                program = exporter.export(model, inputs, config=config)
+        except HfExportError as exc:
+            progress.close()
+            if exporter.report is not None:
+                print(exporter.report)
+            print(f"export failed: {exc}", file=sys.stderr)
+            return 2
+        report = exporter.report
+        progress.step(
+            f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired"
+        )
+        t0 = progress.step(f"saving {args.format} artifact to {output}/")
+        save(program, output, overwrite=args.overwrite, config=config, report=report, model=args.model)
+        progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
+
+        status = 0
+        if args.validate:
+            rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
+            # trust: the .pt2 is the one this process wrote a moment ago.
+            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True)
+            report.parity = validation.max_abs_diff
+            update_manifest(output, validation=validation.to_dict())
+            print(validation)
+            if not validation.ok:
+                print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
+                status = 1
+    finally:
+        progress.close()
+    print(report)
+    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {output}")
+    return status
+
+
+def _generation_config(args: argparse.Namespace) -> Any:
+    """`--static-cache N`: a static cache of N slots (None: generate's default, a growing cache)."""
+    if not args.static_cache:
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig(cache_implementation="static", max_cache_len=args.static_cache)
+
+
+def _export_generation(
+    args: argparse.Namespace,
+    model: Any,
+    inputs: dict[str, Any],
+    exporter: Any,
+    config: Any,
+    progress: Progress,
+    start: float,
+) -> int:
+    """`export --generation`: every component `generate` runs, saved as one artifact of several components.
+
+    `--validate` loads the saved artifact (every component must open and run on the inputs recorded for it)
+    and compares `--new-tokens` greedy tokens of the exported components with `model.generate`.
+    """
+    import torch
+
+    from hfexport.artifacts import load, save, update_manifest
+    from hfexport.errors import HfExportError
+    from hfexport.rewrites.engine import stage_listener
+
+    progress.step(f"exporting the generation components of {type(model).__name__} to {args.format}")
+    try:
+        with stage_listener(progress.stage):
+            programs = exporter.export_for_generation(
+                model,
+                inputs,
+                config,
+                generation_config=_generation_config(args),
+                multi_token_decode=args.multi_token_decode,
+            )
+    except HfExportError as exc:
+        progress.close()
+        for report in getattr(exporter, "reports", {}).values():
+            print(report)
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
+    reports = exporter.reports
+    for name, report in reports.items():
+        progress.step(f"{name}: exported in {report.total_seconds:.1f}s; {len(report.fired)} rule(s) fired")
+    t0 = progress.step(f"saving {len(programs)} components ({', '.join(programs)}) to {args.output}/")
+    save(programs, args.output, overwrite=args.overwrite, config=config, report=reports, model=args.model)
+    progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
+    status = 0
+    if args.validate:
+        from hfexport.runtime.generation import generate
+
+        progress.step("validating: each saved component loads and runs on its recorded inputs")
+        loaded = load(args.output, trust=True)  # written by this process a moment ago
+        ran = {}
+        for name in loaded.components:
+            outputs = loaded.run(programs.samples[name], name)
+            ran[name] = all(bool(torch.isfinite(t).all()) for t in outputs.values() if t.is_floating_point())
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        n = args.new_tokens
+        progress.step(f"validating: {n} greedy tokens of the exported components against model.generate")
+        reference = _generation_config(args) or copy.deepcopy(model.generation_config)
+        reference.max_new_tokens = reference.min_new_tokens = n
+        reference.do_sample = False
+        with torch.no_grad():  # the same cache kind as the export
+            want = model.generate(input_ids=ids, attention_mask=mask, generation_config=reference)
+        got = generate(programs, ids, mask, max_new_tokens=n, min_new_tokens=n)
+        prompt = ids.shape[1]
+        same = got.shape == want.shape and torch.equal(got[:, prompt:], want[:, prompt:])
+        agreement = float((got[:, prompt:] == want[:, prompt:]).float().mean()) if got.shape == want.shape else 0.0
+        validation = {"ok": same and all(ran.values()), "components_run": ran, "new_tokens": n, "agreement": agreement}
+        update_manifest(args.output, validation=validation)
+        print(f"components run from the saved artifact: {ran}")
+        print(f"greedy tokens vs model.generate: {agreement:.0%} of {n} x {ids.shape[0]} agree")
+        if not validation["ok"]:
+            print("validation failed: the generated tokens differ from model.generate", file=sys.stderr)
+            status = 1
+    progress.close()
+    for report in reports.values():
+        print(report)
+    print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {args.output}")
+    return status

@@ -1,0 +1,65 @@
+"""`hfexport rules list` and `hfexport rules show ID`: the registered rewrite rules."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_rules_list(args: argparse.Namespace) -> int:
+    from hfexport.rewrites.engine import default_registry
+
+    rules = [r for r in default_registry().rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
+    for rule in rules:
+        meta = rule.meta
+        expires = f" [expires {meta.expires}]" if meta.expires else ""
+        print(f"{meta.id:45s} {meta.kind:12s} {','.join(meta.backends):30s} {meta.why}{expires}")
+    print(f"{len(rules)} rule(s)")
+    return 0
+
+
+def cmd_rules_show(args: argparse.Namespace) -> int:
+    from hfexport.audit import expiry_status, rule_diff, rule_location, rule_sources, rule_target
+    from hfexport.rewrites.engine import default_registry
+
+    try:
+        rule = default_registry().get(args.id)
+    except KeyError as exc:
+        raise SystemExit(str(exc.args[0])) from None
+    meta = rule.meta
+    expired, expiry = expiry_status(meta)
+    expiry_text = "never (no expiry set)"
+    if meta.expires:
+        expiry_text = f"{meta.expires}: " + ("EXPIRED, " if expired else "") + expiry
+    print(f"{meta.id}  ({type(rule).__name__}, stage {rule.stage}, kind {meta.kind})")
+    location = rule_location(rule)
+    upstream = meta.upstream_ref
+    fields = [
+        ("defined", str(location) if location else "-"),
+        ("why", meta.why),
+        ("upstream", meta.upstream or "-"),
+        ("expires", expiry_text),
+        ("backends", ", ".join(meta.backends)),
+        ("models", ", ".join(meta.models) or "-"),
+        ("default", "on" if meta.enabled_by_default else "off (enable it with RuleSelection(enable=...))"),
+        ("target", rule_target(rule) or "-"),
+    ]
+    if upstream is not None and upstream.kind == "package":
+        # A pin says which release the rule was written against; the installed one may have moved on.
+        from hfexport.versions import installed_version
+
+        installed = installed_version(upstream.package) or "not installed"
+        fields.insert(3, ("", f"(written against {upstream.package} {upstream.version}; installed: {installed})"))
+    for name, value in fields:
+        print(f"{name + ':' if name else '':10s} {value}")
+    print("examples:")
+    for example in meta.examples:
+        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}")
+    diff = rule_diff(rule)
+    if diff:
+        print("diff (patched source -> replacement):")
+        print(diff.rstrip())
+    else:
+        for name, source in rule_sources(rule).items():
+            print(f"{name}:")
+            print(source.rstrip())
+    return 0

@@ -1,0 +1,190 @@
+"""Atomic writes: stage beside the destination, flush, then rename into place. The one implementation.
+
+Everything hfexport writes to disk goes through here: a saved artifact (`hfexport.save`: a whole folder,
+swapped in with `replace_folder`), a manifest update (`write_text_atomically`: one file, `os.replace`), and
+an exporter's `output_path` (`save_atomically`: a model file and its side files, moved in last-file-first).
+A temporary is named `.<destination>.hfexport-tmp-<host>-<pid>-<random>` beside its destination, on the
+same filesystem, so the final rename is atomic; one left by a killed writer on this host is removed by the
+next write into the same place (`remove_dead_temporaries`).
+
+This module imports only the standard library, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def fsync(path: Path) -> None:
+    """Flush a file or a folder to disk (a rename is only as durable as the data it publishes)."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def digest(path: Path) -> dict[str, Any]:
+    """`{"size": bytes, "sha256": hex}` of a file, read in 1 MiB blocks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """Whether `path`, with every symlink resolved, stays under `root`."""
+    try:
+        path.resolve(strict=False).relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# -- temporaries -------------------------------------------------------------------------------------------
+
+
+def _tmp_prefix(destination: Path) -> str:
+    return f".{destination.name}.hfexport-tmp-"
+
+
+def _host() -> str:
+    # A folder on a shared filesystem can be written from several machines: a process id means something
+    # only on the host that made it.
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temporary_beside(destination: Path, kind: str = "") -> Path:
+    """A fresh temporary path beside `destination` (not created), named after this host and process."""
+    return destination.parent / f"{_tmp_prefix(destination)}{_host()}-{os.getpid()}-{kind}{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_temporaries(destination: Path) -> None:
+    """Remove temporaries that a killed writer into `destination` on this host left beside it."""
+    prefix = f"{_tmp_prefix(destination)}{_host()}-"
+    parent = destination.parent
+    if not parent.is_dir():
+        return
+    for entry in parent.iterdir():
+        if not entry.name.startswith(prefix):
+            continue
+        pid = entry.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+# -- publishing --------------------------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the libc or filesystem cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def replace_folder(tmp: Path, destination: Path) -> None:
+    """Publish the complete folder `tmp` as `destination`, replacing what is there in one step where it can.
+
+    A non-empty `destination` is swapped with `tmp` (renameat2 RENAME_EXCHANGE), or, where the filesystem
+    cannot, renamed away first; an absent or empty one is replaced by one `rename`, which fails on a
+    non-empty folder that appeared meanwhile. The caller decides whether `destination` may be replaced.
+    """
+    if destination.is_dir() and any(destination.iterdir()):
+        if exchange(tmp, destination):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the previous contents
+        else:
+            # Two renames: a kill between them leaves no destination (and the old contents in `old`).
+            old = temporary_beside(destination, "old-")
+            os.rename(destination, old)
+            os.rename(tmp, destination)
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, destination)
+    fsync(destination.parent)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace the file `path` with `text` in one rename: a reader sees the old file or the new, never half."""
+    remove_dead_temporaries(path)
+    tmp = temporary_beside(path)
+    try:
+        tmp.write_text(text)
+        fsync(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync(path.parent)
+
+
+def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
+    """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
+
+    The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
+    sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
+    """
+    created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temporaries(destination)
+    staging = temporary_beside(destination)
+    try:
+        staging.mkdir()
+        write(staging / destination.name)
+        produced = sorted(staging.iterdir(), key=lambda p: p.name == destination.name)
+        for path in produced:
+            fsync(path)
+        for path in produced:
+            os.replace(path, destination.parent / path.name)
+        fsync(destination.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    shutil.rmtree(staging, ignore_errors=True)

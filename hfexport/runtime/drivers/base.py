@@ -1,0 +1,173 @@
+"""What every backend driver shares: the step record, the driver interface, and the backend record.
+
+A *driver* runs the components of one backend for `generate` and owns the cache between steps. A *backend*
+(`Backend`, one per format, in `hfexport.runtime.drivers.<format>`) bundles the driver with how a saved
+component of that format is opened and run (`hfexport.load(...).run`) and what `generate` takes from one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from hfexport.errors import InputError
+from hfexport.generation_spec import CacheLeaf, GenerationSpec
+from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
+
+
+@dataclass
+class Step:
+    """One call: the new tokens, the mask the component takes, their positions."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor
+    # Inputs that stay the same every step (an encoder-decoder's encoder output and encoder mask).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def initial_leaf(leaf: CacheLeaf, spec: GenerationSpec, batch: int, max_cache_len: int | None) -> torch.Tensor:
+    """A zero cache tensor of `leaf`'s recorded shape, resized to `batch` and (static cache) `max_cache_len`."""
+    shape = list(leaf.shape)
+    if shape and shape[0] == spec.sample_batch:
+        shape[0] = batch
+    if spec.static_cache and max_cache_len and spec.max_cache_len and len(shape) >= 3:
+        shape = [max_cache_len if (i >= 2 and s == spec.max_cache_len) else s for i, s in enumerate(shape)]
+    return torch.zeros(shape, dtype=getattr(torch, leaf.dtype))  # recorded as torch names
+
+
+class Driver:
+    """Runs components of one backend and owns the cache between steps.
+
+    A driver opens its runtimes (modules, sessions, compiled models) in `__init__` and keeps no reference to
+    the components object it was made from, so `generate` can keep one driver per live components object
+    without keeping that object alive.
+    """
+
+    # Whether the runtime takes flat tensors by input name (else the forward's own pytrees: ModelOutputs, caches).
+    feeds_by_name: ClassVar[bool] = False
+
+    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        self.names = tuple(components)
+        self.spec = spec
+        self.samples = samples
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        raise NotImplementedError
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        """Run component `name` on `step`; return its logits `[batch, query or 1, vocab]`; update the cache."""
+        raise NotImplementedError
+
+    def _kwargs(self, name: str, step: Step) -> dict[str, Any]:
+        spec = self.spec.components[name]
+        ids_key = "decoder_input_ids" if "decoder_input_ids" in spec.inputs else "input_ids"
+        kwargs: dict[str, Any] = {ids_key: step.input_ids, "position_ids": step.position_ids}
+        if spec.mask_rank is not None:
+            kwargs["attention_mask"] = step.attention_mask
+        kwargs.update(step.extra)
+        return {k: v for k, v in kwargs.items() if k in spec.inputs}
+
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """Run a cache-free component (an encoder) on forward kwargs; return its first output."""
+        raise NotImplementedError
+
+    def features(self, name: str, inputs: Mapping[str, Any]) -> Any:
+        """Run a `<modality>_features` component; return its whole output (a ModelOutput pytree)."""
+        raise InputError(
+            f"generate() over multimodal components runs on the dynamo backend for now, not {type(self).__name__}"
+        )
+
+    def _encoder_kwargs(self, name: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        spec = self.spec.components[name]
+        for key, baked in spec.layout.items():
+            given = inputs.get(key)
+            if given is not None and torch.as_tensor(given).tolist() != baked:
+                raise InputError(
+                    f"{name} was exported for {key}={baked} (a layout baked into the graph); got "
+                    f"{torch.as_tensor(given).tolist()}: export again with inputs of this layout"
+                )
+        return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
+
+
+class NamedDriver(Driver):
+    """A driver whose runtime takes and returns flat, named tensors; the cache is a dict by leaf name."""
+
+    feeds_by_name: ClassVar[bool] = True
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        self.cache: dict[str, torch.Tensor] = {
+            leaf.name: initial_leaf(leaf, self.spec, batch, max_cache_len)
+            for leaf in self.spec.components[first].cache_leaves
+        }
+
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return next(iter(self.features(name, inputs).values()))
+
+    def _flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
+        values = {**flat(self._kwargs(name, step)), **self.cache}
+        feed = {}
+        for graph_name in input_names:
+            plain = graph_name.removeprefix(INPUT_PREFIX)
+            if plain not in values:
+                raise InputError(f"{name} takes {graph_name!r}, which the generation loop does not have")
+            feed[graph_name] = values[plain]
+        return feed
+
+    def _take_outputs(self, outputs: Mapping[str, Any]) -> torch.Tensor:
+        key = self.spec.cache_key
+        for out_name, value in outputs.items():
+            plain = cache_name(out_name.removeprefix(OUTPUT_PREFIX), key)
+            if key is not None and plain.startswith(key + "."):
+                self.cache[plain] = torch.as_tensor(np.asarray(value)) if not torch.is_tensor(value) else value
+        logits = outputs["logits"]
+        return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
+
+
+# Names a model output gives the cache it returns, when the forward's cache kwarg is named otherwise.
+_CACHE_OUTPUT_NAMES = ("cache", "past_key_values", "cache_params")
+
+
+def cache_name(name: str, key: str | None) -> str:
+    """An output leaf name with its cache prefix renamed to the input's (`past_key_values.x` -> `cache.x`)."""
+    if key is None:
+        return name
+    for alias in _CACHE_OUTPUT_NAMES:
+        if name.startswith(alias + "."):
+            return key + name[len(alias) :]
+    return name
+
+
+def flat(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensors of forward kwargs by flat name (`encoder_outputs.0`), as the lowerings name graph inputs."""
+    return {name: value for name, value in leaf_names(dict(kwargs)) if isinstance(value, torch.Tensor)}
+
+
+class SavedComponent(Protocol):
+    """What a backend reads from one component of a loaded artifact (`hfexport.load`): its main file, and its
+    runtime object, opened once. The artifacts layer, above the runtime, provides objects of this shape."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def open(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Everything the runtime does differently for one format."""
+
+    name: str
+    # The generation driver.
+    driver: type[Driver]
+    # open(main file, input names from the manifest) -> the runtime object of a saved component.
+    open: Callable[[Path, list[str]], Any]
+    # run(runtime object, forward kwargs, output names from the manifest) -> {output name: tensor}.
+    run: Callable[[Any, Mapping[str, Any], list[str]], dict[str, torch.Tensor]]
+    # for_generation(saved component) -> (what the driver takes for it, its sample forward kwargs).
+    for_generation: Callable[[SavedComponent], tuple[Any, dict[str, Any]]]

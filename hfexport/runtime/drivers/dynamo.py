@@ -1,0 +1,83 @@
+"""The dynamo backend: `ExportedProgram.module()`, with a transformers `Cache` object as the cache."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfexport.errors import InputError
+from hfexport.generation_spec import CacheLeaf, GenerationSpec
+from hfexport.naming import named_outputs
+from hfexport.runtime.drivers.base import Backend, Driver, SavedComponent, Step, initial_leaf
+
+
+class DynamoDriver(Driver):
+    """Runs `ExportedProgram.module()`; the cache is a transformers `Cache` object (a static one is mutated in
+    place by the program)."""
+
+    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        super().__init__(components, spec, samples)
+        self.modules = {name: program.module() for name, program in components.items()}
+        self.cache: Any = None
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        from hfexport.cache_pytree import flatten_cache, unflatten_cache
+
+        key = self.spec.cache_key
+        self.cache = None
+        if key is None:
+            return
+        sample = self.samples[first][key]
+        leaves, skeleton = flatten_cache(sample)
+        fresh = [
+            initial_leaf(CacheLeaf(leaf.name, leaf.shape, leaf.dtype), self.spec, batch, max_cache_len)
+            for leaf in self.spec.components[first].cache_leaves
+        ]
+        if len(fresh) != len(leaves):
+            raise InputError(f"the {first} cache has {len(leaves)} tensors, its spec {len(fresh)}")
+        self.cache = unflatten_cache(fresh, skeleton)
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        kwargs = self._kwargs(name, step)
+        if self.spec.cache_key is not None:
+            kwargs[self.spec.cache_key] = self.cache
+        kwargs.update(self.spec.components[name].constants)
+        with torch.no_grad():
+            out = self.modules[name](**kwargs)
+        if self.spec.cache_key is not None and not self.spec.static_cache:
+            from transformers.cache_utils import Cache
+
+            # The output may name the cache differently from the input (`past_key_values` vs `cache`).
+            self.cache = next((v for v in out.values() if isinstance(v, Cache)), self.cache)
+        return out["logits"]
+
+    def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return self.features(name, inputs)[0]
+
+    def features(self, name: str, inputs: Mapping[str, Any]) -> Any:
+        with torch.no_grad():
+            return self.modules[name](**self._encoder_kwargs(name, inputs))
+
+
+def open_saved(path: Path, input_names: list[str]) -> torch.export.ExportedProgram:
+    from hfexport.runtime.dynamo import load_program
+
+    return load_program(path)
+
+
+def run_saved(program: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return named_outputs(program.module()(**inputs))
+
+
+def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
+    # The loaded program's saved example inputs carry the cache layout (its classes and tensor shapes).
+    program = component.open()
+    example = program.example_inputs
+    return program, dict(example[1]) if example is not None else {}
+
+
+BACKEND = Backend("dynamo", DynamoDriver, open_saved, run_saved, for_generation)

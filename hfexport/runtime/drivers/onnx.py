@@ -1,0 +1,200 @@
+"""The onnx backend: ONNX Runtime sessions, driven with IO binding so that cache tensors are never copied."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hfexport.errors import InputError
+from hfexport.generation_spec import GenerationSpec
+from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
+from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, cache_name, flat
+
+
+class OnnxDriver(NamedDriver):
+    """ONNX Runtime with IO binding. A static cache pair the graph writes in place (`output.<name>` made by
+    a `ScatterElements` into `input.<name>`, which nothing else reads but `Shape`: rule
+    `onnx/index-copy-scatter-elements`) is bound to one buffer, so ONNX Runtime writes the new rows into it
+    and copies nothing. Other pairs are double-buffered: each step binds the input to one preallocated buffer
+    and the output to the other, then swaps them (binding both to one buffer is not safe in general: an op
+    may read the input after another wrote the output). A grown cache (no pair) is handed from one step's
+    output OrtValue to the next step's input without a copy.
+    """
+
+    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        super().__init__(components, spec, samples)
+        import onnxruntime as ort
+
+        self.sessions = {}
+        self.in_place: dict[str, set[str]] = {}
+        for name, program in components.items():
+            proto = None if isinstance(program, (str, bytes)) else program.model_proto
+            model = program if proto is None else proto.SerializeToString()
+            options = ort.SessionOptions()
+            self.sessions[name] = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+            self.in_place[name] = written_in_place(proto if proto is not None else program)
+        # Graph input/output names per session, read once (each get_inputs() call builds new objects).
+        self.io = {
+            name: ([a.name for a in s.get_inputs()], [o.name for o in s.get_outputs()])
+            for name, s in self.sessions.items()
+        }
+        self.bound_pointers: list[dict[str, int]] = []
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        super().start(first, batch, max_cache_len)
+        # Second buffer of each double-buffered pair; the two are swapped after every step.
+        shared = set.intersection(*self.in_place.values()) if self.in_place else set()
+        self.spare = (
+            {k: torch.empty_like(v) for k, v in self.cache.items() if k not in shared} if self.spec.static_cache else {}
+        )
+        self.values: dict[str, Any] = {}
+        # One IO binding per session for the whole generation; each step rebinds only the names whose buffer
+        # changed (the in-place cache keeps its buffer, so most of a decode step's bindings are set once).
+        self.bindings: dict[str, tuple[Any, dict[str, Any]]] = {}
+
+    def run(self, name: str, step: Step) -> torch.Tensor:
+        import onnxruntime as ort
+
+        session = self.sessions[name]
+        input_names, output_names = self.io[name]
+        in_place = self.in_place[name] if self.spec.static_cache else set()
+        if name not in self.bindings:
+            self.bindings[name] = (session.io_binding(), {})
+        binding, bound = self.bindings[name]
+
+        def bind_input(graph_name: str, tensor: torch.Tensor) -> None:
+            # A buffer is bound by address: the same address, shape and dtype is the same binding.
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            if bound.get(graph_name) != key:
+                _bind_tensor_input(binding, graph_name, tensor)
+                bound[graph_name] = key
+
+        inputs = flat(self._kwargs(name, step))
+        pointers: dict[str, int] = {}
+        for graph_name in input_names:
+            plain = graph_name.removeprefix(INPUT_PREFIX)
+            if plain in inputs:
+                tensor = inputs[plain].contiguous()
+                inputs[plain] = tensor  # keep alive until run
+                bind_input(graph_name, tensor)
+            elif plain in self.values:  # an OrtValue returned by the previous step
+                binding.bind_ortvalue_input(graph_name, self.values[plain])
+                bound[graph_name] = None
+            elif plain in self.cache:
+                bind_input(graph_name, self.cache[plain])
+                pointers[plain] = self.cache[plain].data_ptr()
+            else:
+                raise InputError(f"{name} takes {graph_name!r}, which the generation loop does not have")
+        for out in output_names:
+            plain = out.removeprefix(OUTPUT_PREFIX)
+            target = None
+            if out.startswith(OUTPUT_PREFIX):
+                target = self.cache.get(plain) if plain in in_place else self.spare.get(plain)
+            if target is None:
+                binding.bind_output(out, "cpu")  # ORT allocates it (its shape may change from step to step)
+                bound[out] = None
+                continue
+            key = (target.data_ptr(), tuple(target.shape), target.dtype)
+            if bound.get(out) != key:
+                binding.bind_output(out, "cpu", 0, _NP[target.dtype], list(target.shape), target.data_ptr())
+                bound[out] = key
+        session.run_with_iobinding(binding)
+        results = dict(zip(output_names, binding.get_outputs(), strict=True))
+        for out, value in results.items():
+            plain = cache_name(out.removeprefix(OUTPUT_PREFIX), self.spec.cache_key)
+            if out.startswith(OUTPUT_PREFIX) and plain in in_place and plain in self.cache:
+                continue  # written into the input's own buffer
+            if out.startswith(OUTPUT_PREFIX) and plain in self.spare:
+                self.cache[plain], self.spare[plain] = self.spare[plain], self.cache[plain]
+            elif self.spec.cache_key is not None and plain.startswith(self.spec.cache_key + "."):
+                self.values[plain] = value
+                self.cache.pop(plain, None)
+        self.bound_pointers.append(pointers)
+        logits: ort.OrtValue = results["logits"]
+        return torch.from_numpy(logits.numpy())
+
+    def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        session = self.sessions[name]
+        values = flat(self._encoder_kwargs(name, inputs))
+        # An input that shares its name with an output is `input.<name>` (Moonshine's encoder: attention_mask).
+        feed = {
+            arg.name: values[arg.name if arg.name in values else arg.name.removeprefix(INPUT_PREFIX)].numpy()
+            for arg in session.get_inputs()
+        }
+        names = [o.name for o in session.get_outputs()]
+        return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
+
+
+_NP = {
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
+
+
+def _bind_tensor_input(binding: Any, name: str, tensor: torch.Tensor) -> None:
+    binding.bind_input(name, "cpu", 0, _NP[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+
+
+# Ops that read only their input's shape: they may see an input after another node wrote it in place.
+_SHAPE_READERS = {"Shape", "Size"}
+
+
+def written_in_place(model: Any) -> set[str]:
+    """Plain names of the `input.<name>`/`output.<name>` pairs that `model` (a ModelProto or a path) may run on
+    one buffer: the output is a `ScatterElements` into the input, and nothing else reads the input's data."""
+    import onnx
+
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    elif isinstance(model, str):
+        model = onnx.load(model, load_external_data=False)
+    graph = model.graph
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for value in node.input:
+            readers.setdefault(value, []).append(node)
+    producers = {out: node for node in graph.node for out in node.output}
+    outputs = {o.name for o in graph.output}
+    pairs = set()
+    for value in graph.input:
+        if not value.name.startswith(INPUT_PREFIX):
+            continue
+        plain = value.name.removeprefix(INPUT_PREFIX)
+        writer = producers.get(OUTPUT_PREFIX + plain)
+        if writer is None or writer.op_type != "ScatterElements" or writer.domain not in ("", "ai.onnx"):
+            continue
+        others = [n for n in readers.get(value.name, []) if n is not writer]
+        if (
+            writer.input[0] == value.name
+            and value.name not in outputs
+            and all(n.op_type in _SHAPE_READERS for n in others)
+        ):
+            pairs.add(plain)
+    return pairs
+
+
+def open_saved(path: Path, input_names: list[str]) -> Any:
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_saved(session: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:
+    feed = onnx_feed([i.name for i in session.get_inputs()], inputs)
+    names = [plain_name(o.name) for o in session.get_outputs()]
+    return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
+
+
+def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
+    # The driver opens the model file itself (its sessions take inputs by flat name: no samples needed).
+    return str(component.path), {}
+
+
+BACKEND = Backend("onnx", OnnxDriver, open_saved, run_saved, for_generation)
