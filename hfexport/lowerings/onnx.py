@@ -139,7 +139,7 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
 
 def _onnx_rules(kind: str) -> engine.RuleRegistry:
     """The registered `onnx` rules of one kind ("fix" or "optimization"), in their order."""
-    registry = engine.RuleRegistry()
+    registry = engine.RuleRegistry(universe=engine.default_registry())
     for rule in engine.default_registry().rules("onnx"):
         if rule.meta.kind == kind:
             registry.register(rule)

@@ -137,9 +137,12 @@ class RewriteContext:
 class RuleRegistry:
     """Rules by stage, in registration order (the order they run in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, universe: RuleRegistry | None = None) -> None:
         self._by_stage: dict[str, list[Rule]] = {stage: [] for stage in STAGES}
         self._by_id: dict[str, Rule] = {}
+        # A registry holding part of another one's rules (a lowering's program rules, its model rules) plans
+        # with all of them: a rule here may require one that runs from the other part.
+        self._universe = universe
 
     def register(self, rule: Rule) -> Rule:
         from hfexport.rewrites.examples import Match, NoMatch
@@ -190,6 +193,8 @@ class RuleRegistry:
         A selected rule pulls in the rules it `requires` (unless the selection disables one of them, which
         drops the dependent too), so `--disable`/ablation never runs a rule without what it needs.
         """
+        if self._universe is not None:
+            return self._universe.plan(selection)
         verdict: dict[str, str | None] = {
             i: None if selection.is_enabled(r.meta) else "disabled by the rule selection"
             for i, r in self._by_id.items()

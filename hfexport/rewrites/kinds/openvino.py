@@ -76,8 +76,9 @@ engine.register_applier("openvino", apply_openvino_rule)
 
 def rules_of(kinds: tuple[type, ...], registry: engine.RuleRegistry | None = None) -> engine.RuleRegistry:
     """The registered `openvino` rules of the given kinds, in their order (one registry per target)."""
-    selected = engine.RuleRegistry()
-    for rule in (registry or engine.default_registry()).rules("openvino"):
+    registry = registry or engine.default_registry()
+    selected = engine.RuleRegistry(universe=registry)
+    for rule in registry.rules("openvino"):
         if isinstance(rule, kinds):
             selected.register(rule)
     return selected
