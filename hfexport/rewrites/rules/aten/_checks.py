@@ -28,6 +28,26 @@ class _CheckedScale(torch.nn.Module):
         return features * 2 + tokens.unsqueeze(-1)
 
 
+class _CheckSelects(torch.nn.Module):
+    """The check's value selects the output: torch.onnx drops the assertion a real check feeds (so a
+    translation that ignores its input would pass `_CheckedScale`); here a wrong truth value changes the result."""
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        ok = torch.ops.aten._is_all_true((tokens >= 0) & (features.sum(-1) == features.sum(-1)))
+        return torch.where(ok, features * 2, features - 1)
+
+
+def _selects_true() -> tuple[torch.nn.Module, dict[str, Any]]:
+    return _CheckSelects(), _checked()[1]
+
+
+def _selects_false() -> dict[str, Any]:
+    """Other sizes, one negative token: the check is false (a NaN feature would make it false too)."""
+    inputs = _checked_odd()
+    inputs["tokens"][1, 4] = -1.0
+    return inputs
+
+
 class _Unchecked(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return features * 2 + tokens.unsqueeze(-1)
