@@ -126,7 +126,9 @@ def _float16() -> Any:
 gelu_tanh_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/gelu-tanh-fusion",
-        why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20)",
+        why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20); "
+        "hfexport's own pattern: onnxscript 0.7.2's ORT fusion (ort_fusions.gelu) fuses 0 of tiny-gpt2's 2 GELUs "
+        "(its pattern fixes one operand order and constant form that torch.onnx does not emit), this rule 2",
         upstream="",
         backends=("onnx",),
         models=("gpt2", "codegen", "gptj"),
