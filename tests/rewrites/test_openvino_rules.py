@@ -214,3 +214,40 @@ def test_without_the_outputs_rule_a_repeated_output_fails_conversion() -> None:
 def _rules_of(kinds: tuple[type, ...]) -> list[Any]:
     """The registered openvino rules of these kinds, in their order."""
     return [r for r in default_registry().rules("openvino") if isinstance(r, kinds)]
+
+
+def _agrees_with_eager(module: torch.nn.Module, ov_model: Any, feed: dict[str, torch.Tensor]) -> bool:
+    from hfexport.rewrites.examples import assert_same_outputs
+    from hfexport.rewrites.kinds.openvino import run_compiled
+
+    with torch.no_grad():
+        expected = module(**feed)
+    try:
+        assert_same_outputs(expected, run_compiled(ov_model, feed))
+    except (ExampleFailure, RuntimeError):  # wrong sizes or values, or a size the CPU plugin refuses
+        return False
+    return True
+
+
+@pytest.mark.parametrize("rule_id", ["openvino/sym-mod-to-floordiv", "openvino/sym-min-max-to-floordiv"])
+def test_the_symbolic_size_rules_require_the_exact_floor_divide(rule_id: str) -> None:
+    registry = default_registry()
+    rule, floor = registry.get(rule_id), registry.get("openvino/exact-int-floor-divide")
+    assert floor.id in rule.meta.requires
+    example = rule.meta.examples[0]
+    module, feed = example.build()
+    program = examples._export(module.eval(), feed, dynamic=True)
+    # --disable of the requirement drops the dependent, in the lowering's program-rule registry too (whose
+    # plan must see the model rule it requires).
+    context = RewriteContext(backend="openvino", selection=RuleSelection(disable=(floor.id,)))
+    apply("openvino", program, context, where=lambda r: isinstance(r, PROGRAM_RULES))
+    assert context.outcomes[rule_id].status == "disabled", context.outcomes[rule_id]
+    assert floor.id in context.outcomes[rule_id].reason and context.hits[rule_id] == 0
+    # The dependent alone converts, but its floor divisions of negative sizes truncate: wrong sizes.
+    assert apply_openvino_rule(rule, program) == 1
+    ov_model = ov.convert_model(program)
+    assert not _agrees_with_eager(module, ov_model, feed)
+    # With its requirement (and no other rule) the example is right, on both sizes.
+    assert apply_openvino_rule(floor, ov_model) >= 1
+    assert _agrees_with_eager(module, ov_model, feed)
+    assert _agrees_with_eager(module, ov_model, example.other_inputs())

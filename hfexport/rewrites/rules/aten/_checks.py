@@ -28,6 +28,26 @@ class _CheckedScale(torch.nn.Module):
         return features * 2 + tokens.unsqueeze(-1)
 
 
+class _CheckSelects(torch.nn.Module):
+    """The check's value selects the output: torch.onnx drops the assertion a real check feeds (so a
+    translation that ignores its input would pass `_CheckedScale`); here a wrong truth value changes the result."""
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        ok = torch.ops.aten._is_all_true((tokens >= 0) & (features.sum(-1) == features.sum(-1)))
+        return torch.where(ok, features * 2, features - 1)
+
+
+def _selects_true() -> tuple[torch.nn.Module, dict[str, Any]]:
+    return _CheckSelects(), _checked()[1]
+
+
+def _selects_false() -> dict[str, Any]:
+    """Other sizes, one negative token: the check is false (a NaN feature would make it false too)."""
+    inputs = _checked_odd()
+    inputs["tokens"][1, 4] = -1.0
+    return inputs
+
+
 class _Unchecked(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return features * 2 + tokens.unsqueeze(-1)
@@ -47,14 +67,22 @@ def _checked_odd() -> dict[str, Any]:
 
 
 def _squeeze_is_noop(self: Any, dim: int) -> bool:
-    """torch.squeeze(dim) leaves a dimension that is not 1 alone (and a 0-d tensor as it is)."""
+    """Whether torch.squeeze(dim) leaves `self` as it is: a dimension that is not 1 (and a 0-d tensor).
+
+    A symbolic size counts as not 1: torch decides squeeze while tracing (`guard_or_false(size == 1)`), so a
+    size still symbolic in the exported program is one torch proved or guarded to differ from 1 (a size-1
+    input axis is specialised to the integer 1), and the program's own shapes keep that axis.
+    """
     shape = self.shape
     if shape is None:
         return False
     if len(shape) == 0:
         return True
     size = shape[dim % len(shape)]
-    return isinstance(size, int) and size != 1
+    if isinstance(size, int):
+        return size != 1
+    # onnx_ir.SymbolicDim: a named size is a torch symbol; an unnamed one carries no fact, so keep torchlib's.
+    return isinstance(getattr(size, "value", None), str)
 
 
 def _squeeze_dim_translation() -> Callable[..., Any]:

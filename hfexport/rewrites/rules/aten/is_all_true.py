@@ -5,7 +5,14 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import AtenOverride
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.aten._checks import _checked, _checked_odd, _is_all_true_translation, _Unchecked
+from hfexport.rewrites.rules.aten._checks import (
+    _checked,
+    _checked_odd,
+    _is_all_true_translation,
+    _selects_false,
+    _selects_true,
+    _Unchecked,
+)
 
 is_all_true = AtenOverride(
     RuleMeta(
@@ -19,6 +26,11 @@ is_all_true = AtenOverride(
         models=("llava",),
         examples=(
             Match(_checked, "a tensor check before the output; then other, odd sizes", other_inputs=_checked_odd),
+            Match(
+                _selects_true,
+                "the check's value selects the output: true; then other sizes where it is false",
+                other_inputs=_selects_false,
+            ),
             NoMatch(lambda: (_Unchecked(), _checked()[1]), "the same computation without a check"),
         ),
     ),

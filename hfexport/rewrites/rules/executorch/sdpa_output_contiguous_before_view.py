@@ -1,4 +1,10 @@
-"""SDPA output strides: keep `view`s of attention outputs valid through to_edge's re-decomposition."""
+"""SDPA output strides: keep `view`s of attention outputs valid through to_edge's re-decomposition.
+
+`to_edge` decomposes sdpa into its math form whatever the mask, so only ops traced as `aten.view` break (GPT-2's
+Conv1D `x.view(-1, hidden)`); a `reshape` (Llama's, T5's head merge) is decomposed again with the new strides
+and needs no copy. ONNX's `fx/gen-view-after-transpose` is a different trigger: torch.onnx keeps sdpa whole
+and changes its layout only for a mask computed from a parameter.
+"""
 
 from __future__ import annotations
 

@@ -90,6 +90,13 @@ def _gqa_rule() -> Any:
     return AttentionWithoutRepeat.rule()
 
 
+def _same_size(a: Any, b: Any) -> bool:
+    """Two ONNX dimensions are provably equal: the same integer, or the same named symbol."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return isinstance(getattr(a, "value", None), str) and a == b
+
+
 def _attention_matmul_rule() -> Any:
     import math
 
@@ -150,13 +157,23 @@ def _attention_matmul_rule() -> Any:
             mask = node.inputs[3] if len(node.inputs) > 3 else None
             rows = None
             if mask is not None:
-                repeat = ints(group, 1) if mask.shape.rank() == 2 else ints(1, 1, group, 1)
+                rank = mask.shape.rank()
                 # The lowest float, not -inf, so a fully masked row (left padding) gives no NaN; its output is
                 # then zeroed, as Attention and torch's sdpa return zeros for such a row.
                 lowest = float(np.finfo(np.float32).min)
                 bias = op.Where(mask, scalar(0.0), scalar(lowest))
                 rows = op.ReduceMax(op.Cast(mask, to=ir.DataType.FLOAT), ints(-1), keepdims=1)
-                if group > 1:
+                mask_rows = mask.shape[rank - 2]
+                # Score row j * q + s is query s of group member j: a mask with one row for every query (a
+                # key-padding mask, [b, 1, 1, kv] or [1, kv]) broadcasts over all group * q rows as it is; a mask
+                # with q rows is tiled group times, after being widened to the query's q rows when its row count
+                # may be a broadcast 1 (Tile of a 1-row mask would give group rows, not group * q).
+                if group > 1 and mask_rows != 1:
+                    if not _same_size(mask_rows, query.shape[2]):
+                        ones = ints(*([1] * (rank - 2)))
+                        widen = op.Concat(ones, op.Shape(query, start=2, end=3), ints(1), axis=0)
+                        bias, rows = op.Expand(bias, widen), op.Expand(rows, widen)
+                    repeat = ints(*([1] * (rank - 2)), group, 1)
                     bias, rows = op.Tile(bias, repeat), op.Tile(rows, repeat)
                 scores = op.Add(scores, bias)
             out = op.MatMul(op.Softmax(scores, axis=-1), value)
@@ -223,3 +240,62 @@ class _GqaSdpa(torch.nn.Module):
         mask = mask.clone()
         mask[1, :, 0, :] = False  # a padding query: every slot masked
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+class _GqaSdpaMask(torch.nn.Module):
+    """sdpa over fewer key/value heads (enable_gqa) with the mask as given (no row of it changed)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _key_padding() -> Any:
+    """A [batch, 1, 1, kv] key-padding mask (one mask row for every query) over 4 query positions: batch 1
+    left-padded, batch 2 fully masked (its output is zeros, as in torch's sdpa)."""
+    generator = torch.Generator().manual_seed(2)
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    mask[2] = False
+    return _GqaSdpaMask(), {
+        "q": torch.randn(3, 6, 4, 8, generator=generator),
+        "k": torch.randn(3, 2, 10, 8, generator=generator),
+        "v": torch.randn(3, 2, 10, 8, generator=generator),
+        "mask": mask,
+    }
+
+
+def _broadcast_row_mask() -> Any:
+    """A [1, kv] mask (one row for every query and batch) over 4 query positions."""
+    generator = torch.Generator().manual_seed(3)
+    mask = torch.ones(1, 10, dtype=torch.bool)
+    mask[0, 7:] = False
+    return _GqaSdpaMask(), {
+        "q": torch.randn(2, 6, 4, 8, generator=generator),
+        "k": torch.randn(2, 2, 10, 8, generator=generator),
+        "v": torch.randn(2, 2, 10, 8, generator=generator),
+        "mask": mask,
+    }
+
+
+_SYMBOLIC_MASK_ROWS = """
+<ir_version: 11, opset_import: ["" : 25]>
+agraph (float[2, 6, Q, 8] q, float[2, 2, 10, 8] k, float[2, 2, 10, 8] v, bool[2, 1, M, 10] mask)
+    => (float[2, 6, Q, 8] out) {
+    out = Attention(q, k, v, mask)
+}
+"""
+
+
+def _symbolic_mask_rows() -> Any:
+    """Attention-25 whose mask rows `M` are a symbol other than the query's `Q`: fed one row (a broadcast)."""
+    import numpy as np
+
+    generator = np.random.default_rng(4)
+    mask = np.ones((2, 1, 1, 10), dtype=bool)
+    mask[1, ..., :3] = False
+    return _SYMBOLIC_MASK_ROWS, {
+        "q": generator.standard_normal((2, 6, 4, 8)).astype(np.float32),
+        "k": generator.standard_normal((2, 2, 10, 8)).astype(np.float32),
+        "v": generator.standard_normal((2, 2, 10, 8)).astype(np.float32),
+        "mask": mask,
+    }

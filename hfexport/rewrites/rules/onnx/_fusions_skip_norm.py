@@ -5,13 +5,15 @@ Every pre-norm decoder layer and every post-norm encoder layer adds a residual a
 `SkipSimplifiedLayerNormalization` (RMSNorm) and `SkipLayerNormalization` (LayerNorm) do both in one
 kernel and return the sum as their fourth output, which replaces the Add for its other consumers.
 
-Both rules run after `onnx/rms-norm-fusion`, which produced the `SimplifiedLayerNormalization` nodes.
-They fuse only when the result is the same computation:
-- the two addends have the same (possibly symbolic) shape, rank 2 or 3: the kernel does not broadcast
-  the skip input the way `Add` would;
-- float32: the kernel accumulates float16 differently from the unfused graph;
-- the normalisation is over the last axis, computed in float32 (`stash_type` 1), with a 1-D scale (and
-  bias) of the hidden size.
+Both rules run after `onnx/rms-norm-fusion`, which produced the `SimplifiedLayerNormalization` nodes. Their
+body is onnxscript 0.7.2's own ORT fusion (`onnxscript.rewriter.ort_fusions.skip_normalization`, which also
+takes a bias added before or after the residual), on the same terms as before: measured on tiny-llama (4
+SkipSimplifiedLayerNormalization) and tiny-gpt2 (4 SkipLayerNormalization), the same nodes and the same ORT
+error as hfexport's own pattern. Two things that fusion lacks are kept here:
+- float32 only: it fuses float16 too, where the kernel accumulates differently from the unfused graph;
+- 2-D activations (`[tokens, hidden]`): it requires `[batch, seq, hidden]`, so hfexport's own pattern
+  fuses the rank-2 sums, with the same conditions (same shapes, no broadcast; last-axis normalisation in
+  float32 with a 1-D scale and bias).
 """
 
 from __future__ import annotations
@@ -23,14 +25,29 @@ import torch
 _MS = "com.microsoft"
 
 
+def _float32_only(fusion: type) -> type:
+    """onnxscript's fusion class `fusion`, refusing what is not float32 (the kernel's float16 accumulation
+    differs from the unfused graph's)."""
+    import onnx_ir as ir
+
+    class Float32(fusion):
+        def check(self, context: Any, **values: Any) -> Any:
+            result = super().check(context, **values)
+            if result and any(values[name].dtype != ir.DataType.FLOAT for name in ("input", "skip")):
+                return result.fail("not float32", values["input"])
+            return result
+
+    return Float32
+
+
 def _fail_add(result: Any, a: Any, b: Any) -> Any:
-    """Why `a + b` cannot be the kernel's input + skip (None when it can)."""
+    """Why `a + b` cannot be the 2-D input + skip of the kernel (None when it can); onnxscript's fusion has 3-D."""
     import onnx_ir as ir
 
     if a.dtype != ir.DataType.FLOAT or b.dtype != ir.DataType.FLOAT:
         return result.fail("not float32", a)
-    if a.shape is None or b.shape is None or a.shape.rank() not in (2, 3):
-        return result.fail("input rank unknown or not 2/3", a)
+    if a.shape is None or b.shape is None or a.shape.rank() != 2:
+        return result.fail("input rank unknown or not 2 (onnxscript's fusion takes rank 3)", a)
     if a.shape != b.shape:
         return result.fail(f"addends of shapes {a.shape} and {b.shape}: the fused kernel does not broadcast", b)
     if not isinstance(a.shape[-1], int):
@@ -78,7 +95,17 @@ def _skip_rms_rule() -> Any:
             )
             return out, total
 
-    return SkipRmsNorm.rule()
+    from onnxscript.rewriter.ort_fusions.skip_normalization import SkipRmsNormFusion
+
+    upstream = _float32_only(SkipRmsNormFusion)
+    return pattern.RewriteRuleSet(
+        [
+            upstream.rule("SkipRmsNormPreBias", has_bias=True, bias_pre_add=True),
+            upstream.rule("SkipRmsNormBias", has_bias=True, bias_pre_add=False),
+            upstream.rule("SkipRmsNorm", has_bias=False),
+            SkipRmsNorm.rule(),
+        ]
+    )
 
 
 def _skip_layer_norm_rule() -> Any:
@@ -105,7 +132,17 @@ def _skip_layer_norm_rule() -> Any:
             )
             return out, total
 
-    return SkipLayerNorm.rule()
+    from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusion
+
+    upstream = _float32_only(SkipLayerNormFusion)
+    return pattern.RewriteRuleSet(
+        [
+            upstream.rule("SkipLayerNormPreBias", has_bias=True, bias_pre_add=True),
+            upstream.rule("SkipLayerNormBias", has_bias=True, bias_pre_add=False),
+            upstream.rule("SkipLayerNorm", has_bias=False),
+            SkipLayerNorm.rule(),
+        ]
+    )
 
 
 # -- examples --------------------------------------------------------------------------------------
@@ -165,6 +202,14 @@ def _rms_broadcast() -> Any:
 
 def _ln_layer() -> Any:
     return _PreNormLayer(24, layer_norm=True), _x(2, 5, 24)
+
+
+def _ln_layer_2d() -> Any:
+    return _PreNormLayer(17, layer_norm=True), _x(7, 17)
+
+
+def _ln_layer_fp16() -> Any:
+    return _PreNormLayer(24, layer_norm=True).half(), _x(2, 5, 24, dtype=torch.float16)
 
 
 def _ln_broadcast() -> Any:

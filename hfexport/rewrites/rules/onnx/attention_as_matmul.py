@@ -5,7 +5,13 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.onnx._fusions_attention import _attention_matmul_rule, _grouped_no_repeat
+from hfexport.rewrites.rules.onnx._fusions_attention import (
+    _attention_matmul_rule,
+    _broadcast_row_mask,
+    _grouped_no_repeat,
+    _key_padding,
+    _symbolic_mask_rows,
+)
 
 attention_as_matmul = OnnxRewriteRule(
     meta=RuleMeta(
@@ -20,6 +26,9 @@ attention_as_matmul = OnnxRewriteRule(
         kind="optimization",
         examples=(
             Match(_grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
+            Match(_key_padding, "a [b, 1, 1, kv] key-padding mask over 4 queries, one batch fully masked", opset=25),
+            Match(_broadcast_row_mask, "a [1, kv] mask shared by 4 queries and both batches", opset=25),
+            Match(_symbolic_mask_rows, "mask rows a symbol other than the query's, fed one row: widened first"),
             NoMatch(_grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
         ),
     ),

@@ -126,7 +126,9 @@ def _float16() -> Any:
 gelu_tanh_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/gelu-tanh-fusion",
-        why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20)",
+        why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20); "
+        "hfexport's own pattern: onnxscript 0.7.2's ORT fusion (ort_fusions.gelu) fuses 0 of tiny-gpt2's 2 GELUs "
+        "(its pattern fixes one operand order and constant form that torch.onnx does not emit), this rule 2",
         upstream="onnx==1.23.2 docs/Operators.md Gelu-20 with approximate=tanh; below opset 20 onnxruntime's contrib "
         "op com.microsoft.FastGelu",
         backends=("onnx",),

@@ -24,6 +24,9 @@ sym_min_max_to_floordiv = OpenVINOFxNodeRule(
         "sub, mul, floordiv, neg, getitem; none for sym_min/sym_max; torch.onnx had the same gap: "
         "https://github.com/pytorch/pytorch/pull/152196)",
         backends=("openvino",),
+        # The rewrite floors a negative operand (a // b with a < 0): the CPU plugin truncates that Divide
+        # unless exact-int-floor-divide makes it exact, and the sizes come out wrong.
+        requires=("openvino/exact-int-floor-divide",),
         models=("axk2",),
         examples=(
             Match(
