@@ -172,12 +172,17 @@ class CaptureExporter(HfExporter):
         (the caller saves afterwards, so a saved artifact is the quantized one)."""
         from hfexport.quantizers.apply import quantize_backend_model, quantize_program
 
+        name = type(quantizer).__name__
+
+        def failure(exc: BaseException) -> str:
+            return f"{name}: {type(exc).__name__}: {exc}"
+
         if quantizer.quantizes_fx_graph:
-            with context.stage("quantize"):
+            with context.stage("quantize", message=failure):
                 program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)
             return self.lower(program, config, context), record
         result = self.lower(program, config, context)
-        with context.stage("quantize"):
+        with context.stage("quantize", message=failure):
             result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         return result, record
 

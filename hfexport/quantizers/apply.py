@@ -1,6 +1,6 @@
 """How an export runs a quantizer: the check before tracing, the FX and backend hand-offs, the op count.
 
-`exporters.py` calls `check_quantizer` before capture, `quantize_program` between capture and lowering
+`exporters/pipeline.py` calls `check_quantizer` before capture, `quantize_program` between capture and lowering
 (quantizers with `quantizes_fx_graph`), and `quantize_backend_model` after lowering (the others). Each hand-off
 returns the quantized object and a `QuantizationRecord` for the export report.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import ConfigError, HfExportError
+from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, jsonable
 from hfexport.report import QuantizationRecord
@@ -174,19 +174,17 @@ def quantize_program(
     options: Any,
     export_format: str,
 ) -> tuple[torch.export.ExportedProgram, QuantizationRecord]:
-    """Run an FX quantizer on the captured program; return the re-exported quantized program and its record."""
+    """Run an FX quantizer on the captured program; return the re-exported quantized program and its record.
+
+    Called inside the export's `quantize` stage, which names a failure (with the quantizer, see the pipeline).
+    """
     start = time.perf_counter()
     name = type(quantizer).__name__
-    try:
-        quantized = quantizer.quantize(program.module(), sample_inputs, export_format)
-        if not isinstance(quantized, torch.export.ExportedProgram):
-            if not isinstance(quantized, torch.nn.Module):
-                raise TypeError(f"{name}.quantize returned {type(quantized).__name__}, not a GraphModule")
-            quantized = reexport(quantized, sample_inputs, options)
-    except HfExportError:
-        raise
-    except Exception as exc:
-        raise HfExportError(f"{name}: {type(exc).__name__}: {exc}", stage="quantize") from exc
+    quantized = quantizer.quantize(program.module(), sample_inputs, export_format)
+    if not isinstance(quantized, torch.export.ExportedProgram):
+        if not isinstance(quantized, torch.nn.Module):
+            raise TypeError(f"{name}.quantize returned {type(quantized).__name__}, not a GraphModule")
+        quantized = reexport(quantized, sample_inputs, options)
     seconds = time.perf_counter() - start
     return quantized, _record(quantizer, "fx", fx_op_counts(quantized), seconds)
 
@@ -196,22 +194,16 @@ def quantize_backend_model(
 ) -> tuple[Any, QuantizationRecord]:
     """Run a backend quantizer on the lowered model (`ONNXProgram` or `openvino.Model`); return it and its record."""
     start = time.perf_counter()
-    name = type(quantizer).__name__
-    try:
-        if export_format == ExportFormat.ONNX.value:
-            import onnx_ir as ir
+    if export_format == ExportFormat.ONNX.value:
+        import onnx_ir as ir
 
-            quantized = quantizer.quantize(result.model, sample_inputs, export_format)
-            if not isinstance(quantized, ir.Model):
-                quantized = ir.from_proto(quantized)
-            result.model = quantized
-            # A session built before quantization would run the float model.
-            result.release()
-        else:
-            result = quantizer.quantize(result, sample_inputs, export_format)
-    except HfExportError:
-        raise
-    except Exception as exc:
-        raise HfExportError(f"{name}: {type(exc).__name__}: {exc}", stage="quantize") from exc
+        quantized = quantizer.quantize(result.model, sample_inputs, export_format)
+        if not isinstance(quantized, ir.Model):
+            quantized = ir.from_proto(quantized)
+        result.model = quantized
+        # A session built before quantization would run the float model.
+        result.release()
+    else:
+        result = quantizer.quantize(result, sample_inputs, export_format)
     seconds = time.perf_counter() - start
     return result, _record(quantizer, export_format, backend_op_counts(result, export_format), seconds)
