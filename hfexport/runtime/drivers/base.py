@@ -53,6 +53,13 @@ class Driver:
     feeds_by_name: ClassVar[bool] = False
 
     def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        fed = sorted(name for name, c in spec.components.items() if c.constants)
+        if fed:
+            # Exports before the graphs took tensors only kept generate's Python arguments as program inputs.
+            raise InputError(
+                f"components {fed} take Python-valued inputs ({spec.components[fed[0]].constants}): they come from "
+                "an older hfexport; export again, and every graph takes tensors and the cache only"
+            )
         self.names = tuple(components)
         self.spec = spec
         self.samples = samples
@@ -92,7 +99,7 @@ class Driver:
                     f"{name} was exported for {key}={baked} (a layout baked into the graph); got "
                     f"{torch.as_tensor(given).tolist()}: export again with inputs of this layout"
                 )
-        return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
+        return {k: v for k, v in inputs.items() if k in spec.inputs}
 
 
 class NamedDriver(Driver):
