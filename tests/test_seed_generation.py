@@ -10,6 +10,7 @@ are the seed's, run as written (CPU instead of CUDA, hfexport's `register_pytree
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -104,20 +105,46 @@ def _static(llama: torch.nn.Module) -> object:
 
 
 @pytest.fixture(scope="module")
-def decode_program(llama: torch.nn.Module) -> torch.export.ExportedProgram:
-    components = DynamoExporter().export_for_generation(
+def exported(llama: torch.nn.Module) -> tuple[DynamoExporter, dict]:
+    exporter = DynamoExporter()
+    components = exporter.export_for_generation(
         llama,
         {"input_ids": torch.tensor(PROMPT)},
         DynamoConfig(dynamic=True),
         generation_config=_static(llama),
         multi_token_decode=True,
     )
-    return components["decode"]
+    return exporter, components
+
+
+@pytest.fixture(scope="module")
+def decode_program(exported: tuple[DynamoExporter, dict]) -> torch.export.ExportedProgram:
+    return exported[1]["decode"]
+
+
+def test_reports_name_the_model_class_and_the_spec_feeds_no_constants(exported: tuple[DynamoExporter, dict]) -> None:
+    exporter, components = exported
+    assert {r.model_class for r in exporter.reports.values()} == {"LlamaForCausalLM"}
+    assert components.spec.cache_key == "past_key_values"
+    for spec in components.spec.components.values():
+        assert spec.constants == {}
+        assert spec.inputs == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
+
+
+def test_a_spec_with_python_inputs_from_an_older_export_is_refused(exported: tuple[DynamoExporter, dict]) -> None:
+    import dataclasses
+
+    from hfexport.errors import InputError
+    from hfexport.runtime.drivers.dynamo import DynamoDriver
+
+    _, components = exported
+    spec = copy.deepcopy(components.spec)
+    spec.components["decode"] = dataclasses.replace(spec.components["decode"], constants={"use_cache": True})
+    with pytest.raises(InputError, match=r"older hfexport; export again"):
+        DynamoDriver(dict(components), spec, components.samples)
 
 
 def test_decompose_gives_tensor_inputs_in_graph_order(llama: torch.nn.Module) -> None:
-    import copy
-
     from transformers import StaticCache
 
     from hfexport.frontends.generation import FixedArguments, decompose_for_generation
@@ -152,8 +179,6 @@ def test_decode_program_takes_tensors_and_the_cache_only(decode_program: torch.e
 def test_one_decode_graph_serves_prompt_and_continuation_at_every_position(
     decode_program: torch.export.ExportedProgram, llama: torch.nn.Module
 ) -> None:
-    import copy
-
     from transformers import StaticCache
 
     decode = decode_program.module()
@@ -191,6 +216,52 @@ def test_seed_dynamo_loop_on_a_saved_decode_program(
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(x for x in run.stdout.splitlines() if x.startswith("TOKENS"))
     assert eval(line.removeprefix("TOKENS")) == reference
+
+
+def test_seed_onnx_loop_with_a_plain_feed(llama: torch.nn.Module, reference: list[int]) -> None:
+    # The seed's ONNX Runtime tab on CPU: CudaSession's shared buffers become a plain feed, the cache read back
+    # from the `output.<name>` twin of each `input.<name>`; shapes and dtypes from the session alone.
+    import numpy as np
+
+    from hfexport import OnnxConfig, OnnxExporter
+
+    components = OnnxExporter().export_for_generation(
+        llama,
+        {"input_ids": torch.tensor(PROMPT)},
+        OnnxConfig(dynamic=True),
+        generation_config=_static(llama),
+        multi_token_decode=True,
+    )
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(components["decode"].model_proto.SerializeToString())
+    names = [i.name for i in session.get_inputs()]
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert all(n.startswith("input.past_key_values.") for n in names[3:]) and names[3:]
+    outputs = [o.name for o in session.get_outputs()]
+    assert outputs == ["logits"] + ["output." + n.removeprefix("input.") for n in names[3:]]
+    dtypes = {"tensor(float)": np.float32, "tensor(int64)": np.int64}
+    cache = {}
+    for i in session.get_inputs()[3:]:
+        dims = [MAX_CACHE if isinstance(d, str) and not d.isdigit() else int(d) for d in i.shape]
+        cache[i.name.removeprefix("input.")] = np.zeros(dims, dtype=dtypes[i.type])
+
+    ids = torch.tensor(PROMPT)
+    positions = torch.arange(ids.shape[1])
+    tokens: list[int] = []
+    for _ in range(NEW_TOKENS):
+        feed = {
+            "input_ids": ids.numpy(),
+            "attention_mask": _causal_mask(positions, MAX_CACHE).numpy(),
+            "position_ids": positions[None].numpy(),
+            **{f"input.{name}": value for name, value in cache.items()},
+        }
+        out = dict(zip(outputs, session.run(None, feed), strict=True))
+        cache = {name: out[f"output.{name}"] for name in cache}
+        token = int(out["logits"][0, -1].argmax())
+        tokens.append(token)
+        ids, positions = torch.tensor([[token]]), positions[-1:] + 1
+    assert tokens == reference
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import torch
 
 from hfexport.errors import InputError
 from hfexport.generation_spec import CacheLeaf, GenerationSpec
-from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
+from hfexport.naming import CACHE_ALIASES, INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
 
 
 @dataclass
@@ -136,15 +136,11 @@ class NamedDriver(Driver):
         return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
 
 
-# Names a model output gives the cache it returns, when the forward's cache kwarg is named otherwise.
-_CACHE_OUTPUT_NAMES = ("cache", "past_key_values", "cache_params")
-
-
 def cache_name(name: str, key: str | None) -> str:
     """An output leaf name with its cache prefix renamed to the input's (`past_key_values.x` -> `cache.x`)."""
     if key is None:
         return name
-    for alias in _CACHE_OUTPUT_NAMES:
+    for alias in CACHE_ALIASES:
         if name.startswith(alias + "."):
             return key + name[len(alias) :]
     return name
