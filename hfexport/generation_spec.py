@@ -52,9 +52,11 @@ class CacheLeaf:
 
 @dataclass
 class ComponentSpec:
-    """What a runtime needs to feed one component: its tensor inputs, constants and initial cache."""
+    """What a runtime needs to feed one component: its tensor inputs, in graph order, and its initial cache."""
 
     inputs: list[str]
+    # Python-valued program inputs the runtime had to feed back: always empty now (every graph takes tensors and
+    # the cache only, its Python arguments fixed inside); kept so older manifests load and are refused by name.
     constants: dict[str, Any]
     mask_rank: int | None
     cache_leaves: list[CacheLeaf]
@@ -108,7 +110,7 @@ class GenerationSpec:
         components = {
             name: ComponentSpec(
                 inputs=list(c["inputs"]),
-                constants=dict(c["constants"]),
+                constants=dict(c.get("constants", {})),
                 mask_rank=c["mask_rank"],
                 cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
                 layout=dict(c.get("layout", {})),

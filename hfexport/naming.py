@@ -59,9 +59,26 @@ def plain_name(name: str) -> str:
     return name
 
 
+# Names a forward gives its cache, as input and as output: transformers 5.24 returns `cache` for the cache a
+# generation graph takes as `past_key_values`, older state-space models `cache_params`.
+CACHE_ALIASES = ("past_key_values", "cache", "cache_params")
+
+
+def _as_cache_input(name: str, inputs: set[str]) -> str:
+    """An output leaf of a returned cache named like the cache input leaf it updates (`cache.x` ->
+    `past_key_values.x` when that is the input), so the pair is found whatever the forward calls its cache."""
+    head, dot, rest = name.partition(".")
+    if not dot or head not in CACHE_ALIASES or name in inputs:
+        return name
+    return next((f"{a}.{rest}" for a in CACHE_ALIASES if f"{a}.{rest}" in inputs), name)
+
+
 def paired_names(input_names: list[str], output_names: list[str]) -> tuple[list[str], list[str]]:
-    """Input and output names with the in-place prefixes on every name that is both."""
-    shared = set(input_names) & set(output_names)
+    """Input and output names with the in-place prefixes on every name that is both (a returned cache is
+    named after the cache input it updates)."""
+    given = set(input_names)
+    output_names = [_as_cache_input(n, given) for n in output_names]
+    shared = given & set(output_names)
     inputs = [INPUT_PREFIX + n if n in shared else n for n in input_names]
     outputs = [OUTPUT_PREFIX + n if n in shared else n for n in output_names]
     return inputs, outputs

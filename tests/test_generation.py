@@ -87,23 +87,24 @@ def test_decoder_only_components_take_a_mask_even_when_the_sample_has_none(llama
     assert prefill["attention_mask"].shape == (2, 5)
     assert decode["attention_mask"].shape == (2, 6)
     assert decode["input_ids"].shape == (2, 1)
-    assert decode["cache"].get_seq_length() == 5
+    assert decode["past_key_values"].get_seq_length() == 5
 
 
 def test_multi_token_decode_merges_two_steps(llama: torch.nn.Module) -> None:
     components = decompose_for_generation(llama, _sample(), generation_config=_static(), multi_token_decode=True)
-    decode = components["decode"][1]
+    module, decode = components["decode"]
+    assert list(decode) == ["input_ids", "attention_mask", "position_ids", "past_key_values"]
     assert decode["input_ids"].shape == (2, 2)
     assert decode["attention_mask"].shape == (2, 1, 2, MAX_CACHE)
-    assert decode["logits_to_keep"] == 0
-    assert int(decode["cache"].layers[0].cumulative_length) == 5
+    assert module.fixed == {"logits_to_keep": 0, "use_cache": True, "return_dict": True}
+    assert int(decode["past_key_values"].layers[0].cumulative_length) == 5
     # The merged call reproduces the two steps it replaces.
     model_kwargs = copy.deepcopy(decode)
     with torch.no_grad():
-        merged = llama(**model_kwargs).logits
+        merged = module(**model_kwargs).logits
     assert merged.shape[:2] == (2, 2)
     # The prefill sample is an allocated, empty static cache.
-    prefill_cache = components["prefill"][1]["cache"]
+    prefill_cache = components["prefill"][1]["past_key_values"]
     assert int(prefill_cache.layers[0].cumulative_length) == 0
     assert prefill_cache.layers[0].keys.shape[2] == MAX_CACHE
 
@@ -284,8 +285,8 @@ def test_static_decode_graph_takes_any_query_length(static_export: tuple[str, di
         positions = torch.arange(query)[None]
         mask = torch.arange(MAX_CACHE)[None, None, None, :] <= positions[:, None, :, None]
         ids = torch.randint(3, 128, (1, query), generator=torch.Generator().manual_seed(query))
-        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "logits_to_keep": 0}
-        got = decode(**kwargs, cache=cache, use_cache=True, return_dict=True).logits
+        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        got = decode(**kwargs, past_key_values=cache).logits
         with torch.no_grad():
             want = llama(**kwargs, cache=reference_cache, use_cache=True).logits
         assert got.shape == (1, query, 128)
@@ -308,7 +309,7 @@ def test_dynamo_cache_write_is_an_input_mutation_and_survives_save_load(static_e
     torch.export.save(program, str(path))
     loaded = load_program(path)
     _, example = loaded.example_inputs
-    cache = copy.deepcopy(example["cache"])
+    cache = copy.deepcopy(example["past_key_values"])
     cache.reset()
     ids, mask = _padded_prompt()
     positions = torch.arange(9)[None].expand(2, 9)
@@ -320,10 +321,7 @@ def test_dynamo_cache_write_is_an_input_mutation_and_survives_save_load(static_e
         input_ids=ids,
         attention_mask=attention,
         position_ids=(mask.cumsum(-1) - 1).masked_fill(mask == 0, 1),
-        cache=cache,
-        logits_to_keep=0,
-        use_cache=True,
-        return_dict=True,
+        past_key_values=cache,
     ).logits
     assert int(cache.layers[0].cumulative_length) == 9
     assert torch.equal(logits[:, -1].argmax(-1), _reference(llama, static=True)[:, 9])

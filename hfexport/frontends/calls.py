@@ -17,6 +17,18 @@ Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 # Kwargs of a generate call that are not model inputs (they configure the loop).
 _LOOP_KWARGS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "generation_config")
 
+# The name every generation graph gives its cache input, whatever the forward calls it (`cache` in transformers
+# 5.24, `cache_params` in older state-space models): the seed's decode loops pass `past_key_values=` and read
+# `example_inputs[1]["past_key_values"]`, the name transformers' forwards still accept.
+CACHE_INPUT = "past_key_values"
+# Graph inputs come in this order: the tokens, the mask, the positions, other tensors, then the cache (the
+# ExecuTorch method's inputs are `[input_ids, attention_mask, position_ids, cache x N]`, bound by index).
+_TOKEN_INPUTS = ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds")
+_LEADING_INPUTS = (*_TOKEN_INPUTS, "attention_mask", "decoder_attention_mask", "position_ids", "decoder_position_ids")
+# generate asks for the last position's logits only in prefill; every graph returns all of them instead, so one
+# decode graph serves a whole prompt and a block of speculative tokens (the runtime takes `[:, -1]`).
+_LOGITS_TO_KEEP = ("logits_to_keep", "num_logits_to_keep")
+
 
 def tensor_fields(value: Any) -> Any:
     """A ModelOutput (or a dict of them) with only its tensor-valued fields (tensors, nested sequences of them):
@@ -32,6 +44,82 @@ def tensor_fields(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: tensor_fields(v) for k, v in value.items()}
     return value
+
+
+class FixedArguments(torch.nn.Module):
+    """A component called with its Python-valued arguments (`use_cache=True`, `return_dict=True`,
+    `logits_to_keep=0`...) fixed, and its cache kwarg taken as `past_key_values`.
+
+    Exported as it is, a forward's Python arguments stay in the program's input spec: `ExportedProgram.module()`
+    refuses a call without them ("kwarg keyword mismatch") and an ExecuTorch method keeps them as non-tensor
+    inputs. Fixed here, every graph takes tensors and the cache only. A module, not a flag of the capture, so the
+    `(submodule, kwargs)` pairs of `decompose_for_generation` reproduce the step with the graph's own inputs.
+
+    Attributes the wrapper lacks (`config`, `generation_config`, `dtype`...) are the inner module's, so the
+    capture and the rules read the model's own; `fixed_arguments` names the class after the inner one, so
+    reports and errors name the real model class.
+    """
+
+    def __init__(self, inner: torch.nn.Module, fixed: Mapping[str, Any], cache_key: str | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.fixed = dict(fixed)
+        self.cache_key = cache_key
+        # The inner module's mode, without `train()`, which would set every submodule's.
+        self.training = inner.training
+
+    def forward(self, **kwargs: Any) -> Any:
+        if self.cache_key is not None and CACHE_INPUT in kwargs:
+            kwargs[self.cache_key] = kwargs.pop(CACHE_INPUT)
+        return self.inner(**kwargs, **self.fixed)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "inner" or name.startswith("__"):
+                raise
+            return getattr(self.inner, name)
+
+
+_NAMED_WRAPPERS: dict[type, type] = {}
+
+
+def fixed_arguments(module: torch.nn.Module, fixed: Mapping[str, Any], cache_key: str | None) -> FixedArguments:
+    """`FixedArguments(module, ...)` whose class is named like `module`'s (a subclass made once per class)."""
+    cls = type(module)
+    named = _NAMED_WRAPPERS.get(cls)
+    if named is None:
+        named = type(cls.__name__, (FixedArguments,), {"__qualname__": cls.__qualname__, "__module__": __name__})
+        _NAMED_WRAPPERS[cls] = named
+    return named(module, fixed, cache_key)
+
+
+def _graph_input(value: Any) -> bool:
+    """A tensor, a cache, or a pytree of tensors (`encoder_outputs`, `mm_encoder_outputs`): a graph input."""
+    from transformers.cache_utils import Cache
+
+    if isinstance(value, (torch.Tensor, Cache)):
+        return True
+    if not isinstance(value, (tuple, list, Mapping)):
+        return False
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+
+
+def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The component to export for one recorded call: tensor inputs (the cache as `past_key_values`) in graph
+    order, with every Python-valued argument fixed in a `FixedArguments` wrapper (`logits_to_keep` as 0)."""
+    key = _cache_key(kwargs)
+    inputs = {k: v for k, v in kwargs.items() if _graph_input(v)}
+    fixed = {k: (0 if k in _LOGITS_TO_KEEP else v) for k, v in kwargs.items() if k not in inputs}
+    order = [k for k in _LEADING_INPUTS if k in inputs]
+    order += [k for k in inputs if k not in _LEADING_INPUTS and k != key]
+    order += [key] if key is not None else []
+    ordered = {(CACHE_INPUT if k == key else k): inputs[k] for k in order}
+    if not fixed and key in (None, CACHE_INPUT):
+        return module, ordered
+    return fixed_arguments(module, fixed, key), ordered
 
 
 def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,9 @@ def describe(
     multi_token_decode: bool,
     generate_kwargs: Mapping[str, Any] | None = None,
 ) -> GenerationSpec:
-    """The `GenerationSpec` of decomposed components (sample shapes, constants, cache layout)."""
+    """The `GenerationSpec` of decomposed components (tensor inputs in graph order, sample shapes, cache layout).
+
+    `constants` is empty for the pairs of `decompose_for_generation` (their Python arguments are fixed inside)."""
     specs: dict[str, ComponentSpec] = {}
     cache_key = None
     static = False

@@ -29,11 +29,14 @@ import torch
 from hfexport.errors import InputError
 from hfexport.frontends.calls import (
     _LOOP_KWARGS,
+    CACHE_INPUT,
     Components,
+    FixedArguments,
     _cache_key,
     _empty_like_static,
     _is_static,
     _plain_inputs,
+    graph_call,
     merge_decode_calls,
     restore_attention_mask,
     tensor_fields,
@@ -42,6 +45,8 @@ from hfexport.frontends.describe import GenerationComponents, describe
 from hfexport.frontends.multimodal import ModalityFeatures, _modality_features, multimodal_parts, specialise_layouts
 
 __all__ = [
+    "CACHE_INPUT",
+    "FixedArguments",
     "GenerationComponents",
     "ModalityFeatures",
     "decompose_for_generation",
@@ -107,8 +112,11 @@ def decompose_for_generation(
     """Run `model.generate` once (2 new tokens, 3 with `multi_token_decode`) and return its components.
 
     Returns `{name: (submodule, forward_kwargs)}`; see the module docstring for the names. The kwargs are
-    snapshots of real calls, so `submodule(**forward_kwargs)` reproduces that step. The caller's model and
-    `generate_kwargs` are left as they were.
+    snapshots of real calls, so `submodule(**forward_kwargs)` reproduces that step. They hold tensors and the
+    cache only, in graph order (`input_ids`, `attention_mask`, `position_ids`, other tensors, then the cache
+    as `past_key_values`); the call's Python arguments (`use_cache`, `return_dict`...) are fixed in the
+    submodule (`FixedArguments`), with `logits_to_keep=0`: every query position's logits. The caller's model
+    and `generate_kwargs` are left as they were.
     """
     if not hasattr(model, "generate"):
         raise InputError(f"{type(model).__name__} has no generate(); decompose_for_generation needs a generative model")
@@ -196,7 +204,8 @@ def decompose_for_generation(
             components[f"{modality}_features"] = (module, call)
         components["prefill"] = (model, _plain_inputs(prefill))
     components["decode"] = (model, _plain_inputs(decode))
-    return components
+    # Every graph takes tensors and the cache only, in one order; generate's Python arguments are fixed inside.
+    return {name: graph_call(module, call) for name, (module, call) in components.items()}
 
 
 def split_config(config: Any, names: list[str]) -> dict[str, Any]:

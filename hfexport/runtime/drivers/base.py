@@ -17,7 +17,7 @@ import torch
 
 from hfexport.errors import InputError
 from hfexport.generation_spec import CacheLeaf, GenerationSpec
-from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
+from hfexport.naming import CACHE_ALIASES, INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
 
 
 @dataclass
@@ -53,6 +53,13 @@ class Driver:
     feeds_by_name: ClassVar[bool] = False
 
     def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+        fed = sorted(name for name, c in spec.components.items() if c.constants)
+        if fed:
+            # Exports before the graphs took tensors only kept generate's Python arguments as program inputs.
+            raise InputError(
+                f"components {fed} take Python-valued inputs ({spec.components[fed[0]].constants}): they come from "
+                "an older hfexport; export again, and every graph takes tensors and the cache only"
+            )
         self.names = tuple(components)
         self.spec = spec
         self.samples = samples
@@ -92,7 +99,7 @@ class Driver:
                     f"{name} was exported for {key}={baked} (a layout baked into the graph); got "
                     f"{torch.as_tensor(given).tolist()}: export again with inputs of this layout"
                 )
-        return {**{k: v for k, v in inputs.items() if k in spec.inputs}, **spec.constants}
+        return {k: v for k, v in inputs.items() if k in spec.inputs}
 
 
 class NamedDriver(Driver):
@@ -129,15 +136,11 @@ class NamedDriver(Driver):
         return logits if torch.is_tensor(logits) else torch.from_numpy(np.asarray(logits))
 
 
-# Names a model output gives the cache it returns, when the forward's cache kwarg is named otherwise.
-_CACHE_OUTPUT_NAMES = ("cache", "past_key_values", "cache_params")
-
-
 def cache_name(name: str, key: str | None) -> str:
     """An output leaf name with its cache prefix renamed to the input's (`past_key_values.x` -> `cache.x`)."""
     if key is None:
         return name
-    for alias in _CACHE_OUTPUT_NAMES:
+    for alias in CACHE_ALIASES:
         if name.startswith(alias + "."):
             return key + name[len(alias) :]
     return name

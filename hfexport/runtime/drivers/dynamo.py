@@ -44,7 +44,6 @@ class DynamoDriver(Driver):
         kwargs = self._kwargs(name, step)
         if self.spec.cache_key is not None:
             kwargs[self.spec.cache_key] = self.cache
-        kwargs.update(self.spec.components[name].constants)
         with torch.no_grad():
             out = self.modules[name](**kwargs)
         if self.spec.cache_key is not None and not self.spec.static_cache:
