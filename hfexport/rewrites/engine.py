@@ -307,11 +307,27 @@ def register_applier(stage: str, applier: Any) -> None:
 
 
 _DEFAULT: RuleRegistry | None = None
+# A registry that stands in for the default one in this context (the example harness checks a rule that is
+# not registered, or a changed copy of one, through the real exporters).
+_OVERRIDE: ContextVar[RuleRegistry | None] = ContextVar("hfexport_registry_override", default=None)
+
+
+@contextmanager
+def using_registry(registry: RuleRegistry) -> Iterator[None]:
+    """Make `default_registry()` return `registry` for the exports started in this block (this context only)."""
+    token = _OVERRIDE.set(registry)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
 
 
 def default_registry() -> RuleRegistry:
     """The process-wide registry, filled on first use from the ordered lists in `registry.py`."""
     global _DEFAULT
+    override = _OVERRIDE.get()
+    if override is not None:
+        return override
     if _DEFAULT is None:
         from hfexport.rewrites.registry import build_registry
 

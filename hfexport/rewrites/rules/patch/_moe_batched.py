@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder, tiny_model
+from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE
 
@@ -87,6 +87,9 @@ EXAMPLES = (
     ),
     Match(lambda: qwen3_moe(1, experts=8), "a single token: most experts get no rows"),
     Match(lambda: gpt_oss(5), "transposed experts with biases"),
-    NoMatch(lambda: qwen3_moe(5, implementation="batched_mm"), "experts already set to batched_mm"),
-    NoMatch(dense_decoder, "a dense model"),
+    NoMatch(
+        lambda: qwen3_moe(5, implementation="batched_mm"),
+        "experts already set to batched_mm",
+        reason="the replacement declines experts whose implementation is not grouped_mm",
+    ),
 )
