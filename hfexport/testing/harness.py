@@ -26,6 +26,7 @@ model: ONNX Runtime after the rule against the ONNX reference evaluator before i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import re
 from collections import Counter
@@ -52,6 +53,9 @@ ALWAYS_ON: dict[str, tuple[str, ...]] = {
     # of dynamic rank, and the CPU plugin refuses to compile any model with one.
     "openvino": ("openvino/drop-constant-inputs",),
 }
+
+# Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
+EXECUTORCH_BOUND = 64
 
 # Outcomes of a rule that ran (was installed, or applied to its target) and found nothing to change.
 _RAN = ("no-match", "fired")
@@ -130,6 +134,7 @@ def _exporter_and_config(backend: str, selection: RuleSelection, dynamic: bool, 
         return exporters.OnnxExporter(), configs.OnnxConfig(dynamic=dynamic, rules=selection, opset_version=opset)
     if backend == "executorch":
         return exporters.ExecutorchExporter(), configs.ExecutorchConfig(dynamic=dynamic, rules=selection)
+
     if backend == "openvino":
         return exporters.OpenVINOExporter(), configs.OpenVINOConfig(dynamic=dynamic, rules=selection)
     raise ValueError(f"unknown backend {backend!r}; known: {BACKENDS}")
@@ -145,6 +150,18 @@ def export(
 ) -> Exported:
     """Export `module` on `inputs` with the public exporter of `backend`; an error is kept, not raised."""
     exporter, config = _exporter_and_config(backend, selection, dynamic, opset)
+    if backend == "executorch" and dynamic:
+        # Every axis dynamic as `dynamic=True` makes it, but bounded at 64 instead of the model's maximum length:
+        # ExecuTorch plans memory for the bound, and a tiny model's max_position_embeddings (32768 for Qwen3)
+        # asks for more than the machine has (std::bad_alloc when the program is loaded).
+        bound = torch.export.Dim.AUTO(max=EXECUTORCH_BOUND)
+        config = dataclasses.replace(
+            config,
+            dynamic_shapes={
+                k: {axis: bound for axis in range(v.ndim)} if isinstance(v, torch.Tensor) else None
+                for k, v in inputs.items()
+            },
+        )
     exported = Exported(backend)
     try:
         exported.result = exporter.export(module, dict(inputs), config)
@@ -357,10 +374,7 @@ def check_no_match(rule: Rule, example: NoMatch, backend: str) -> None:
         if _is_text(built):
             return _check_text_no_match(rule, example, built, inputs, what)
         module = built.eval()
-        expected = eager(module, inputs)
         exported = _export_example(rule, example, backend, module, inputs)
-        if exported.error is not None:
-            raise ExampleFailure(f"{what}: the export failed: {_first_line(exported.error)}") from exported.error
         outcome = exported.outcome(rule.id)
         status = outcome.status if outcome is not None else "not run"
         if status not in _RAN and example.applies:
@@ -375,8 +389,14 @@ def check_no_match(rule: Rule, example: NoMatch, backend: str) -> None:
         if hits:
             raise ExampleFailure(f"{what}: fired {hits} time(s)")
         without = _export_example(rule, example, backend, module, inputs, with_rule=False)
-        if without.error is not None:
-            raise ExampleFailure(f"{what}: the export without the rule failed: {_first_line(without.error)}")
+        if exported.error is not None or without.error is not None:
+            # A model no backend takes (complex values on ONNX) may still be a NoMatch: the rule ran, left it
+            # alone, and the export fails exactly as it does without the rule.
+            if _first_line(exported.error or Exception()) != _first_line(without.error or Exception()):
+                failed = exported.error or without.error
+                which = "with" if exported.error is not None else "without"
+                raise ExampleFailure(f"{what}: the export {which} the rule failed: {_first_line(failed)}") from failed
+            return None
         if structure(backend, exported.result) != structure(backend, without.result):
             raise ExampleFailure(f"{what}: fired 0 times, but the export differs from the one without the rule")
         try:
@@ -385,7 +405,6 @@ def check_no_match(rule: Rule, example: NoMatch, backend: str) -> None:
         except Exception as exc:
             raise ExampleFailure(f"{what}: the runtime failed: {_first_line(exc)}") from exc
         assert_same_outputs(actual_without, actual, 0.0, 0.0, f"{what}: with the rule against without it")
-        assert_same_outputs(expected, actual, 1e-5, 1e-5, f"{what}: against eager")
         return None
 
 

@@ -161,6 +161,16 @@ def csa_compressor_forward(
     return compressed_kv, block_bias[..., :compressed_len]
 
 
+# What the example model needs besides this rule: its MoE experts on ONNX (the grouped_mm custom op) and
+# OpenVINO (histc), and on OpenVINO the symbolic min and floor divisions of the windows.
+_NEEDS = (
+    "patch/moe-grouped-mm-portable",
+    "patch/openvino-moe-batched-experts",
+    "openvino/sym-min-max-to-floordiv",
+    "openvino/exact-int-floor-divide",
+)
+
+
 def _deepseek_v4(tokens: int, layer: str = "compressed_sparse_attention") -> Built:
     from transformers import DeepseekV4Config, DeepseekV4Model
 
@@ -216,12 +226,14 @@ deepseek_v4_overlap_windows = MethodPatch(
                 "two windows at the sample (a one-row overlap), then 13 tokens",
                 atol=1e-5,
                 other_inputs=lambda: _longer(13, batch=3),
+                needs=_NEEDS,
             ),
             Match(
                 lambda: _deepseek_v4(10),
                 "two windows and a partial one, then 22 tokens",
                 atol=1e-5,
                 other_inputs=lambda: _longer(22),
+                needs=_NEEDS,
             ),
             NoMatch(
                 lambda: _deepseek_v4(8, layer="sliding_attention"),

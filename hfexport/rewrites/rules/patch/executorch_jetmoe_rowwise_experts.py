@@ -30,6 +30,10 @@ def rowwise_experts(original: Any, module: torch.nn.Module, inputs: torch.Tensor
     return torch.bmm(weights, inputs.unsqueeze(-1)).squeeze(-1)
 
 
+# The attention output's view after SDPA, which the edge lowering cannot take as it is.
+_NEEDS = ("executorch/sdpa-output-contiguous-before-view",)
+
+
 def _jetmoe(tokens: int, experts: int = 4, top_k: int = 2) -> Built:
     return tiny_model(
         "JetMoeConfig",
@@ -64,8 +68,13 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
                 lambda: _jetmoe(6),
                 "JetMoe (MoA attention experts and MoE MLP experts, top-2 of 4), then another batch and length",
                 other_inputs=lambda: _jetmoe(11)[1],
+                needs=_NEEDS,
             ),
-            Match(lambda: _jetmoe(3, experts=8, top_k=1), "top-1 of 8 experts over 6 rows: most experts empty"),
+            Match(
+                lambda: _jetmoe(3, experts=8, top_k=1),
+                "top-1 of 8 experts over 6 rows: most experts empty",
+                needs=_NEEDS,
+            ),
             NoMatch(
                 dense_decoder,
                 "a model without JetMoe experts",

@@ -173,6 +173,10 @@ def attention_forward(
     return self.o_proj(attn_output), attn_weights
 
 
+# OpenVINO: the blocks' symbolic min and floor divisions, and the left-padded row's fully masked rows.
+_NEEDS = ("openvino/sym-min-max-to-floordiv", "openvino/exact-int-floor-divide", "openvino/sdpa-fully-masked-rows")
+
+
 def _minimax(tokens: int, sparse: bool = True) -> Built:
     from transformers import MiniMaxM3VLTextConfig, MiniMaxM3VLTextModel
 
@@ -222,11 +226,13 @@ minimax_m3_index_blocks = MethodPatch(
                 lambda: _minimax(4),
                 "one block of 4 keys at the sample, left padding, then 11 tokens (three blocks, one partial)",
                 other_inputs=lambda: _grown(11),
+                needs=_NEEDS,
             ),
             Match(
                 lambda: _minimax(14),
                 "four blocks (more than index_topk_blocks), then 5 tokens",
                 other_inputs=lambda: _grown(5, batch=3),
+                needs=_NEEDS,
             ),
             NoMatch(
                 lambda: _minimax(8, sparse=False),
