@@ -4,8 +4,9 @@
 (dynamic where the example gives `other_inputs`); a `NoMatch` must run the rule, fire zero times and change
 nothing; a fix must be needed (some Match fails or differs without it); an optimization must change the graph.
 
-Tiers: the default tier checks each example on its rule's first backend (a patch on dynamo, a backend rule on its
-backend) and each fix's need there; a rule for several backends checks its other backends under `-m slow`.
+Tiers (the budget of the default tier): it checks each rule's first Match and first NoMatch on the rule's first
+backend (a patch on dynamo, a backend rule on its backend), and each fix's need there; every other example and
+backend runs under `-m slow`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ NEEDED_ELSEWHERE = {
 KNOWN_FAILURES = {
     ("patch/nllb-moe-router-cast", 0, "openvino"): "OpenVINO cannot convert the router's dynamic expert capacity "
     "(ceil of a symbolic float: 'No conversion rule found for ceil, sym_float'); no rule for it yet",
+    ("openvino/distinct-repeated-outputs", 0, "openvino"): "the OpenVINO lowering cannot map this program's "
+    "signature (a size and a bool returned twice), keeps the converter's input names ('6'), and "
+    "hfexport.runtime.openvino cannot feed the model by name",
 }
 
 
@@ -42,17 +46,24 @@ KNOWN_FAILURES = {
 REWORKED = "reworked on the defects branch"
 REWORKED_FAILURES = {
     ("fx/gen-view-after-transpose", "needed"),
+    # Alone (without openvino/exact-int-floor-divide) its programs compute wrong sizes in OpenVINO.
+    ("openvino/sym-mod-to-floordiv", 0, "openvino"),
+    ("openvino/sym-mod-to-floordiv", 1, "openvino"),
 }
 
 
 def _slow(rule: Rule, backend: str) -> bool:
-    """The default tier checks an example on its rule's first backend (the one the rule exists for: the trace for
-    a patch, the lowering for a backend rule); the others are `slow`."""
+    """The default tier checks a rule's first Match and first NoMatch on its first backend (the one the rule exists
+    for: the trace for a patch, the lowering for a backend rule), and its need if a fix; the rest is `slow`."""
     return backend != rule.meta.backends[0]
 
 
 def _default_backends(rule: Rule) -> tuple[str, ...]:
     return tuple(b for b in rule.meta.backends if not _slow(rule, b))
+
+
+def _first_of_kind(rule: Rule, example: Match | NoMatch) -> bool:
+    return next(e for e in rule.meta.examples if type(e) is type(example)) is example
 
 
 def _example_params() -> list:
@@ -61,7 +72,8 @@ def _example_params() -> list:
         for i, example in enumerate(rule.meta.examples):
             kind = "match" if isinstance(example, Match) else "nomatch"
             for backend in harness.example_backends(rule, example):
-                marks = [pytest.mark.slow] if _slow(rule, backend) else []
+                slow = _slow(rule, backend) or not _first_of_kind(rule, example)
+                marks = [pytest.mark.slow] if slow else []
                 if (rule.id, i, backend) in REWORKED_FAILURES:
                     marks.append(pytest.mark.xfail(reason=REWORKED, strict=True))
                 if (rule.id, i, backend) in KNOWN_FAILURES:

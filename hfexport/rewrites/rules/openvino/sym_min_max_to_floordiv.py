@@ -24,6 +24,9 @@ sym_min_max_to_floordiv = OpenVINOFxNodeRule(
         "(FX translators for SymInt operators: add, sub, mul, floordiv, neg, getitem; none for sym_min/sym_max; "
         "torch.onnx had the same gap: https://github.com/pytorch/pytorch/pull/152196)",
         backends=("openvino",),
+        # Its floor divisions of sizes are exact in OpenVINO only once exact-int-floor-divide has run (alone, the
+        # converted model computes them in float: wrong sizes at run time).
+        requires=("openvino/exact-int-floor-divide",),
         models=("axk2",),
         examples=(
             Match(
