@@ -5,8 +5,8 @@
 nothing; a fix must be needed (some Match fails or differs without it); an optimization must change the graph.
 
 Tiers (the budget of the default tier): it checks each rule's first Match and first NoMatch on the rule's first
-backend (a patch on dynamo, a backend rule on its backend), and each fix's need there; every other example and
-backend runs under `-m slow`.
+backend (a patch on dynamo, a backend rule on its backend); every other example and backend, and each fix's need,
+run under `-m slow`.
 """
 
 from __future__ import annotations
@@ -54,12 +54,8 @@ REWORKED_FAILURES = {
 
 def _slow(rule: Rule, backend: str) -> bool:
     """The default tier checks a rule's first Match and first NoMatch on its first backend (the one the rule exists
-    for: the trace for a patch, the lowering for a backend rule), and its need if a fix; the rest is `slow`."""
+    for: the trace for a patch, the lowering for a backend rule); the rest is `slow`."""
     return backend != rule.meta.backends[0]
-
-
-def _default_backends(rule: Rule) -> tuple[str, ...]:
-    return tuple(b for b in rule.meta.backends if not _slow(rule, b))
 
 
 def _first_of_kind(rule: Rule, example: Match | NoMatch) -> bool:
@@ -95,7 +91,10 @@ def _fix_params() -> list:
     for rule in RULES:
         if rule.meta.kind != "fix":
             continue
-        marks = [pytest.mark.skip(reason=NEEDED_ELSEWHERE[rule.id])] if rule.id in NEEDED_ELSEWHERE else []
+        # Slow: a fix stops being needed when a dependency is upgraded, which the slow tier is run for.
+        marks = [pytest.mark.slow]
+        if rule.id in NEEDED_ELSEWHERE:
+            marks.append(pytest.mark.skip(reason=NEEDED_ELSEWHERE[rule.id]))
         if (rule.id, "needed") in REWORKED_FAILURES:
             marks.append(pytest.mark.xfail(reason=REWORKED, strict=True))
         params.append(pytest.param(rule, id=rule.id, marks=marks))
@@ -105,7 +104,9 @@ def _fix_params() -> list:
 @pytest.mark.parametrize("rule", _fix_params())
 def test_fix_is_needed(rule: Rule) -> None:
     """Some Match example of the fix fails (raises, or differs from eager) with the rule disabled."""
-    proof = harness.check_fix_needed(rule, _default_backends(rule))
+    # ExecuTorch last: the slowest lowering, and tried only where no other backend shows the need.
+    order = sorted(rule.meta.backends, key=lambda b: b == "executorch")
+    proof = harness.check_fix_needed(rule, tuple(order))
     assert proof.how
 
 

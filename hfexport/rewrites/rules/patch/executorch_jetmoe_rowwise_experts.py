@@ -30,8 +30,13 @@ def rowwise_experts(original: Any, module: torch.nn.Module, inputs: torch.Tensor
     return torch.bmm(weights, inputs.unsqueeze(-1)).squeeze(-1)
 
 
-# The attention output's view after SDPA, which the edge lowering cannot take as it is.
-_NEEDS = ("executorch/sdpa-output-contiguous-before-view",)
+# What JetMoe needs on ExecuTorch besides this rule: the attention output's view after SDPA (refused by the edge
+# lowering), and the router's split and integer sort (no kernels that load: "Failed to load method forward").
+_NEEDS = (
+    "executorch/sdpa-output-contiguous-before-view",
+    "executorch/split-as-slices",
+    "executorch/integer-sort-as-topk",
+)
 
 
 def _jetmoe(tokens: int, experts: int = 4, top_k: int = 2) -> Built:
