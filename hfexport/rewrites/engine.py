@@ -20,10 +20,10 @@ from hfexport.rewrites.declines import (
     declines_to,
 )
 from hfexport.rewrites.kinds.patch import PatchSession
-from hfexport.rewrites.registry import RuleRegistry, default_registry
+from hfexport.rewrites.registry import RuleRegistry, default_registry, using_registry
 from hfexport.rewrites.rule import Rule, RuleSelection
 
-__all__ = ["RewriteContext", "RuleOutcome", "RuleRegistry", "apply", "default_registry", "patched"]
+__all__ = ["RewriteContext", "RuleOutcome", "RuleRegistry", "apply", "default_registry", "patched", "using_registry"]
 
 
 @dataclass

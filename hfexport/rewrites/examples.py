@@ -1,8 +1,9 @@
-"""Rule examples (`Match`, `NoMatch`) and the code that checks them.
+"""Rule examples (`Match`, `NoMatch`): data on the rule, checked by `hfexport.testing.harness`.
 
 A `Match` builds a small module and inputs on which the rule must fire and keep eager numerics; a
-`NoMatch` builds one on which the rule must fire zero times and change nothing. Like LibCST's codemod
-tests, the examples live on the rule, and `tests/rewrites/test_examples.py` runs every one of them.
+`NoMatch` builds one on which the rule must run, fire zero times and change nothing. Like LibCST's codemod
+tests, the examples live on the rule, and `tests/rewrites/test_examples.py` runs every one of them through
+the real exporters and runtimes (the harness, at the top of the package: the rule engine never imports it).
 """
 
 from __future__ import annotations
@@ -31,15 +32,28 @@ class Match:
     # ONNX stages: the opset to export the example at (None: the checker's default); for rules whose
     # rewrite depends on the opset.
     opset: int | None = None
+    # Other rules this example's model needs on some backend (e.g. an OpenVINO conversion fix for what the
+    # patch under test traces): they run with the rule under test, a rule for another backend is skipped
+    # there, and they stay on when the rule is disabled to prove a fix is needed.
+    needs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class NoMatch:
-    """The rule fires zero times on `build()`'s module and changes nothing."""
+    """The rule runs on `build()`'s module (a patch rule is installed on it), fires zero times, changes nothing."""
 
     build: Callable[[], Built]
     description: str = ""
     opset: int | None = None
+    # What makes it not match (shown in failures): the check the rule declines on, the shape it leaves alone.
+    reason: str = ""
+    # False only where no model the rule applies to can show a no-match (e.g. a replacement that declines
+    # nothing a trace can reach): then the rule is not even installed here, and `reason` must say why.
+    applies: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.applies and not self.reason.strip():
+            raise ValueError(f"NoMatch {self.description!r}: applies=False needs a `reason`")
 
 
 Example = Match | NoMatch
@@ -68,100 +82,3 @@ def assert_same_outputs(expected: Any, actual: Any, atol: float = 1e-5, rtol: fl
 
 def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [x.detach() for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
-
-
-def _export(
-    module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool = False, patches: bool = False
-) -> torch.export.ExportedProgram:
-    shapes = None
-    if dynamic:
-        auto = torch.export.Dim.AUTO
-        shapes = {
-            k: {i: auto for i in range(v.ndim)} if isinstance(v, torch.Tensor) else None for k, v in inputs.items()
-        }
-    if not patches:
-        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
-    from hfexport.rewrites import engine
-
-    # Traced as the exporter traces: with the patch rules installed (a baked layout stays a constant, ...).
-    context = engine.RewriteContext(backend="dynamo")
-    with engine.patched(module, context) as session, session.active():
-        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
-
-
-def _check_other_inputs(rule: Any, example: Match, module: torch.nn.Module, program: Any) -> None:
-    if example.other_inputs is None:
-        return
-    other = example.other_inputs()
-    with torch.no_grad():
-        expected = module(**other)
-    assert_same_outputs(expected, program.module()(**other), example.atol, example.rtol, f"{rule.id} (other inputs)")
-
-
-def check_example(rule: Any, example: Example) -> int:
-    """Run one example of `rule`; return the hit count, raise `ExampleFailure` if it misbehaves."""
-    checker = _CHECKERS.get(rule.stage)
-    if checker is None:
-        raise ExampleFailure(f"no example checker for stage {rule.stage!r}")
-    return checker(rule, example)
-
-
-def _check_patch(rule: Any, example: Example) -> int:
-    from hfexport.rewrites.engine import RewriteContext
-    from hfexport.rewrites.kinds.patch import PatchSession
-
-    module, inputs = example.build()
-    module.eval()
-    with torch.no_grad():
-        expected = module(**inputs)
-    context = RewriteContext(backend=rule.meta.backends[0])
-    with PatchSession(context.hit) as session:
-        reason = session.install(rule, module)
-        with session.active(), torch.no_grad():
-            if isinstance(example, Match):
-                if reason is not None:
-                    raise ExampleFailure(f"{rule.id}: Match example not applicable: {reason}")
-                program = _export(module, inputs, dynamic=example.other_inputs is not None)
-            else:
-                actual = module(**inputs)
-    hits = context.hits[rule.id]
-    if isinstance(example, Match):
-        if hits == 0:
-            raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
-        assert_same_outputs(expected, program.module()(**inputs), example.atol, example.rtol, rule.id)
-        _check_other_inputs(rule, example, module, program)
-    else:
-        if hits:
-            raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} fired {hits} time(s)")
-        assert_same_outputs(expected, actual, 0.0, 0.0, rule.id)
-    return hits
-
-
-def _check_fx(rule: Any, example: Example) -> int:
-    from hfexport.rewrites.kinds.fx import apply_fx_rule
-
-    module, inputs = example.build()
-    module.eval()
-    with torch.no_grad():
-        expected = module(**inputs)
-    dynamic = isinstance(example, Match) and example.other_inputs is not None
-    program = _export(module, inputs, dynamic=dynamic, patches=True)
-    before = program.graph_module.code
-    hits = apply_fx_rule(rule, program)
-    if isinstance(example, Match):
-        if hits == 0:
-            raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
-        assert_same_outputs(expected, program.module()(**inputs), example.atol, example.rtol, rule.id)
-        _check_other_inputs(rule, example, module, program)
-    else:
-        if hits or program.graph_module.code != before:
-            raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} changed the graph")
-    return hits
-
-
-# One checker per stage; the ONNX, ExecuTorch and OpenVINO stages register theirs with their lowerings.
-_CHECKERS: dict[str, Callable[[Any, Example], int]] = {"patch": _check_patch, "fx": _check_fx}
-
-
-def register_checker(stage: str, checker: Callable[[Any, Example], int]) -> None:
-    _CHECKERS[stage] = checker

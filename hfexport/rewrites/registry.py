@@ -7,6 +7,9 @@ Adding a stage means adding its package here.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from hfexport.rewrites.examples import Match, NoMatch
@@ -122,11 +125,27 @@ def build_registry() -> RuleRegistry:
 
 
 _DEFAULT: RuleRegistry | None = None
+# A registry that stands in for the default one in this context (the example harness checks a rule that is
+# not registered, or a changed copy of one, through the real exporters).
+_OVERRIDE: ContextVar[RuleRegistry | None] = ContextVar("hfexport_registry_override", default=None)
+
+
+@contextmanager
+def using_registry(registry: RuleRegistry) -> Iterator[None]:
+    """Make `default_registry()` return `registry` for the exports started in this block (this context only)."""
+    token = _OVERRIDE.set(registry)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
 
 
 def default_registry() -> RuleRegistry:
     """The process-wide registry, filled on first use from the ordered `RULES` lists of the stage packages."""
     global _DEFAULT
+    override = _OVERRIDE.get()
+    if override is not None:
+        return override
     if _DEFAULT is None:
         _DEFAULT = build_registry()
     return _DEFAULT

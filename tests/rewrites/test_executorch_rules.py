@@ -14,11 +14,12 @@ pytest.importorskip("executorch")
 
 from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
 from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply
-from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
+from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe as _qwen3_moe
 from hfexport.runtime.executorch import ExecutorchProgram
+from hfexport.testing.harness import check_example
 
 MOE_RULE = "patch/executorch-moe-batched-experts"
 

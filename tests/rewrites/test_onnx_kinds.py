@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("onnxscript")
 
 from hfexport.rewrites.engine import RewriteContext
-from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
+from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
 from hfexport.rewrites.kinds.onnx import RULE_ID_KEY, AtenOverride, OnnxRewriteRule, TranslationTable, apply_onnx_rule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.testing.harness import check_example
 
 _DOUBLE_NEG = """
 <ir_version: 8, opset_import: ["" : 18]>

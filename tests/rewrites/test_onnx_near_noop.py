@@ -10,22 +10,20 @@ import torch
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
 
-from hfexport.rewrites.kinds.onnx import _export_module, _feeds, _ort_outputs, apply_onnx_rule
 from hfexport.rewrites.rules.onnx.keep_near_noop_constants import keep_near_noop_constants as rule
+from hfexport.testing import harness
 
 
 def _optimized(example, with_rule: bool):
-    import onnxscript
-
+    """The example through OnnxExporter (the optimizer on, every other rule off), with or without the rule."""
     module, inputs = example.build()
     with torch.no_grad():
-        program = _export_module(module.eval(), inputs, False, {})
-        expected = module(**inputs)
-    if with_rule:
-        assert apply_onnx_rule(rule, program.model) > 0
-    program.model = onnxscript.optimizer.optimize(program.model)
-    ops = [node.op_type for node in program.model.graph]
-    actual = torch.from_numpy(_ort_outputs(program.model, _feeds(program, inputs))[0])
+        expected = module.eval()(**inputs)
+    exported = harness.export("onnx", module, inputs, harness.selection_for(rule, "onnx", with_rule))
+    assert exported.error is None, exported.error
+    assert (exported.hits(rule.id) > 0) == with_rule
+    ops = [node.op_type for node in exported.result.model.graph]
+    actual = harness.leaves(harness.run("onnx", exported.result, inputs))[0]
     return expected, actual, ops
 
 

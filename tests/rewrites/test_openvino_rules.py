@@ -5,6 +5,7 @@ The rules' own Match/NoMatch examples run in tests/rewrites/test_examples.py wit
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -16,11 +17,9 @@ pytest.importorskip("openvino")
 import openvino as ov
 
 from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter
-from hfexport.rewrites import examples
 from hfexport.rewrites.engine import RewriteContext, apply, default_registry
-from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch, check_example
+from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
 from hfexport.rewrites.kinds.openvino import (
-    F32_HINT,
     PROGRAM_RULES,
     OpenVINOFxNodeRule,
     OpenVINOModelRule,
@@ -28,12 +27,16 @@ from hfexport.rewrites.kinds.openvino import (
 )
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 from hfexport.rewrites.rules.openvino import _symbolic as symbolic
-from hfexport.rewrites.rules.openvino import cat_drop_legacy_empty as concat
-from hfexport.rewrites.rules.openvino import distinct_repeated_outputs as outputs
-from hfexport.rewrites.rules.openvino import drop_constant_inputs as inputs
-from hfexport.rewrites.rules.openvino import sdpa_fully_masked_rows as attention
 from hfexport.rewrites.rules.patch import _moe_batched as moe_batched
 from hfexport.rewrites.rules.patch.openvino_moe_batched_experts import openvino_moe_batched_experts
+from hfexport.runtime.openvino import F32_HINT
+from hfexport.testing.harness import check_example, export_program
+
+# The rule modules themselves: the package's attribute of each name is the rule it re-exports.
+concat = importlib.import_module("hfexport.rewrites.rules.openvino.cat_drop_legacy_empty")
+outputs = importlib.import_module("hfexport.rewrites.rules.openvino.distinct_repeated_outputs")
+inputs = importlib.import_module("hfexport.rewrites.rules.openvino.drop_constant_inputs")
+attention = importlib.import_module("hfexport.rewrites.rules.openvino.sdpa_fully_masked_rows")
 
 
 def _compile_and_run(ov_model: Any, feed: dict[str, torch.Tensor]) -> np.ndarray:
@@ -75,7 +78,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
 
 def test_without_the_cat_rule_conversion_fails() -> None:
     module, feed = concat._cat_onto_empty()
-    program = examples._export(module, feed)
+    program = export_program(module, feed)
     with pytest.raises(Exception, match=r"aten\.cat"):
         ov.convert_model(program)
     assert apply_openvino_rule(concat.cat_drop_legacy_empty, program) == 1
@@ -86,7 +89,7 @@ def test_without_the_sdpa_rule_fully_masked_rows_are_nan() -> None:
     module, feed = attention._Attention(), attention._attention_inputs(2, 5, padded=3)
     expected = module(**feed).numpy()
     assert not np.isnan(expected).any() and (expected[0, :, :3] == 0).all(), "torch gives 0 on masked rows"
-    program = examples._export(module, feed, dynamic=True)
+    program = export_program(module, feed, dynamic=True)
     raw = _compile_and_run(ov.convert_model(program), feed)
     assert np.isnan(raw[0, :, :3]).all() and not np.isnan(raw[1]).any()
     assert apply_openvino_rule(attention.sdpa_fully_masked_rows, program) == 1
@@ -100,7 +103,7 @@ class _Flagged(torch.nn.Module):
 
 
 def test_without_the_constant_input_rule_compilation_fails() -> None:
-    program = examples._export(_Flagged(), {"x": torch.randn(2, 3), "double": True})
+    program = export_program(_Flagged(), {"x": torch.randn(2, 3), "double": True})
     ov_model = ov.convert_model(program)
     with pytest.raises(RuntimeError, match="dynamic rank"):
         ov.Core().compile_model(ov_model, "CPU")
@@ -119,7 +122,9 @@ def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> N
     assert failure.value.stage == "convert"
     outcomes = {o.id: o.status for o in exporter.report.rules}
     assert outcomes["patch/openvino-moe-batched-experts"] == "disabled"
-    assert outcomes["patch/moe-grouped-mm-portable"] == "fired", "grouped_mm ran: the histc offsets came along"
+    # moe-grouped-mm-portable is not for OpenVINO (the batched experts replace grouped_mm there): grouped_mm ran
+    # as transformers has it, histc offsets and all.
+    assert outcomes["patch/moe-grouped-mm-portable"] == "other-backend"
 
 
 def _mul_to_add_rule(examples_: tuple) -> OpenVINOFxNodeRule:
@@ -150,7 +155,7 @@ def test_the_checker_catches_a_rule_that_changes_numerics_or_fires_on_a_nomatch(
     rule = _mul_to_add_rule((match, nomatch))
     with pytest.raises(ExampleFailure, match="differs from eager"):
         check_example(rule, match)
-    with pytest.raises(ExampleFailure, match="changed the program"):
+    with pytest.raises(ExampleFailure, match="fired 1 time"):
         check_example(rule, nomatch)
     with pytest.raises(ExampleFailure, match="did not fire"):
         check_example(rule, Match(lambda: (attention._Attention(), attention._attention_inputs(1, 3, 0))))
@@ -165,7 +170,7 @@ def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
         examples=(Match(lambda: (_Mul(), {})), NoMatch(lambda: (_Mul(), {}))),
     )
     rule = OpenVINOModelRule(meta, transform=lambda model: len(model.get_parameters()))
-    program = examples._export(_Mul(), {"x": torch.randn(3)})
+    program = export_program(_Mul(), {"x": torch.randn(3)})
     assert apply_openvino_rule(rule, program) == 0
     registry = _registry_of(rule)
     context = RewriteContext(backend="openvino")
@@ -190,7 +195,7 @@ def test_without_the_symbolic_rules_conversion_fails() -> None:
         (symbolic._PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
         (symbolic._TopKOfAtMost(), {"x": torch.randn(2, 3)}),
     ):
-        program = examples._export(module, feed, dynamic=True)
+        program = export_program(module, feed, dynamic=True)
         with pytest.raises(Exception, match="No conversion rule found"):
             ov.convert_model(program)
 
@@ -198,7 +203,7 @@ def test_without_the_symbolic_rules_conversion_fails() -> None:
 def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
     # L + (-L) // 4 keeps 5 of 7 positions in torch; the CPU plugin's truncating division keeps 6.
     feed = {"x": torch.randn(2, 7)}
-    program = examples._export(symbolic._ShortenByCeil(), feed, dynamic=True)
+    program = export_program(symbolic._ShortenByCeil(), feed, dynamic=True)
     ov_model = ov.convert_model(program)
     assert _compile_and_run(ov_model, feed).shape == (2, 6)
     assert symbolic.exact_floor_divides(ov_model) == 1
@@ -206,7 +211,7 @@ def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
 
 
 def test_without_the_outputs_rule_a_repeated_output_fails_conversion() -> None:
-    program = examples._export(outputs._ReturnsTwice(), outputs._returns_twice(5), dynamic=True)
+    program = export_program(outputs._ReturnsTwice(), outputs._returns_twice(5), dynamic=True)
     with pytest.raises(Exception, match="Tensor name is not a number"):
         ov.convert_model(program)
 
@@ -218,12 +223,10 @@ def _rules_of(kinds: tuple[type, ...]) -> list[Any]:
 
 def _agrees_with_eager(module: torch.nn.Module, ov_model: Any, feed: dict[str, torch.Tensor]) -> bool:
     from hfexport.rewrites.examples import assert_same_outputs
-    from hfexport.rewrites.kinds.openvino import run_compiled
+    from hfexport.testing.harness import eager, leaves, run
 
-    with torch.no_grad():
-        expected = module(**feed)
     try:
-        assert_same_outputs(expected, run_compiled(ov_model, feed))
+        assert_same_outputs(eager(module, feed), leaves(run("openvino", ov_model, feed)))
     except (ExampleFailure, RuntimeError):  # wrong sizes or values, or a size the CPU plugin refuses
         return False
     return True
@@ -236,7 +239,7 @@ def test_the_symbolic_size_rules_require_the_exact_floor_divide(rule_id: str) ->
     assert floor.id in rule.meta.requires
     example = rule.meta.examples[0]
     module, feed = example.build()
-    program = examples._export(module.eval(), feed, dynamic=True)
+    program = export_program(module.eval(), feed, dynamic=True)
     # --disable of the requirement drops the dependent, in the lowering's program-rule registry too (whose
     # plan must see the model rule it requires).
     context = RewriteContext(backend="openvino", selection=RuleSelection(disable=(floor.id,)))

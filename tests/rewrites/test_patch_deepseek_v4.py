@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport.rewrites.examples import _export
 from hfexport.rewrites.rules.patch.deepseek_v4_overlap_windows import deepseek_v4_overlap_windows as rule
+from hfexport.testing.harness import export_program as _export
 from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport.rewrites.examples import _export
 from hfexport.rewrites.rules.patch.minimax_m3_index_blocks import minimax_m3_index_blocks as rule
+from hfexport.testing.harness import export_program as _export
 from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport.rewrites.examples import _export
+from hfexport.testing.harness import export_program as _export
 
 
 def _first_example_without_rule(rule) -> None:

@@ -10,9 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from hfexport.rewrites.examples import _check_patch, _export
 from hfexport.rewrites.rules.patch.mamba_selective_scan_hop import scan_selective
 from hfexport.rewrites.rules.patch.mamba_selective_scan_onnx import mamba_selective_scan_onnx as rule
+from hfexport.testing.harness import check_match
+from hfexport.testing.harness import export_program as _export
 
 
 def test_the_first_example_is_pinned_to_the_sample_length_without_the_rule() -> None:
@@ -33,7 +34,7 @@ def test_detaching_a_view_without_a_copy_fails_in_the_scan_trace() -> None:
 
     old = dataclasses.replace(rule, replacement=detach_only)
     with pytest.raises(Exception, match=r"vr must not be None"):
-        _check_patch(old, rule.meta.examples[0])
+        check_match(old, rule.meta.examples[0], "onnx")
 
 
 def test_zamba_onnx_runs_a_longer_input_in_ort(tmp_path) -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hfexport.rewrites.examples import Match, NoMatch, check_example
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.testing.harness import check_example
 
 pytest.importorskip("nncf")
 
@@ -83,8 +84,8 @@ def _program(example: Match) -> torch.export.ExportedProgram:
 
 def test_executorch_refuses_the_shift_without_the_rule() -> None:
     pytest.importorskip("executorch")
-    from hfexport.rewrites.kinds.executorch import _lower
     from hfexport.rewrites.rules.executorch.quant_right_shift_verifier import quant_right_shift_verifier
+    from hfexport.testing.harness import lower_to_executorch as _lower
 
     with pytest.raises(Exception, match="bitwise_right_shift"):
         _lower(_program(quant_right_shift_verifier.meta.examples[0]))
@@ -92,10 +93,10 @@ def test_executorch_refuses_the_shift_without_the_rule() -> None:
 
 def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
     pytest.importorskip("executorch")
-    from hfexport.rewrites.kinds.executorch import _lower
     from hfexport.rewrites.rules.executorch.quant_computed_weight_linear_untagged import (
         quant_computed_weight_linear_untagged,
     )
+    from hfexport.testing.harness import lower_to_executorch as _lower
 
     with pytest.raises(Exception, match="ConvertToLinearPass"):
         _lower(_program(quant_computed_weight_linear_untagged.meta.examples[0]))
@@ -104,8 +105,8 @@ def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
 def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> None:
     pytest.importorskip("executorch")
     pytest.importorskip("torchao")
-    from hfexport.rewrites.kinds.executorch import _lower
     from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import quant_slice_keeps_qparams
+    from hfexport.testing.harness import lower_to_executorch as _lower
 
     # The program lowers; XNNPACK refuses its slices when the method is loaded.
     with pytest.raises(Exception, match="load method"):
@@ -117,7 +118,7 @@ def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> No
 _REQUANTIZE_WITHOUT_THE_RULE = """
 import torch
 from hfexport.rewrites.rules.executorch.quant_identity_requantize import quant_identity_requantize
-from hfexport.rewrites.kinds.executorch import _lower
+from hfexport.testing.harness import lower_to_executorch as _lower
 module, inputs = quant_identity_requantize.meta.examples[0].build()
 with torch.no_grad():
     program = torch.export.export(module.eval(), (), inputs, strict=False)

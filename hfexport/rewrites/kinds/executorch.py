@@ -8,9 +8,7 @@
   `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's own knob for this), and the graph is
   left as it is. One call is one hit.
 
-The example checker lowers each example with XNNPACK and runs the program in the ExecuTorch runtime: a
-`Match` must fire and match eager (and on `other_inputs()` too, with bounded dynamic axes); a `NoMatch`
-must fire zero times and leave the graph as it was. Building the registry never imports executorch.
+Building the registry never imports executorch; examples are checked by `hfexport.testing.harness`.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfexport.rewrites import examples
-from hfexport.rewrites.examples import Example, ExampleFailure, Match, assert_same_outputs
 from hfexport.rewrites.rule import Rule
 
 
@@ -129,55 +125,3 @@ def apply(rule: Rule, target: Any) -> int:
         return apply_verifier_exception_rule(rule, target)
     assert isinstance(rule, ExecutorchNodeRule)
     return apply_executorch_rule(rule, target)
-
-
-# -- example checker -----------------------------------------------------------------------------------
-
-
-def _bounded_export(module: torch.nn.Module, inputs: dict[str, Any], dynamic: bool) -> torch.export.ExportedProgram:
-    shapes = None
-    if dynamic:
-        # Bounded, as the lowering needs them for memory planning; 64 covers every example's other_inputs.
-        auto = torch.export.Dim.AUTO(max=64)
-        shapes = {
-            k: {i: auto for i in range(v.ndim)} if isinstance(v, torch.Tensor) else None for k, v in inputs.items()
-        }
-    with torch.no_grad():
-        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
-
-
-def _lower(program: torch.export.ExportedProgram) -> Any:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    from hfexport.runtime.executorch import ExecutorchProgram
-
-    # Lowered once: to_executorch's passes rewrite the graph modules they are given.
-    edge = to_edge_transform_and_lower(
-        program, partitioner=[XnnpackPartitioner()], compile_config=edge_compile_config(program)
-    )
-    return ExecutorchProgram(edge.to_executorch())
-
-
-def _check(rule: Any, example: Example) -> int:
-    module, inputs = example.build()
-    module.eval()
-    dynamic = isinstance(example, Match) and example.other_inputs is not None
-    program = _bounded_export(module, inputs, dynamic)
-    before = program.graph_module.code
-    hits = apply(rule, program)
-    if isinstance(example, Match):
-        if hits == 0:
-            raise ExampleFailure(f"{rule.id}: Match example {example.description!r} did not fire")
-        lowered = _lower(program)
-        runs = [inputs] + ([example.other_inputs()] if example.other_inputs is not None else [])
-        for feed in runs:
-            with torch.no_grad():
-                expected = module(**feed)
-            assert_same_outputs(expected, lowered.run(feed), example.atol, example.rtol, rule.id)
-    elif hits or program.graph_module.code != before:
-        raise ExampleFailure(f"{rule.id}: NoMatch example {example.description!r} changed the graph")
-    return hits
-
-
-examples.register_checker("executorch", _check)

@@ -176,7 +176,12 @@ fold_layout_constants = FxGraphRule(
         backends=("onnx", "executorch", "openvino"),
         models=("glm4v_moe", "glm46v", "video_llama_3", "qwen3_5_moe"),
         examples=(
-            Match(_grid_tower, "per-frame windows of a baked video + 2-image grid"),
+            # The baked layout traces only with patch/fake-constant-layouts, as in every export of such a component.
+            Match(
+                _grid_tower,
+                "per-frame windows of a baked video + 2-image grid",
+                needs=("patch/fake-constant-layouts",),
+            ),
             NoMatch(_float_constant, "a float literal (not a layout)"),
         ),
     ),

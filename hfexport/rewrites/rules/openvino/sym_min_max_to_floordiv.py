@@ -14,6 +14,10 @@ from hfexport.rewrites.rules.openvino._symbolic import (
     torch,
 )
 
+# The floor divisions written here are exact in OpenVINO only with exact-int-floor-divide (alone, the converted
+# model computes them in float: wrong sizes at run time), as in every OpenVINO export.
+_NEEDS = ("openvino/exact-int-floor-divide",)
+
 sym_min_max_to_floordiv = OpenVINOFxNodeRule(
     RuleMeta(
         id="openvino/sym-min-max-to-floordiv",
@@ -33,13 +37,19 @@ sym_min_max_to_floordiv = OpenVINOFxNodeRule(
                 lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 3)}),
                 "min(4, L) with L = 3 < 4; then L = 9 > 4",
                 other_inputs=lambda: {"x": torch.randn(3, 9)},
+                needs=_NEEDS,
             ),
             Match(
                 lambda: (_MinMaxOfSizes(), {"x": torch.randn(5, 2), "y": torch.randn(3, 2)}),
                 "min and max of two sizes, first larger; then second larger",
                 other_inputs=lambda: {"x": torch.randn(2, 2), "y": torch.randn(6, 2)},
+                needs=_NEEDS,
             ),
-            NoMatch(lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 9)}), "static shapes: min(4, 9) is folded"),
+            NoMatch(
+                lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 9)}),
+                "static shapes: min(4, 9) is folded",
+                reason="no symbolic min or max is left in a static program",
+            ),
             NoMatch(dense_decoder, "a Llama forward"),
         ),
     ),

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder, tiny_model
+from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE
 
@@ -86,7 +86,11 @@ EXAMPLES = (
         other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 4)), "use_cache": False},
     ),
     Match(lambda: qwen3_moe(1, experts=8), "a single token: most experts get no rows"),
-    Match(lambda: gpt_oss(5), "transposed experts with biases"),
-    NoMatch(lambda: qwen3_moe(5, implementation="batched_mm"), "experts already set to batched_mm"),
-    NoMatch(dense_decoder, "a dense model"),
+    # ExecuTorch: gpt_oss's attention sinks take a max over the heads that XNNPACK's amax refuses.
+    Match(lambda: gpt_oss(5), "transposed experts with biases", needs=("executorch/max-values-as-amax",)),
+    NoMatch(
+        lambda: qwen3_moe(5, implementation="batched_mm"),
+        "experts already set to batched_mm",
+        reason="the replacement declines experts whose implementation is not grouped_mm",
+    ),
 )

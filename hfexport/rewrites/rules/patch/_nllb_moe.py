@@ -106,3 +106,11 @@ class _Experts(torch.nn.Module):
 def _experts(dropout: float, capacity_drop: bool = False) -> Any:
     torch.manual_seed(0)
     return _Experts(dropout).eval(), _expert_inputs(7, capacity_drop)
+
+
+def _dense_ffn() -> Any:
+    """NLLB-MoE's dense feed-forward layer (the non-sparse layers'): neither a router nor experts."""
+    from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeDenseActDense
+
+    torch.manual_seed(0)
+    return NllbMoeDenseActDense(_config(), ffn_dim=32).eval(), {"hidden_states": torch.randn(2, 7, 16)}

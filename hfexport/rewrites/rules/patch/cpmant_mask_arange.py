@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.patch import MethodPatch
+from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
 
 
@@ -21,6 +20,8 @@ def prepare_attention_mask(
     length: torch.Tensor,
 ) -> torch.Tensor:
     batch, seqlen = input_ids.size(0), input_ids.size(1)
+    if not isinstance(seqlen, torch.SymInt):
+        return NOT_APPLICABLE  # a concrete length: the original's list of it is exact and traceable
     device = input_ids.device
     directional_mask_2d = torch.arange(seqlen, device=device) <= torch.arange(seqlen, device=device).view(-1, 1)
     attention_mask = context[:, None, :] | (
@@ -34,7 +35,7 @@ def prepare_attention_mask(
     return mask_1d.view(batch, seqlen, 1) & mask_1d.view(batch, 1, seqlen) & attention_mask
 
 
-def _cpmant(padded: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _cpmant(padded: bool, length: int = 7) -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import CpmAntConfig, CpmAntModel
 
     torch.manual_seed(0)
@@ -49,7 +50,7 @@ def _cpmant(padded: bool) -> tuple[torch.nn.Module, dict[str, Any]]:
         prompt_types=8,
         segment_types=8,
     )
-    ids = torch.randint(1, 64, (2, 7))
+    ids = torch.randint(1, 64, (2, length), generator=torch.Generator().manual_seed(length))
     if padded:  # CPM-Ant derives its padding mask from id 0, not from an attention mask
         ids[0, :3] = 0
     return CpmAntModel(config).eval(), {"input_ids": ids, "use_cache": False}
@@ -71,8 +72,16 @@ cpmant_mask_arange = MethodPatch(
                     "use_cache": False,
                 },
             ),
-            Match(lambda: _cpmant(padded=True), "a left-padded row"),
-            NoMatch(dense_decoder, "another architecture"),
+            Match(
+                lambda: _cpmant(padded=True),
+                "a left-padded row, then a shorter input without padding",
+                other_inputs=lambda: _cpmant(padded=False, length=4)[1],
+            ),
+            NoMatch(
+                lambda: _cpmant(padded=True),
+                "a left-padded row, exported static",
+                reason="the replacement declines a concrete sequence length: the original's list is exact there",
+            ),
         ),
     ),
     target="transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask",

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -162,7 +161,17 @@ def csa_compressor_forward(
     return compressed_kv, block_bias[..., :compressed_len]
 
 
-def _deepseek_v4(tokens: int) -> Built:
+# What the example model needs besides this rule: its MoE experts on ONNX (the grouped_mm custom op) and
+# OpenVINO (histc), and on OpenVINO the symbolic min and floor divisions of the windows.
+_NEEDS = (
+    "patch/moe-grouped-mm-portable",
+    "patch/openvino-moe-batched-experts",
+    "openvino/sym-min-max-to-floordiv",
+    "openvino/exact-int-floor-divide",
+)
+
+
+def _deepseek_v4(tokens: int, layer: str = "compressed_sparse_attention") -> Built:
     from transformers import DeepseekV4Config, DeepseekV4Model
 
     torch.manual_seed(0)
@@ -178,7 +187,7 @@ def _deepseek_v4(tokens: int) -> Built:
         n_routed_experts=2,
         num_experts_per_tok=1,
         n_shared_experts=1,
-        layer_types=["compressed_sparse_attention"],
+        layer_types=[layer],
         mlp_layer_types=["moe"],
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
         sliding_window=8,
@@ -217,14 +226,22 @@ deepseek_v4_overlap_windows = MethodPatch(
                 "two windows at the sample (a one-row overlap), then 13 tokens",
                 atol=1e-5,
                 other_inputs=lambda: _longer(13, batch=3),
+                needs=_NEEDS,
             ),
             Match(
                 lambda: _deepseek_v4(10),
                 "two windows and a partial one, then 22 tokens",
                 atol=1e-5,
                 other_inputs=lambda: _longer(22),
+                needs=_NEEDS,
             ),
-            NoMatch(dense_decoder, "a model without DeepSeek-V4's compressed sparse attention"),
+            NoMatch(
+                lambda: _deepseek_v4(8, layer="sliding_attention"),
+                "DeepSeek-V4 with a sliding-attention layer (no CSA compressor)",
+                reason="the replacement declines no call: it rewrites every CSA compressor forward, so only a "
+                "DeepSeek-V4 without CSA layers, where the patch has nothing to install on, goes without it",
+                applies=False,
+            ),
         ),
     ),
     target=f"{_MODULE}.DeepseekV4CSACompressor.forward",

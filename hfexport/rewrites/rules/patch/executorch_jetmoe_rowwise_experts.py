@@ -30,6 +30,15 @@ def rowwise_experts(original: Any, module: torch.nn.Module, inputs: torch.Tensor
     return torch.bmm(weights, inputs.unsqueeze(-1)).squeeze(-1)
 
 
+# What JetMoe needs on ExecuTorch besides this rule: the attention output's view after SDPA (refused by the edge
+# lowering), and the router's split and integer sort (no kernels that load: "Failed to load method forward").
+_NEEDS = (
+    "executorch/sdpa-output-contiguous-before-view",
+    "executorch/split-as-slices",
+    "executorch/integer-sort-as-topk",
+)
+
+
 def _jetmoe(tokens: int, experts: int = 4, top_k: int = 2) -> Built:
     return tiny_model(
         "JetMoeConfig",
@@ -64,9 +73,20 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
                 lambda: _jetmoe(6),
                 "JetMoe (MoA attention experts and MoE MLP experts, top-2 of 4), then another batch and length",
                 other_inputs=lambda: _jetmoe(11)[1],
+                needs=_NEEDS,
             ),
-            Match(lambda: _jetmoe(3, experts=8, top_k=1), "top-1 of 8 experts over 6 rows: most experts empty"),
-            NoMatch(dense_decoder, "a model without JetMoe experts"),
+            Match(
+                lambda: _jetmoe(3, experts=8, top_k=1),
+                "top-1 of 8 experts over 6 rows: most experts empty",
+                needs=_NEEDS,
+            ),
+            NoMatch(
+                dense_decoder,
+                "a model without JetMoe experts",
+                reason="the replacement declines no call, and every JetMoe layer (attention and MLP) runs parallel "
+                "experts, so no JetMoe model goes without it: only another architecture, where it is not installed",
+                applies=False,
+            ),
         ),
     ),
     target="transformers.models.jetmoe.modeling_jetmoe.JetMoeParallelExperts.forward",

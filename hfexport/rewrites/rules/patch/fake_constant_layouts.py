@@ -39,7 +39,9 @@ def _pixtral(sizes: list[list[int]]) -> tuple[torch.nn.Module, dict[str, Any]]:
 
 
 def _text_only() -> tuple[torch.nn.Module, dict[str, Any]]:
-    return dense_decoder()
+    """A layout-specialised component (the patch is installed) whose trace makes no integer literal."""
+    model, inputs = dense_decoder()
+    return LayoutSpecialised(model, {}), inputs
 
 
 fake_constant_layouts = ModuleFunctionPatch(
@@ -55,7 +57,11 @@ fake_constant_layouts = ModuleFunctionPatch(
         models=("qwen3_vl_moe", "mistral3", "llava_next", "hunyuan_vl", "video_llama_3", "minimax_m3_vl"),
         examples=(
             Match(lambda: _pixtral([[30, 24], [18, 30], [30, 30]]), "three images of unequal, odd patch grids"),
-            NoMatch(_text_only, "a text model (no baked layout)"),
+            NoMatch(
+                _text_only,
+                "a layout-specialised text model without a layout",
+                reason="installed on a layout-specialised component, but no small integer literal is traced",
+            ),
         ),
     ),
     target="torch._subclasses.fake_tensor.FakeTensorMode.may_turn_const",

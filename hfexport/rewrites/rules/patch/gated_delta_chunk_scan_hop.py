@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfexport.rewrites.example_models import dense_decoder, token_inputs
+from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -196,7 +196,11 @@ gated_delta_chunk_scan_hop = ModuleFunctionPatch(
                 "qwen3_5 from 8 tokens, then exactly two chunks (128 tokens)",
                 other_inputs=lambda: token_inputs(2, 128),
             ),
-            NoMatch(dense_decoder, "a model without linear-attention layers"),
+            NoMatch(
+                lambda: _qwen3_next(8),
+                "qwen3_next exported for 8 tokens only (static)",
+                reason="the replacement declines a concrete sequence length: the original's unrolled loop is exact",
+            ),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.torch_chunk_gated_delta_rule" for f in _FAMILIES),

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -37,9 +36,12 @@ def placeholder_mask(
 class _Merge(torch.nn.Module):
     """HunYuan-VL's merge step: image features scattered into the embeddings at the placeholder tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_features: bool = True) -> None:
         super().__init__()
         from transformers import HunYuanVLConfig, HunYuanVLModel
+
+        # Without features, the mask is asked for alone (no count to check), as for embeddings-only inputs.
+        self.with_features = with_features
 
         small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
         text = {**small, "vocab_size": 32, "num_key_value_heads": 2, "head_dim": 8}
@@ -49,14 +51,17 @@ class _Merge(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
         embeds = self.model.get_input_embeddings()(input_ids)
+        if not self.with_features:
+            mask = self.model.get_placeholder_mask(input_ids, embeds)
+            return embeds.masked_fill(mask, 0.0) + image_features.sum()
         mask = self.model.get_placeholder_mask(input_ids, embeds, image_features)
         return embeds.masked_scatter(mask, image_features)
 
 
-def _merge() -> tuple[torch.nn.Module, dict[str, Any]]:
+def _merge(with_features: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
     torch.manual_seed(0)
     ids = torch.tensor([[1, 5, 5, 5, 7, 8], [1, 9, 5, 5, 5, 2]])
-    return _Merge().eval(), {"input_ids": ids, "image_features": torch.randn(6, 16)}
+    return _Merge(with_features).eval(), {"input_ids": ids, "image_features": torch.randn(6, 16)}
 
 
 hunyuan_vl_placeholder_check = MethodPatch(
@@ -70,8 +75,13 @@ hunyuan_vl_placeholder_check = MethodPatch(
         "(LLaVA's uses torch_compilable_check)",
         models=("hunyuan_vl",),
         examples=(
-            Match(_merge, "two rows with three image tokens each"),
-            NoMatch(dense_decoder, "another architecture"),
+            # ONNX: torch_compilable_check's all() of a boolean translates only with aten/is-all-true.
+            Match(_merge, "two rows with three image tokens each", needs=("aten/is-all-true",)),
+            NoMatch(
+                lambda: _merge(with_features=False),
+                "the placeholder mask asked for without image features",
+                reason="the replacement declines a call without image features: there is no count to check",
+            ),
         ),
     ),
     target="transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask",

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -52,6 +51,23 @@ def _longt5(attention: str) -> Any:
     return LongT5EncoderModel(config).eval()
 
 
+def _decoder() -> tuple[Any, dict[str, Any]]:
+    """LongT5's decoder stack: full self-attention and cross-attention, no block-local attention."""
+    from transformers import LongT5Config, LongT5Model
+
+    torch.manual_seed(0)
+    config = LongT5Config(
+        vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, relative_attention_num_buckets=8
+    )
+    decoder = LongT5Model(config).get_decoder().eval()
+    generator = torch.Generator().manual_seed(0)
+    return decoder, {
+        "input_ids": torch.randint(2, 64, (2, 5), generator=generator),
+        "encoder_hidden_states": torch.randn(2, 7, 16, generator=generator),
+        "use_cache": False,
+    }
+
+
 def _inputs(length: int, padded: bool, seed: int = 0) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     mask = torch.ones(2, length, dtype=torch.long)
@@ -77,7 +93,12 @@ longt5_pad_blocks = ModuleFunctionPatch(
                 lambda: (_longt5("transient-global"), _inputs(8, padded=True)),
                 "transient-global attention, 8 tokens with a left-padded row (padded by 1)",
             ),
-            NoMatch(dense_decoder, "another architecture"),
+            NoMatch(
+                _decoder,
+                "LongT5's decoder",
+                reason="the gate is installed (a LongT5 model), but the decoder's full attention never splits "
+                "into blocks",
+            ),
         ),
     ),
     target="transformers.models.longt5.modeling_longt5._split_into_blocks",

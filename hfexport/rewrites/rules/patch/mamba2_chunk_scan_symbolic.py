@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfexport.rewrites.example_models import dense_decoder, token_inputs
+from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -186,7 +186,11 @@ mamba2_chunk_scan_symbolic = ModuleFunctionPatch(
                 "mamba2 with grouped B/C from 5 tokens, then exactly two chunks (32 tokens)",
                 other_inputs=lambda: token_inputs(2, 32),
             ),
-            NoMatch(dense_decoder, "a model without Mamba-2 mixers"),
+            NoMatch(
+                lambda: _bamba(8),
+                "bamba exported for 8 tokens only (static)",
+                reason="the replacement declines a concrete sequence length: the original's chunks are exact there",
+            ),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba2_chunk_scan" for f in _FAMILIES),

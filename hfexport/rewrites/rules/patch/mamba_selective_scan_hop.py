@@ -14,7 +14,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -73,11 +72,13 @@ def scan_selective(
     return scan_output
 
 
-def _falcon_mamba(seq_len: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _falcon_mamba(seq_len: int, use_mambapy: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import FalconMambaConfig, FalconMambaModel
 
     torch.manual_seed(0)
-    config = FalconMambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2)
+    config = FalconMambaConfig(
+        vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2, use_falcon_mambapy=use_mambapy
+    )
     model = FalconMambaModel(config).eval()
     ids = torch.randint(0, 64, (2, seq_len))
     return model, {"input_ids": ids, "use_cache": False}
@@ -93,7 +94,11 @@ EXAMPLES = (
         other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
     ),
     Match(lambda: _falcon_mamba(1), "a single token", atol=1e-6, rtol=1e-6),
-    NoMatch(dense_decoder, "a model without Mamba mixers"),
+    NoMatch(
+        lambda: _falcon_mamba(7, use_mambapy=True),
+        "falcon_mamba with use_mambapy=True",
+        reason="the replacement leaves mambapy's own scan (config.use_mambapy) to the original",
+    ),
 )
 
 mamba_selective_scan_hop = ModuleFunctionPatch(

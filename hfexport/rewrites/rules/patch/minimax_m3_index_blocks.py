@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -174,7 +173,11 @@ def attention_forward(
     return self.o_proj(attn_output), attn_weights
 
 
-def _minimax(tokens: int) -> Built:
+# OpenVINO: the blocks' symbolic min and floor divisions, and the left-padded row's fully masked rows.
+_NEEDS = ("openvino/sym-min-max-to-floordiv", "openvino/exact-int-floor-divide", "openvino/sdpa-fully-masked-rows")
+
+
+def _minimax(tokens: int, sparse: bool = True) -> Built:
     from transformers import MiniMaxM3VLTextConfig, MiniMaxM3VLTextModel
 
     torch.manual_seed(0)
@@ -191,7 +194,7 @@ def _minimax(tokens: int) -> Built:
         index_block_size=4,
         index_topk_blocks=3,
         index_local_blocks=1,
-        layer_types=["minimax_m3_sparse"],
+        layer_types=["minimax_m3_sparse" if sparse else "full_attention"],
         mlp_layer_types=["dense"],
     )
     model = MiniMaxM3VLTextModel(config).eval()
@@ -224,13 +227,19 @@ minimax_m3_index_blocks = MethodPatch(
                 lambda: _minimax(4),
                 "one block of 4 keys at the sample, left padding, then 11 tokens (three blocks, one partial)",
                 other_inputs=lambda: _grown(11),
+                needs=_NEEDS,
             ),
             Match(
                 lambda: _minimax(14),
                 "four blocks (more than index_topk_blocks), then 5 tokens",
                 other_inputs=lambda: _grown(5, batch=3),
+                needs=_NEEDS,
             ),
-            NoMatch(dense_decoder, "a model without MiniMax-M3's indexer"),
+            NoMatch(
+                lambda: _minimax(8, sparse=False),
+                "MiniMax-M3 with a full-attention layer",
+                reason="the replacement declines an attention layer without an indexer",
+            ),
         ),
     ),
     target=f"{_MODULE}.MiniMaxM3VLAttention.forward",

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -36,7 +35,9 @@ def gathered_grouped_mm(original: Any, input: torch.Tensor, weight: torch.Tensor
     return torch.where(inside[:, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def _moe_model(tokens: int, experts: int = 4) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _moe_model(
+    tokens: int, experts: int = 4, implementation: str | None = None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import Qwen3MoeConfig, Qwen3MoeModel
 
     torch.manual_seed(0)
@@ -52,7 +53,11 @@ def _moe_model(tokens: int, experts: int = 4) -> tuple[torch.nn.Module, dict[str
         num_experts=experts,
         num_experts_per_tok=2,
     )
-    return Qwen3MoeModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
+    model = Qwen3MoeModel(config).eval()
+    if implementation is not None:
+        model.set_experts_implementation(implementation)
+    ids = torch.randint(0, 64, (2, tokens), generator=torch.Generator().manual_seed(tokens))
+    return model, {"input_ids": ids, "use_cache": False}
 
 
 moe_grouped_mm_portable = ModuleFunctionPatch(
@@ -60,11 +65,13 @@ moe_grouped_mm_portable = ModuleFunctionPatch(
         id="patch/moe-grouped-mm-portable",
         why="fp32 MoE experts export as the opaque `transformers::grouped_mm_fallback` custom op (a Python "
         "loop over offs.tolist()), which no runtime but transformers' can run; a gathered bmm keeps plain "
-        "ATen ops. Not on Dynamo: an ExportedProgram runs transformers' op itself and keeps grouped_mm as the "
-        "seed documents",
+        "ATen ops. ONNX only: an ExportedProgram runs transformers' op itself and keeps grouped_mm as the seed "
+        "documents, and on ExecuTorch and OpenVINO patch/executorch-moe-batched-experts and "
+        "patch/openvino-moe-batched-experts run these experts as batched_mm, which never calls _grouped_mm (this "
+        "rule alone leaves the grouped_mm forward's aten.histc there, which neither backend converts)",
         upstream="transformers==5.24.0 integrations/moe.py _can_use_grouped_mm (grouped_mm refused under tracing for "
         "non-bf16 weights; cf. https://github.com/pytorch/pytorch/issues/172440)",
-        backends=("onnx", "executorch", "openvino"),
+        backends=("onnx",),
         models=("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss", "olmoe", "granitemoehybrid"),
         examples=(
             Match(
@@ -73,7 +80,11 @@ moe_grouped_mm_portable = ModuleFunctionPatch(
                 other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 4)), "use_cache": False},
             ),
             Match(lambda: _moe_model(1, experts=8), "a single token: most experts get no rows"),
-            NoMatch(dense_decoder, "a dense model"),
+            NoMatch(
+                lambda: _moe_model(5, implementation="batched_mm"),
+                "qwen3_moe with batched_mm experts",
+                reason="the gate is installed (stacked experts) but batched_mm experts never call _grouped_mm",
+            ),
         ),
     ),
     target="transformers.integrations.moe._grouped_mm",

@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -70,9 +69,18 @@ moonshine_conv_lengths = MethodPatch(
                 lambda: (_encoder(), _inputs(2000, padded=700)),
                 "2000 samples with a padded tail, then 3333 samples",
                 other_inputs=lambda: _inputs(3333, padded=0, seed=1),
+                # OpenVINO: the replacement's sym_min and floor divisions, and the padded tail's fully masked rows.
+                needs=(
+                    "openvino/sym-min-max-to-floordiv",
+                    "openvino/exact-int-floor-divide",
+                    "openvino/sdpa-fully-masked-rows",
+                ),
             ),
-            NoMatch(lambda: (_encoder(), _inputs(2000, padded=700)), "a static length (the original is exact)"),
-            NoMatch(dense_decoder, "another architecture"),
+            NoMatch(
+                lambda: (_encoder(), _inputs(2000, padded=700)),
+                "2000 samples, exported static",
+                reason="the replacement declines a concrete length: the original's int() of it is exact",
+            ),
         ),
     ),
     target="transformers.models.moonshine.modeling_moonshine.MoonshinePreTrainedModel._get_feat_extract_output_lengths",

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._nllb_moe import _expert_inputs, _experts, dense_experts
+from hfexport.rewrites.rules.patch._nllb_moe import _dense_ffn, _expert_inputs, _experts, dense_experts
 
 nllb_moe_dense_experts = MethodPatch(
     RuleMeta(
@@ -24,7 +23,14 @@ nllb_moe_dense_experts = MethodPatch(
                 lambda: _experts(0.0, capacity_drop=True),
                 "no token dropout, a capacity of 2 that leaves tokens without an expert",
             ),
-            NoMatch(dense_decoder, "another architecture"),
+            NoMatch(
+                _dense_ffn,
+                "an NLLB-MoE dense feed-forward layer (no experts)",
+                reason="the replacement declines only training mode (random token dropout), which an export never "
+                "traces (the model is exported in eval mode), so the NoMatch is an NLLB-MoE layer without experts, "
+                "where the patch is not installed",
+                applies=False,
+            ),
         ),
     ),
     target="transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeExperts.forward",

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._nllb_moe import _router, _router_inputs, cast_classifier
+from hfexport.rewrites.rules.patch._nllb_moe import _dense_ffn, _router, _router_inputs, cast_classifier
 
 nllb_moe_router_cast = MethodPatch(
     RuleMeta(
@@ -21,7 +20,14 @@ nllb_moe_router_cast = MethodPatch(
                 "router_dtype float32 as the weights, two padding tokens, then 11 tokens",
                 other_inputs=lambda: _router_inputs(11, seed=1),
             ),
-            NoMatch(dense_decoder, "another architecture"),
+            NoMatch(
+                _dense_ffn,
+                "an NLLB-MoE dense feed-forward layer (no router)",
+                reason="the replacement declines only a cast that changes the classifier's dtype, which fails to "
+                "trace with or without it (Module.to on fake parameters), so the NoMatch is an NLLB-MoE part "
+                "without a router, where the patch is not installed",
+                applies=False,
+            ),
         ),
     ),
     target="transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier",

@@ -1,0 +1,598 @@
+"""The example harness: every rule example through the real capture, the real lowering and the real runtime.
+
+A rule's examples (`Match`, `NoMatch` in `hfexport.rewrites.examples`) are data; this module is what proves
+them. It sits at the top of the package (it imports the exporters, the lowerings and the runtimes), so the
+rule engine below it never needs to know how an example is run.
+
+Each example is exported with the public exporter of a backend (`DynamoExporter`, `OnnxExporter`,
+`ExecutorchExporter`, `OpenVINOExporter`) under a `RuleSelection` that runs the rule under test, the rules it
+`requires`, and nothing else; what fired is read from `exporter.report`, so an example goes through exactly
+the code a production export goes through. The checks:
+
+- `check_match`: the rule fires, and the backend's result equals eager on the example's inputs (dynamo: the
+  `ExportedProgram`; onnx: ONNX Runtime; executorch: the ExecuTorch runtime; openvino: OpenVINO CPU with the
+  f32 precision hint). With `other_inputs`, every axis is exported dynamic (as `dynamic=True` does in
+  production, bounded for ExecuTorch) and the program must also equal eager on the other inputs. An
+  optimization must also change the graph (its op counts) against the same export without it.
+- `check_no_match`: the rule is installed or applied (a patch rule: installed on a model it applies to), it
+  fires zero times, and the export is the same with and without it (graph and outputs, bit for bit).
+- `fails_without` / `check_fix_needed`: a fix's Match example, exported with the rule disabled, fails (the
+  export, lowering or runtime raises) or differs from eager; a fix nothing fails without is not a fix.
+
+ONNX IR rules whose examples are ONNX text (`build()` returns `(text, feeds)`) are checked on the parsed
+model: ONNX Runtime after the rule against the ONNX reference evaluator before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hfexport.errors import HfExportError
+from hfexport.report import ExportReport
+from hfexport.rewrites import engine
+from hfexport.rewrites.engine import RuleOutcome, RuleRegistry
+from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs
+from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
+
+BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
+
+# Rules kept on in every example export of a backend, besides the rule under test and its `requires`: those
+# without which the backend cannot run a plain model at all.
+ALWAYS_ON: dict[str, tuple[str, ...]] = {
+    # A Python constant of the forward (transformers' `use_cache=False`) stays an input of the converted model,
+    # of dynamic rank, and the CPU plugin refuses to compile any model with one.
+    "openvino": ("openvino/drop-constant-inputs",),
+}
+
+# Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
+EXECUTORCH_BOUND = 64
+
+# Outcomes of a rule that ran (was installed, or applied to its target) and found nothing to change.
+_RAN = ("no-match", "fired")
+
+
+# -- selection and registry ----------------------------------------------------------------------------------
+
+
+def selection_for(rule: Rule, backend: str, with_rule: bool = True, example: Example | None = None) -> RuleSelection:
+    """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and `ALWAYS_ON[backend]`:
+    every other rule off."""
+    needs = getattr(example, "needs", ())
+    keep = (*rule.meta.requires, *needs, *ALWAYS_ON.get(backend, ()))
+    off = tuple(f"{stage}/" for stage in STAGES)
+    if with_rule:
+        return RuleSelection(enable=(rule.id, *keep), disable=off)
+    # The rule's own id is longer than its stage prefix, so it decides: the rule stays off.
+    return RuleSelection(enable=tuple(i for i in keep if i != rule.id), disable=(*off, rule.id))
+
+
+@contextlib.contextmanager
+def registered(rule: Rule) -> Iterator[RuleRegistry]:
+    """The default registry, with `rule` in it for the exports started in this block.
+
+    A registered rule is used as it is. An unregistered one (a test's own rule, or a changed copy of a
+    registered one, under the same id) takes the place of the rule with its id, or joins the end of its stage.
+    """
+    default = engine.default_registry()
+    if rule.id in default.ids() and default.get(rule.id) is rule:
+        yield default
+        return
+    registry = RuleRegistry()
+    replaced = False
+    for each in default.rules():
+        if each.id == rule.id:
+            registry.register(rule)
+            replaced = True
+        else:
+            registry.register(each)
+    if not replaced:
+        # Registered after the rules of its stage; the registry keeps stages apart, so order is per stage.
+        registry.register(rule)
+    registry.check_requirements()
+    with engine.using_registry(registry):
+        yield registry
+
+
+# -- exporting and running -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Exported:
+    """One export of an example: the backend's native object (or the error), and the export's report."""
+
+    backend: str
+    result: Any = None
+    error: BaseException | None = None
+    report: ExportReport | None = None
+
+    def outcome(self, rule_id: str) -> RuleOutcome | None:
+        if self.report is None:
+            return None
+        return next((o for o in self.report.rules if o.id == rule_id), None)
+
+    def hits(self, rule_id: str) -> int:
+        outcome = self.outcome(rule_id)
+        return outcome.hits if outcome is not None else 0
+
+
+def _exporter_and_config(backend: str, selection: RuleSelection, dynamic: bool, opset: int | None) -> tuple[Any, Any]:
+    from hfexport import configs, exporters
+
+    if backend == "dynamo":
+        return exporters.DynamoExporter(), configs.DynamoConfig(dynamic=dynamic, rules=selection)
+    if backend == "onnx":
+        return exporters.OnnxExporter(), configs.OnnxConfig(dynamic=dynamic, rules=selection, opset_version=opset)
+    if backend == "executorch":
+        return exporters.ExecutorchExporter(), configs.ExecutorchConfig(dynamic=dynamic, rules=selection)
+
+    if backend == "openvino":
+        return exporters.OpenVINOExporter(), configs.OpenVINOConfig(dynamic=dynamic, rules=selection)
+    raise ValueError(f"unknown backend {backend!r}; known: {BACKENDS}")
+
+
+def export(
+    backend: str,
+    module: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    selection: RuleSelection,
+    dynamic: bool = False,
+    opset: int | None = None,
+) -> Exported:
+    """Export `module` on `inputs` with the public exporter of `backend`; an error is kept, not raised."""
+    exporter, config = _exporter_and_config(backend, selection, dynamic, opset)
+    if backend == "executorch" and dynamic:
+        # Every axis dynamic as `dynamic=True` makes it, but bounded at 64 instead of the model's maximum length:
+        # ExecuTorch plans memory for the bound, and a tiny model's max_position_embeddings (32768 for Qwen3)
+        # asks for more than the machine has (std::bad_alloc when the program is loaded).
+        bound = torch.export.Dim.AUTO(max=EXECUTORCH_BOUND)
+        config = dataclasses.replace(
+            config,
+            dynamic_shapes={
+                k: {axis: bound for axis in range(v.ndim)} if isinstance(v, torch.Tensor) else None
+                for k, v in inputs.items()
+            },
+        )
+    exported = Exported(backend)
+    try:
+        exported.result = exporter.export(module, dict(inputs), config)
+    except Exception as exc:  # the caller decides whether a failed export is a failure
+        exported.error = exc
+    exported.report = exporter.report
+    return exported
+
+
+def run(backend: str, result: Any, inputs: Mapping[str, Any]) -> Any:
+    """Run an export's native object on forward kwargs `inputs`, in its runtime; return its outputs."""
+    if backend == "dynamo":
+        with torch.no_grad():
+            return result.module()(**inputs)
+    if backend == "onnx":
+        import onnxruntime as ort
+
+        from hfexport.lowerings.onnx import onnx_feed
+
+        session = ort.InferenceSession(result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = onnx_feed([i.name for i in session.get_inputs()], inputs)
+        return session.run(None, feed)
+    if backend == "executorch":
+        from hfexport.runtime.executorch import ExecutorchProgram
+
+        return ExecutorchProgram(result).run(inputs)
+    if backend == "openvino":
+        from hfexport.runtime.openvino import OpenVINORunner
+
+        return list(OpenVINORunner(result)(**inputs).values())
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def leaves(tree: Any) -> list[torch.Tensor]:
+    """The values of an output tree as tensors: numpy arrays and Python numbers too (a size a graph returns is
+    a 0-d int64 output of ONNX and OpenVINO models); None and strings are dropped."""
+    import numpy as np
+
+    found = []
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            found.append(leaf.detach())
+        elif isinstance(leaf, np.ndarray | np.generic):
+            found.append(torch.from_numpy(np.array(leaf)))
+        elif isinstance(leaf, bool | int | float):
+            found.append(torch.tensor(leaf))
+    return found
+
+
+def eager(module: torch.nn.Module, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return leaves(module(**inputs))
+
+
+def structure(backend: str, result: Any) -> Any:
+    """What an export produced, to prove that a rule changed nothing: comparable with `==`."""
+    if backend == "dynamo":
+        return result.graph_module.code
+    if backend == "onnx":
+        return _onnx_structure(result.model)
+    if backend == "executorch":
+        # The serialised program: the graph and every delegate's payload.
+        return hashlib.sha256(bytes(result.buffer)).hexdigest()
+    if backend == "openvino":
+        return _openvino_structure(result)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def op_counts(backend: str, result: Any) -> Counter[str]:
+    """How many nodes of each op an export has: what an optimization must change."""
+    if backend == "dynamo":
+        return Counter(str(n.target) for n in result.graph.nodes if n.op == "call_function")
+    if backend == "onnx":
+        return Counter(f"{n.domain}::{n.op_type}" for n in result.model.graph.all_nodes())
+    if backend == "executorch":
+        program = result.exported_program()
+        return Counter(str(n.target) for n in program.graph.nodes if n.op == "call_function")
+    if backend == "openvino":
+        return Counter(op.get_type_name() for op in result.get_ordered_ops())
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def _onnx_structure(model: Any) -> list[tuple[Any, ...]]:
+    """Nodes, wiring and attributes, without metadata: onnxscript's rewriter annotates Constant nodes even
+    when no rule matches, so a text comparison would call an untouched graph changed."""
+    return [
+        (
+            node.domain,
+            node.op_type,
+            tuple(v.name if v is not None else "" for v in node.inputs),
+            tuple(v.name for v in node.outputs),
+            tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items())),
+        )
+        for node in model.graph
+    ]
+
+
+def _openvino_structure(model: Any) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Ops, their types and their input shapes. Names OpenVINO makes up (`Constant_4108`) carry a counter of the
+    process, so two conversions of one program differ there: the counter is dropped."""
+    return [
+        (
+            re.sub(r"^([A-Za-z]+)_\d+$", r"\1", op.get_friendly_name()),
+            op.get_type_name(),
+            tuple(str(op.input_value(i).get_partial_shape()) for i in range(op.get_input_size())),
+        )
+        for op in model.get_ordered_ops()
+    ]
+
+
+# -- the checks ----------------------------------------------------------------------------------------------
+
+
+def _is_text(built: Any) -> bool:
+    return isinstance(built, str)
+
+
+def _opset(rule: Rule, example: Example) -> int | None:
+    """The opset to export an ONNX example at: the example's, else the newest the rule is for."""
+    if example.opset is not None:
+        return example.opset
+    max_opset = getattr(rule, "max_opset", None)
+    if max_opset is None:
+        return None
+    from hfexport.lowerings.onnx import newest_opset
+
+    return min(max_opset, newest_opset())
+
+
+def _what(rule: Rule, example: Example, backend: str) -> str:
+    kind = "Match" if isinstance(example, Match) else "NoMatch"
+    text = f"{rule.id} [{backend}] {kind} {example.description!r}"
+    reason = getattr(example, "reason", "")
+    return f"{text} (no match because: {reason})" if reason else text
+
+
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) < 3000 else text[:3000] + " ..."
+
+
+def _dynamic(example: Example) -> bool:
+    return isinstance(example, Match) and example.other_inputs is not None
+
+
+def _runs(example: Example, inputs: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    runs: list[tuple[str, Mapping[str, Any]]] = [("inputs", inputs)]
+    if _dynamic(example):
+        runs.append(("other inputs", example.other_inputs()))
+    return runs
+
+
+def _export_example(
+    rule: Rule, example: Example, backend: str, module: torch.nn.Module, inputs: Any, with_rule: bool = True
+) -> Exported:
+    selection = selection_for(rule, backend, with_rule, example)
+    return export(backend, module, inputs, selection, _dynamic(example), _opset(rule, example))
+
+
+@dataclass
+class MatchResult:
+    """What a Match check found: the hits, and the backends' op counts with and without the rule."""
+
+    hits: int
+    op_counts: Counter[str] = field(default_factory=Counter)
+    op_counts_without: Counter[str] | None = None
+
+
+def check_match(rule: Rule, example: Match, backend: str) -> MatchResult:
+    """The rule fires on the example exported for `backend`, and the result equals eager (on `other_inputs()`
+    too); an optimization changes the op counts. Raises `ExampleFailure`."""
+    what = _what(rule, example, backend)
+    with registered(rule):
+        built, inputs = example.build()
+        if _is_text(built):
+            return _check_text_match(rule, example, built, inputs, what)
+        module = built.eval()
+        runs = [(name, feed, eager(module, feed)) for name, feed in _runs(example, inputs)]
+        exported = _export_example(rule, example, backend, module, inputs)
+        if exported.error is not None:
+            raise ExampleFailure(f"{what}: the export failed: {_first_line(exported.error)}") from exported.error
+        hits = exported.hits(rule.id)
+        if hits == 0:
+            outcome = exported.outcome(rule.id)
+            status = f"{outcome.status}{': ' + outcome.reason if outcome.reason else ''}" if outcome else "not run"
+            raise ExampleFailure(f"{what}: did not fire ({status})")
+        for name, feed, expected in runs:
+            try:
+                actual = leaves(run(backend, exported.result, feed))
+            except Exception as exc:
+                raise ExampleFailure(f"{what}: the runtime failed on the {name}: {_first_line(exc)}") from exc
+            assert_same_outputs(expected, actual, example.atol, example.rtol, f"{what} on the {name}")
+        result = MatchResult(hits, op_counts(backend, exported.result))
+        if rule.meta.kind == "optimization":
+            without = _export_example(rule, example, backend, module, inputs, with_rule=False)
+            if without.error is not None:
+                raise ExampleFailure(f"{what}: the export without the rule failed: {_first_line(without.error)}")
+            result.op_counts_without = op_counts(backend, without.result)
+            if result.op_counts_without == result.op_counts:
+                raise ExampleFailure(f"{what}: fired {hits} time(s) but the graph has the same ops as without it")
+        return result
+
+
+def check_no_match(rule: Rule, example: NoMatch, backend: str) -> None:
+    """The rule runs on the example exported for `backend` (installed, for a patch rule), fires zero times, and
+    the export is the same with and without it. Raises `ExampleFailure`."""
+    what = _what(rule, example, backend)
+    with registered(rule):
+        built, inputs = example.build()
+        if _is_text(built):
+            return _check_text_no_match(rule, example, built, inputs, what)
+        module = built.eval()
+        exported = _export_example(rule, example, backend, module, inputs)
+        outcome = exported.outcome(rule.id)
+        status = outcome.status if outcome is not None else "not run"
+        if status not in _RAN and example.applies:
+            reason = f": {outcome.reason}" if outcome is not None and outcome.reason else ""
+            raise ExampleFailure(
+                f"{what}: the rule did not run ({status}{reason}); a NoMatch must be a model the rule is installed "
+                "on or applied to, where it finds nothing to change"
+            )
+        if status in _RAN and not example.applies:
+            raise ExampleFailure(f"{what}: declared applies=False, but the rule ran ({status})")
+        hits = exported.hits(rule.id)
+        if hits:
+            raise ExampleFailure(f"{what}: fired {hits} time(s)")
+        without = _export_example(rule, example, backend, module, inputs, with_rule=False)
+        if exported.error is not None or without.error is not None:
+            # A model no backend takes (complex values on ONNX) may still be a NoMatch: the rule ran, left it
+            # alone, and the export fails exactly as it does without the rule.
+            if _first_line(exported.error or Exception()) != _first_line(without.error or Exception()):
+                failed = exported.error or without.error
+                which = "with" if exported.error is not None else "without"
+                raise ExampleFailure(f"{what}: the export {which} the rule failed: {_first_line(failed)}") from failed
+            return None
+        if structure(backend, exported.result) != structure(backend, without.result):
+            raise ExampleFailure(f"{what}: fired 0 times, but the export differs from the one without the rule")
+        actual, error = _try_run(backend, exported.result, inputs)
+        actual_without, error_without = _try_run(backend, without.result, inputs)
+        if error is not None or error_without is not None:
+            # As for the export: a program the runtime refuses (a kernel it lacks) fails alike without the rule.
+            if _first_line(error or Exception()) != _first_line(error_without or Exception()):
+                failed = error or error_without
+                which = "with" if error is not None else "without"
+                raise ExampleFailure(f"{what}: the runtime failed {which} the rule: {_first_line(failed)}") from failed
+            return None
+        assert_same_outputs(actual_without, actual, 0.0, 0.0, f"{what}: with the rule against without it")
+        return None
+
+
+def _try_run(backend: str, result: Any, inputs: Mapping[str, Any]) -> tuple[list[torch.Tensor], Exception | None]:
+    try:
+        return leaves(run(backend, result, inputs)), None
+    except Exception as exc:  # compared by the caller
+        return [], exc
+
+
+def fails_without(rule: Rule, example: Match, backend: str) -> str | None:
+    """How `example` fails on `backend` with `rule` disabled (the export, lowering or runtime raises, or the
+    result differs from eager), or None when it works without the rule."""
+    with registered(rule):
+        built, inputs = example.build()
+        if _is_text(built):
+            return _text_fails_without(example, built, inputs)
+        module = built.eval()
+        runs = [(name, feed, eager(module, feed)) for name, feed in _runs(example, inputs)]
+        without = _export_example(rule, example, backend, module, inputs, with_rule=False)
+        if without.error is not None:
+            stage = getattr(without.error, "stage", None) if isinstance(without.error, HfExportError) else None
+            return f"the export fails{f' at stage {stage!r}' if stage else ''}: {_first_line(without.error)}"
+        for name, feed, expected in runs:
+            try:
+                actual = leaves(run(backend, without.result, feed))
+            except Exception as exc:
+                return f"the runtime fails on the {name}: {_first_line(exc)}"
+            try:
+                assert_same_outputs(expected, actual, example.atol, example.rtol, f"on the {name}")
+            except ExampleFailure as exc:
+                return f"the result differs from eager: {exc}"
+        return None
+
+
+@dataclass
+class FixProof:
+    """Which Match example, on which backend, fails without the fix, and how."""
+
+    example: Match
+    backend: str
+    how: str
+
+
+def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> FixProof:
+    """Some Match example of the fix `rule` fails without it on one of `backends` (default: the rule's).
+
+    Tries the Match examples in order and each on the backends in order, and stops at the first failure.
+    Raises `ExampleFailure` when every one works without the rule.
+    """
+    backends = tuple(b for b in (backends or rule.meta.backends) if b in rule.meta.backends)
+    tried = []
+    for example in rule.meta.examples:
+        if not isinstance(example, Match):
+            continue
+        for backend in backends:
+            how = fails_without(rule, example, backend)
+            if how is not None:
+                return FixProof(example, backend, how)
+            tried.append(f"{example.description!r} on {backend}")
+    raise ExampleFailure(f"{rule.id}: every Match example works without the rule ({'; '.join(tried)})")
+
+
+def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
+    """The backends an example is checked on: a Match on each of the rule's; a NoMatch on the first of them.
+
+    One backend is enough for a NoMatch: a rule that fires zero times hands its stage's output on unchanged,
+    and the later stages are deterministic, so the same graph on one backend is the same on every one.
+    """
+    if isinstance(example, NoMatch):
+        return rule.meta.backends[:1]
+    return rule.meta.backends
+
+
+def check_example(rule: Rule, example: Example, backends: tuple[str, ...] | None = None) -> int:
+    """Check one example on each of `backends` (default: every backend it is checked on); return the hits of a
+    Match summed over the backends (0 for a NoMatch). Raises `ExampleFailure`."""
+    hits = 0
+    for backend in backends or example_backends(rule, example):
+        if isinstance(example, Match):
+            hits += check_match(rule, example, backend).hits
+        else:
+            check_no_match(rule, example, backend)
+    return hits
+
+
+# -- ONNX text examples --------------------------------------------------------------------------------------
+
+
+def _ort(proto: Any, feeds: Mapping[str, Any]) -> list[Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, dict(feeds))
+
+
+def _parse(text: str) -> tuple[Any, Any]:
+    import onnx
+    import onnx_ir as ir
+
+    proto = onnx.parser.parse_model(text)
+    return proto, ir.serde.deserialize_model(proto)
+
+
+def _apply_text_rule(rule: Rule, model: Any) -> int:
+    from hfexport.rewrites.kinds.onnx import apply_onnx_rule
+
+    registry = engine.default_registry()
+    for required in rule.meta.requires:
+        apply_onnx_rule(registry.get(required), model)
+    return apply_onnx_rule(rule, model)
+
+
+def _reference(proto: Any, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
+    from onnx.reference import ReferenceEvaluator
+
+    return leaves(ReferenceEvaluator(proto).run(None, dict(feeds)))
+
+
+def _check_text_match(rule: Rule, example: Match, text: str, feeds: Any, what: str) -> MatchResult:
+    import onnx_ir as ir
+
+    proto, model = _parse(text)
+    before = Counter(f"{n.domain}::{n.op_type}" for n in model.graph.all_nodes())
+    hits = _apply_text_rule(rule, model)
+    if hits == 0:
+        raise ExampleFailure(f"{what}: did not fire")
+    after = ir.serde.serialize_model(model)
+    assert_same_outputs(_reference(proto, feeds), leaves(_ort(after, feeds)), example.atol, example.rtol, what)
+    counts = Counter(f"{n.domain}::{n.op_type}" for n in model.graph.all_nodes())
+    if rule.meta.kind == "optimization" and counts == before:
+        raise ExampleFailure(f"{what}: fired {hits} time(s) but the graph has the same ops as without it")
+    return MatchResult(hits, counts, before)
+
+
+def _check_text_no_match(rule: Rule, example: NoMatch, text: str, feeds: Any, what: str) -> None:
+    import onnx
+    import onnx_ir as ir
+
+    proto, model = _parse(text)
+    hits = _apply_text_rule(rule, model)
+    if hits or onnx.printer.to_text(ir.serde.serialize_model(model)) != onnx.printer.to_text(proto):
+        raise ExampleFailure(f"{what}: changed the model ({hits} hit(s))")
+
+
+def _text_fails_without(example: Match, text: str, feeds: Any) -> str | None:
+    proto, _ = _parse(text)
+    try:
+        actual = leaves(_ort(proto, feeds))
+    except Exception as exc:
+        return f"ONNX Runtime fails on the model: {_first_line(exc)}"
+    try:
+        assert_same_outputs(_reference(proto, feeds), actual, example.atol, example.rtol, "ONNX Runtime")
+    except ExampleFailure as exc:
+        return f"ONNX Runtime differs from the reference evaluator: {exc}"
+    return None
+
+
+# -- helpers for tests of rule kinds -------------------------------------------------------------------------
+
+
+def export_program(
+    module: torch.nn.Module, inputs: Mapping[str, Any], dynamic: bool = False
+) -> torch.export.ExportedProgram:
+    """A plain `torch.export.export` of `module` (every rule off, every axis `Dim.AUTO` when `dynamic`): the
+    program a rule kind's own tests apply a rule to by hand."""
+    shapes = None
+    if dynamic:
+        from hfexport.frontends.torch_export import auto_dynamic_shapes
+
+        shapes = auto_dynamic_shapes(inputs)
+    with torch.no_grad():
+        return torch.export.export(module, (), dict(inputs), dynamic_shapes=shapes, strict=False)
+
+
+def lower_to_executorch(program: torch.export.ExportedProgram) -> Any:
+    """Lower `program` as it is (no rule) with XNNPACK and load it: an `ExecutorchProgram` to `.run(inputs)`."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.rewrites.kinds.executorch import edge_compile_config
+    from hfexport.runtime.executorch import ExecutorchProgram
+
+    edge = to_edge_transform_and_lower(
+        program, partitioner=[XnnpackPartitioner()], compile_config=edge_compile_config(program)
+    )
+    return ExecutorchProgram(edge.to_executorch())
