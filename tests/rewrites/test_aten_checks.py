@@ -45,9 +45,10 @@ def _constant(value: bool) -> Any:
 
 @pytest.mark.parametrize("value", [True, False])
 def test_a_translation_that_ignores_its_input_fails_an_example(value: bool) -> None:
-    from hfexport.rewrites.examples import ExampleFailure, Match, check_example
+    from hfexport.rewrites.examples import ExampleFailure, Match
     from hfexport.rewrites.kinds.onnx import AtenOverride
     from hfexport.rewrites.rules.aten.is_all_true import is_all_true as rule
+    from hfexport.testing.harness import check_example
 
     broken = AtenOverride(rule.meta, target=rule.target, translation=_constant(value))
     failures = []

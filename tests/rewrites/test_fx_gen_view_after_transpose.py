@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from hfexport.rewrites import examples
 from hfexport.rewrites.examples import Match, NoMatch, assert_same_outputs
 from hfexport.rewrites.kinds.fx import apply_fx_rule
+from hfexport.testing.harness import export_program
 
 # The rule package re-exports the rule under its module's name, so the module is imported by path.
 module = importlib.import_module("hfexport.rewrites.rules.fx.gen_view_after_transpose")
@@ -37,10 +37,10 @@ def test_the_match_fails_in_torch_onnx_without_the_rule_and_exports_with_it() ->
     model, inputs = example.build()
     model.eval()
     # Grad mode on, as in the ONNX lowering: torch.onnx's re-trace sees the parameter's requires_grad.
-    program = examples._export(model, inputs, dynamic=True)
+    program = export_program(model, inputs, dynamic=True)
     with pytest.raises(Exception, match="Cannot view a tensor"):
         _to_onnx(program)
-    program = examples._export(model, inputs, dynamic=True)
+    program = export_program(model, inputs, dynamic=True)
     assert apply_fx_rule(rule, program) == 1
     onnx_program = _to_onnx(program)
     with torch.no_grad():
@@ -51,7 +51,7 @@ def test_the_match_fails_in_torch_onnx_without_the_rule_and_exports_with_it() ->
 def test_a_float_mask_from_the_inputs_needs_no_copy() -> None:
     model, inputs = module._InputMaskMerge(), module._qkv_mask()
     assert any(isinstance(e, NoMatch) for e in rule.meta.examples)
-    program = examples._export(model, inputs, dynamic=True)
+    program = export_program(model, inputs, dynamic=True)
     assert apply_fx_rule(rule, program) == 0
     onnx_program = _to_onnx(program)
     with torch.no_grad():
