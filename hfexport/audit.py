@@ -587,8 +587,7 @@ def _original(target: str) -> tuple[str, Any] | None:
 def rule_diff(rule: Rule) -> str | None:
     """For a model patch: a unified diff of the patched function's source against the replacement's.
 
-    For an FX pattern rule: the pattern against the replacement. None when there is nothing to compare
-    (a torch builtin, a predicate target, a target missing from the installed packages).
+    None when there is nothing to compare (a predicate target, a target missing from the installed packages).
     """
     before: tuple[str, Any] | None = None
     after = getattr(rule, "replacement", None)
@@ -596,12 +595,6 @@ def rule_diff(rule: Rule) -> str | None:
     if type(rule).__name__ in ("MethodPatch", "ModuleFunctionPatch"):
         targets = (target,) if isinstance(target, str) else tuple(t for t in target or () if isinstance(t, str))
         before = next((found for t in targets if (found := _original(t)) is not None), None)
-    elif type(rule).__name__ == "TorchFunctionPatch":
-        function = getattr(rule, "function", None)
-        before = (getattr(function, "__name__", "function"), function)
-        after = getattr(rule, "handler", None)
-    elif getattr(rule, "pattern", None) is not None:
-        before = ("pattern", rule.pattern)  # type: ignore[attr-defined]
     if before is None or after is None:
         return None
     old, new = _source(before[1]), _source(after)

@@ -1,11 +1,9 @@
 """FX rule kinds: rewrites of the ATen-level graph of an `ExportedProgram`.
 
-Three forms, after `torch.fx.subgraph_rewriter` and onnxscript's rewriter:
+Two forms (a subgraph-pattern kind was removed when no rule used it; ONNX-level patterns are onnxscript
+rewriter rules, see `kinds/onnx.py`):
 
 - `FxNodeRule`: a node predicate plus a rewrite of that one node (single-node fixes).
-- `FxPatternRule`: `pattern` and `replacement` written as plain torch functions, traced to ATen graphs
-  with `make_fx` on `pattern_args()` (a plain Python callable does not match an exported graph), with
-  an optional `check(match, graph_module)` that returns why a match must be left alone.
 - `FxGraphRule`: a transform of the whole graph, all or nothing (e.g. complex values lowered to real pairs).
 """
 
@@ -13,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import fx
 
-from hfexport.rewrites.declines import note_declined
 from hfexport.rewrites.rule import Rule
 
 
@@ -26,15 +22,6 @@ from hfexport.rewrites.rule import Rule
 class FxNodeRule(Rule):
     predicate: Callable[[fx.Node], bool] | None = None
     rewrite: Callable[[fx.GraphModule, fx.Node], None] | None = None
-    stage: str = field(init=False, default="fx")
-
-
-@dataclass
-class FxPatternRule(Rule):
-    pattern: Callable[..., Any] | None = None
-    replacement: Callable[..., Any] | None = None
-    pattern_args: Callable[[], tuple[Any, ...]] | None = None
-    check: Callable[[Any, fx.GraphModule], str | None] | None = None
     stage: str = field(init=False, default="fx")
 
 
@@ -50,13 +37,7 @@ class FxGraphRule(Rule):
     stage: str = field(init=False, default="fx")
 
 
-FxRule = FxNodeRule | FxPatternRule | FxGraphRule
-
-
-def _aten_graph(fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.GraphModule:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    return make_fx(fn, pre_dispatch=False)(*args)
+FxRule = FxNodeRule | FxGraphRule
 
 
 def apply_fx_rule(rule: FxRule, target: fx.GraphModule | torch.export.ExportedProgram) -> int:
@@ -75,24 +56,7 @@ def apply_fx_rule(rule: FxRule, target: fx.GraphModule | torch.export.ExportedPr
                 rule.rewrite(gm, node)
                 hits += 1
     else:
-        from torch.fx import subgraph_rewriter
-
-        args = rule.pattern_args()
-        check = rule.check
-
-        def keep(match: Any, original_graph: fx.Graph, pattern_graph: fx.Graph) -> bool:
-            if check is None:
-                return True
-            reason = check(match, gm)
-            if reason is not None:
-                # The check says why this match is left alone: kept for `audit --explain`.
-                note_declined(rule.id, reason)
-            return reason is None
-
-        replaced = subgraph_rewriter.replace_pattern_with_filters(
-            gm, _aten_graph(rule.pattern, args), _aten_graph(rule.replacement, args), match_filters=[keep]
-        )
-        hits = len(replaced)
+        raise TypeError(f"not an fx rule: {rule!r}")
     if hits:
         gm.graph.lint()
         gm.recompile()

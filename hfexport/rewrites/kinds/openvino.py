@@ -2,7 +2,7 @@
 
 The stage runs twice per export, on two targets:
 
-- before conversion, on the captured `ExportedProgram`: `OpenVINOFxNodeRule` / `OpenVINOFxPatternRule`, the
+- before conversion, on the captured `ExportedProgram`: `OpenVINOFxNodeRule`, the
   FX rule forms of `graph.py` (single node, or `pattern` / `replacement`) for graph shapes that
   `openvino.convert_model` mistranslates or refuses. They are FX rules that run only in this lowering, so
   the program other backends see is never touched.
@@ -20,20 +20,13 @@ from typing import Any
 
 import torch
 
-from hfexport.rewrites.kinds.fx import FxNodeRule, FxPatternRule, apply_fx_rule
+from hfexport.rewrites.kinds.fx import FxNodeRule, apply_fx_rule
 from hfexport.rewrites.rule import Rule
 
 
 @dataclass
 class OpenVINOFxNodeRule(FxNodeRule):
     """A single-node FX fix applied to the program just before `openvino.convert_model`."""
-
-    stage: str = field(init=False, default="openvino")
-
-
-@dataclass
-class OpenVINOFxPatternRule(FxPatternRule):
-    """A pattern/replacement FX fix applied to the program just before `openvino.convert_model`."""
 
     stage: str = field(init=False, default="openvino")
 
@@ -46,7 +39,7 @@ class OpenVINOModelRule(Rule):
     stage: str = field(init=False, default="openvino")
 
 
-PROGRAM_RULES = (OpenVINOFxNodeRule, OpenVINOFxPatternRule)
+PROGRAM_RULES = (OpenVINOFxNodeRule,)
 
 
 def apply_openvino_rule(rule: Rule, target: Any) -> int:

@@ -1,13 +1,11 @@
 """Model patches and the reversible context that installs them for one trace.
 
-Three forms, each scoped so that nothing outside the export ever sees a patch (DESIGN.md):
+Two forms, each scoped so that nothing outside the export ever sees a patch (DESIGN.md):
 
 - `MethodPatch`: a replacement bound on the model's own module instances (an instance attribute that
   shadows the class method), never on the class, so other models of the same class are untouched; the
   bound replacement runs only in the thread that installed it, so another thread that calls the very
   instance being exported runs the original method.
-- `TorchFunctionPatch`: intercepts a torch function through a `TorchFunctionMode`, which is
-  thread-local and active only inside the trace.
 - `ModuleFunctionPatch`: replaces a module-level function by a gate that calls the replacement only in
   the context that installed it (a `ContextVar`); every other thread keeps the original behaviour.
 
@@ -27,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from hfexport.rewrites.rule import Rule
 
@@ -75,15 +72,6 @@ class MethodPatch(Rule):
 
 
 @dataclass
-class TorchFunctionPatch(Rule):
-    """Intercept calls of a torch function during the trace: `handler(original, *args, **kwargs)`."""
-
-    function: Callable[..., Any] | None = None
-    handler: Callable[..., Any] | None = None
-    stage: str = field(init=False, default="patch")
-
-
-@dataclass
 class ModuleFunctionPatch(Rule):
     """Gate a module-level function `"package.module.function"`: `replacement(original, *args, **kwargs)`.
 
@@ -100,7 +88,8 @@ class ModuleFunctionPatch(Rule):
     stage: str = field(init=False, default="patch")
 
 
-PatchRule = MethodPatch | TorchFunctionPatch | ModuleFunctionPatch
+# A TorchFunctionMode-based kind was removed: no rule used it (issue #18, unused kinds go).
+PatchRule = MethodPatch | ModuleFunctionPatch
 
 
 def resolve(path: str) -> tuple[Any, str] | str:
@@ -159,23 +148,6 @@ def _make_gate(key: tuple[int, str], original: Callable[..., Any]) -> Callable[.
     return gate
 
 
-class _RuleTorchFunctionMode(TorchFunctionMode):
-    def __init__(self, handlers: dict[Any, list[tuple[str, Callable[..., Any]]]], on_hit: HitCallback) -> None:
-        super().__init__()
-        self._handlers = handlers
-        self._on_hit = on_hit
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for rule_id, handler in self._handlers.get(func, ()):
-            result = handler(func, *args, **kwargs)
-            if result is not NOT_APPLICABLE:
-                self._on_hit(rule_id)
-                return result
-            _declined(rule_id)
-        return func(*args, **kwargs)
-
-
 class PatchSession:
     """Installs patches and attribute overrides, and undoes all of them, in reverse order, on exit.
 
@@ -187,7 +159,6 @@ class PatchSession:
         # Told which rule's replacement is running (None when it returned), so a failure inside one names it.
         self._on_rule = on_rule
         self._undo: list[Callable[[], None]] = []
-        self._torch_handlers: dict[Any, list[tuple[str, Callable[..., Any]]]] = {}
         self._module_handlers: dict[tuple[int, str], list[tuple[str, Callable[..., Any], HitCallback]]] = {}
 
     # -- generic reversible attribute override, also used by the frontend for model state ---------
@@ -211,9 +182,6 @@ class PatchSession:
     def install(self, rule: PatchRule, model: torch.nn.Module) -> str | None:
         if isinstance(rule, MethodPatch):
             return self._install_method(rule, model)
-        if isinstance(rule, TorchFunctionPatch):
-            self._torch_handlers.setdefault(rule.function, []).append((rule.id, self._running(rule.id, rule.handler)))
-            return None
         if isinstance(rule, ModuleFunctionPatch):
             return self._install_module_function(rule, model)
         raise TypeError(f"not a patch rule: {rule!r}")
@@ -321,14 +289,10 @@ class PatchSession:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """Make the torch-function and module-function patches visible, in this context only."""
+        """Make the module-function patches visible, in this context only."""
         token = _ACTIVE.set({**_ACTIVE.get(), **{k: tuple(v) for k, v in self._module_handlers.items()}})
         try:
-            if self._torch_handlers:
-                with _RuleTorchFunctionMode(self._torch_handlers, self._on_hit):
-                    yield
-            else:
-                yield
+            yield
         finally:
             _ACTIVE.reset(token)
 
@@ -339,7 +303,6 @@ class PatchSession:
                 self._undo.pop()()
             except BaseException as exc:
                 errors.append(exc)
-        self._torch_handlers.clear()
         self._module_handlers.clear()
         if errors:
             raise RuntimeError(f"hfexport failed to restore {len(errors)} patch(es)") from errors[0]

@@ -1,6 +1,6 @@
 """OpenVINO backend fixes (stage `openvino`), in the order they run.
 
-Program rules (FX, `OpenVINOFxNodeRule` / `OpenVINOFxPatternRule`) run on the captured program before
+Program rules (FX, `OpenVINOFxNodeRule`) run on the captured program before
 `openvino.convert_model`; model rules (`OpenVINOModelRule`) run on the converted `openvino.Model`, before
 its inputs and outputs are named. Each list keeps its own order.
 """
