@@ -42,16 +42,6 @@ KNOWN_FAILURES = {
 }
 
 
-# Rules whose examples another branch reworks; where the stronger harness fails them, they are expected to fail.
-REWORKED = "reworked on the defects branch"
-REWORKED_FAILURES = {
-    ("fx/gen-view-after-transpose", "needed"),
-    # Alone (without openvino/exact-int-floor-divide) its programs compute wrong sizes in OpenVINO.
-    ("openvino/sym-mod-to-floordiv", 0, "openvino"),
-    ("openvino/sym-mod-to-floordiv", 1, "openvino"),
-}
-
-
 def _slow(rule: Rule, backend: str) -> bool:
     """The default tier checks a rule's first Match and first NoMatch on its first backend (the one the rule exists
     for: the trace for a patch, the lowering for a backend rule); the rest is `slow`."""
@@ -70,8 +60,6 @@ def _example_params() -> list:
             for backend in harness.example_backends(rule, example):
                 slow = _slow(rule, backend) or not _first_of_kind(rule, example)
                 marks = [pytest.mark.slow] if slow else []
-                if (rule.id, i, backend) in REWORKED_FAILURES:
-                    marks.append(pytest.mark.xfail(reason=REWORKED, strict=True))
                 if (rule.id, i, backend) in KNOWN_FAILURES:
                     marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[rule.id, i, backend], strict=True))
                 params.append(pytest.param(rule, example, backend, id=f"{rule.id}[{kind}{i}-{backend}]", marks=marks))
@@ -95,8 +83,6 @@ def _fix_params() -> list:
         marks = [pytest.mark.slow]
         if rule.id in NEEDED_ELSEWHERE:
             marks.append(pytest.mark.skip(reason=NEEDED_ELSEWHERE[rule.id]))
-        if (rule.id, "needed") in REWORKED_FAILURES:
-            marks.append(pytest.mark.xfail(reason=REWORKED, strict=True))
         params.append(pytest.param(rule, id=rule.id, marks=marks))
     return params
 
