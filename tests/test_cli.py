@@ -161,7 +161,7 @@ def test_rules_show_prints_metadata_and_the_patch_diff_against_the_original_sour
     source = (Path(__file__).resolve().parents[1] / path).read_text().splitlines()
     assert source[int(line) - 1].startswith("moe_grouped_mm_portable = ")
     assert "(written against transformers 5.24.0; installed: " in out
-    assert "Match    a single token: most experts get no rows" in out and "NoMatch  a dense model" in out
+    assert "Match    a single token: most experts get no rows" in out and "NoMatch  qwen3_moe with batched_mm" in out
     diff = out.split("diff (patched source -> replacement):\n", 1)[1].splitlines()
     assert diff[0] == "--- transformers.integrations.moe._grouped_mm" and diff[1] == "+++ gathered_grouped_mm"
     original = inspect.getsource(moe._grouped_mm).splitlines()

@@ -75,12 +75,12 @@ def test_ir_rule_stamps_the_nodes_it_produced() -> None:
 
 
 def test_aten_override_of_a_missing_op_is_not_applicable() -> None:
-    from hfexport.rewrites.kinds.onnx import _apply_aten
+    from hfexport.rewrites.kinds.onnx import apply_aten
 
     meta = RuleMeta(id="aten/test-missing", why="test", upstream="hfexport==0 tests", backends=("onnx",))
     rule = AtenOverride(meta, target="aten.no_such_op.default", translation=lambda: print)
     context = RewriteContext(backend="onnx")
     table = TranslationTable(context, opset=18)
-    assert _apply_aten(rule, table) == 0
+    assert apply_aten(rule, table) == 0
     assert not table.functions
     assert context.outcomes[rule.id].status == "not-applicable"

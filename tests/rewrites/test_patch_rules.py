@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport import OpenVINOConfig, OpenVINOExporter, RuleSelection
+from hfexport import OnnxConfig, OnnxExporter, RuleSelection
 from hfexport.tiny import get_tiny_model
 
 
@@ -46,7 +46,7 @@ def test_moe_onnx_export_needs_the_portable_experts_and_matches_eager() -> None:
 
 def test_dense_export_reports_the_moe_rule_not_applicable() -> None:
     tiny = get_tiny_model("tiny-llama")
-    exporter = OpenVINOExporter()
-    exporter.export(tiny.build(), tiny.sample_inputs(), OpenVINOConfig())
+    exporter = OnnxExporter()
+    exporter.export(tiny.build(), tiny.sample_inputs(), OnnxConfig())
     assert "patch/moe-grouped-mm-portable" in exporter.report.not_applicable
     assert "patch" not in exporter.report.hits
