@@ -27,7 +27,7 @@ def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
 def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Path) -> None:
     configs = tmp_path / "configs"
     configs.mkdir()
-    for name in ("llama", "qwen3_moe"):
+    for name in ("llama", "falcon_mamba"):
         shutil.copy(default_root() / "causal_lm" / f"{name}.json", configs)
     (configs / "broken.json").write_text('{"not": "a corpus entry"}')  # one bad config costs one row
     out = {k: tmp_path / f"sweep.{k}" for k in ("csv", "json", "html")}
@@ -37,29 +37,29 @@ def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Pat
 
     data = json.loads(out["json"].read_text())
     rows = {r["model"]: r for r in data["rows"]}
-    assert set(rows) == {"causal_lm/llama", "causal_lm/qwen3_moe", "broken"}
+    assert set(rows) == {"causal_lm/llama", "causal_lm/falcon_mamba", "broken"}
     assert rows["causal_lm/llama"]["status"] == "ok" and rows["causal_lm/llama"]["hits"] == {}
     assert rows["causal_lm/llama"]["max_abs_diff"] <= rows["causal_lm/llama"]["tolerance"]
-    moe = rows["causal_lm/qwen3_moe"]
-    assert moe["status"] == "ok" and moe["hits"]["patch/moe-grouped-mm-portable"] > 0
+    scan = rows["causal_lm/falcon_mamba"]
+    assert scan["status"] == "ok" and scan["hits"]["patch/mamba-selective-scan-hop"] > 0
     assert rows["broken"]["status"] == "invalid-config" and "KeyError" in rows["broken"]["error"]
     dynamo_rules = [r.id for r in default_registry().rules() if r.applies_to("dynamo")]
-    assert data["rules"] == dynamo_rules and data["fired"] == ["patch/moe-grouped-mm-portable"]
-    assert set(data["dead_rules"]) == set(dynamo_rules) - {"patch/moe-grouped-mm-portable"}
+    assert data["rules"] == dynamo_rules and data["fired"] == ["patch/mamba-selective-scan-hop"]
+    assert set(data["dead_rules"]) == set(dynamo_rules) - {"patch/mamba-selective-scan-hop"}
     assert data["summary"].startswith("dynamo: 2/3 models ok")
 
     table = list(csv.reader(out["csv"].read_text().splitlines()))
     assert table[0] == ["model", "status", "max_abs_diff", "tolerance", "export_s", *dynamo_rules]
-    moe_line = next(line for line in table if line[0] == "causal_lm/qwen3_moe")
+    scan_line = next(line for line in table if line[0] == "causal_lm/falcon_mamba")
     assert (
-        int(moe_line[5 + dynamo_rules.index("patch/moe-grouped-mm-portable")])
-        == moe["hits"]["patch/moe-grouped-mm-portable"]
+        int(scan_line[5 + dynamo_rules.index("patch/mamba-selective-scan-hop")])
+        == scan["hits"]["patch/mamba-selective-scan-hop"]
     )
 
     page = out["html"].read_text()
-    assert page.startswith("<!doctype html>") and "causal_lm/qwen3_moe" in page
-    assert "<div>patch/moe-grouped-mm-portable</div>" in page and 'class="fail"' in page
-    assert "Dead rules" in page and "patch/mamba-selective-scan-hop" in page
+    assert page.startswith("<!doctype html>") and "causal_lm/falcon_mamba" in page
+    assert "<div>patch/mamba-selective-scan-hop</div>" in page and 'class="fail"' in page
+    assert "Dead rules" in page and "patch/cpmant-mask-arange" in page
     assert "dead rules (0 hits on every model):" in result.stdout and "[3/3]" in result.stderr
 
 
