@@ -6,6 +6,7 @@ rule fired, which rules did not apply and why, and how long each stage took.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -248,7 +249,9 @@ def apply(
     return hits
 
 
+@functools.cache
 def _appliers() -> dict[str, Callable[[Rule, Any], int]]:
+    # Built once: the kinds are imported on the first transform stage, not at `import hfexport`.
     from hfexport.rewrites.kinds import executorch, fx, onnx, openvino
 
     return {

@@ -9,6 +9,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe
 
 
 def _uses_stacked_experts(model: torch.nn.Module) -> bool:
@@ -38,26 +39,9 @@ def gathered_grouped_mm(original: Any, input: torch.Tensor, weight: torch.Tensor
 def _moe_model(
     tokens: int, experts: int = 4, implementation: str | None = None
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    from transformers import Qwen3MoeConfig, Qwen3MoeModel
-
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        moe_intermediate_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=experts,
-        num_experts_per_tok=2,
-    )
-    model = Qwen3MoeModel(config).eval()
-    if implementation is not None:
-        model.set_experts_implementation(implementation)
-    ids = torch.randint(0, 64, (2, tokens), generator=torch.Generator().manual_seed(tokens))
-    return model, {"input_ids": ids, "use_cache": False}
+    # The tiny Qwen3-MoE the batched-experts patches use, without a cache (the experts are the point).
+    model, inputs = qwen3_moe(tokens, experts, implementation)
+    return model, {**inputs, "use_cache": False}
 
 
 moe_grouped_mm_portable = ModuleFunctionPatch(
