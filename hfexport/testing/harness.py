@@ -64,11 +64,23 @@ _RAN = ("no-match", "fired")
 # -- selection and registry ----------------------------------------------------------------------------------
 
 
+def _with_requirements(ids: tuple[str, ...]) -> tuple[str, ...]:
+    """`ids` and, transitively, the rules they require (a needed rule is dropped without its requirements)."""
+    registry, seen, todo = engine.default_registry(), list(ids), list(ids)
+    while todo:
+        rule_id = todo.pop()
+        required = registry.get(rule_id).meta.requires if rule_id in registry.ids() else ()
+        for requirement in required:
+            if requirement not in seen:
+                seen.append(requirement)
+                todo.append(requirement)
+    return tuple(seen)
+
+
 def selection_for(rule: Rule, backend: str, with_rule: bool = True, example: Example | None = None) -> RuleSelection:
     """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and `ALWAYS_ON[backend]`:
     every other rule off."""
-    needs = getattr(example, "needs", ())
-    keep = (*rule.meta.requires, *needs, *ALWAYS_ON.get(backend, ()))
+    keep = _with_requirements((*rule.meta.requires, *getattr(example, "needs", ()), *ALWAYS_ON.get(backend, ())))
     off = tuple(f"{stage}/" for stage in STAGES)
     if with_rule:
         return RuleSelection(enable=(rule.id, *keep), disable=off)

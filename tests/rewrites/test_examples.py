@@ -33,13 +33,7 @@ NEEDED_ELSEWHERE = {
 
 
 # Examples that fail on one backend for a reason outside the rule (strict: they fail the run once they pass).
-KNOWN_FAILURES = {
-    ("patch/nllb-moe-router-cast", 0, "openvino"): "OpenVINO cannot convert the router's dynamic expert capacity "
-    "(ceil of a symbolic float: 'No conversion rule found for ceil, sym_float'); no rule for it yet",
-    ("openvino/distinct-repeated-outputs", 0, "openvino"): "the OpenVINO lowering cannot map this program's "
-    "signature (a size and a bool returned twice), keeps the converter's input names ('6'), and "
-    "hfexport.runtime.openvino cannot feed the model by name",
-}
+KNOWN_FAILURES = {}
 
 
 def _slow(rule: Rule, backend: str) -> bool:

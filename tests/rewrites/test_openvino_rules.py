@@ -6,6 +6,7 @@ The rules' own Match/NoMatch examples run in tests/rewrites/test_examples.py wit
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 import numpy as np
@@ -200,6 +201,24 @@ def test_without_the_symbolic_rules_conversion_fails() -> None:
             ov.convert_model(program)
 
 
+def test_the_ceil_rule_declines_a_fraction_whose_integer_ceiling_differs() -> None:
+    from hfexport.rewrites.declines import declines_to
+
+    # 0.1 is 3602879701896397 / 2**55: at 10 tokens the exact product is just above 1, the float one is 1.0.
+    assert math.ceil(0.1 * 10) == 1 and -((-10 * 3602879701896397) // 2**55) == 2
+    program = export_program(symbolic._CapacityOfTokens(0.1), {"x": torch.randn(7, 3)}, dynamic=True)
+    rule = default_registry().get("openvino/sym-ceil-to-int")
+    declined: list[tuple[str, str]] = []
+    with declines_to(lambda rule_id, reason: declined.append((rule_id, reason))):
+        assert apply_openvino_rule(rule, program) == 0
+    assert any(rule_id == rule.id and "3602879701896397" in reason for rule_id, reason in declined), declined
+    # 0.75 is 3 / 4: exact, so it is rewritten; the float chain feeding the ceiling is gone with it.
+    program = export_program(symbolic._CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}, dynamic=True)
+    assert apply_openvino_rule(rule, program) == 1
+    targets = {n.target for n in program.graph.nodes}
+    assert math.ceil not in targets and torch.sym_float not in targets
+
+
 def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
     # L + (-L) // 4 keeps 5 of 7 positions in torch; the CPU plugin's truncating division keeps 6.
     feed = {"x": torch.randn(2, 7)}
@@ -232,7 +251,9 @@ def _agrees_with_eager(module: torch.nn.Module, ov_model: Any, feed: dict[str, t
     return True
 
 
-@pytest.mark.parametrize("rule_id", ["openvino/sym-mod-to-floordiv", "openvino/sym-min-max-to-floordiv"])
+@pytest.mark.parametrize(
+    "rule_id", ["openvino/sym-mod-to-floordiv", "openvino/sym-min-max-to-floordiv", "openvino/sym-ceil-to-int"]
+)
 def test_the_symbolic_size_rules_require_the_exact_floor_divide(rule_id: str) -> None:
     registry = default_registry()
     rule, floor = registry.get(rule_id), registry.get("openvino/exact-int-floor-divide")

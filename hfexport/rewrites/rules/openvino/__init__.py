@@ -15,6 +15,7 @@ RULES: list[Rule] = load_rules(
         "openvino/sdpa-fully-masked-rows",
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
+        "openvino/sym-ceil-to-int",
         "openvino/distinct-repeated-outputs",
         "openvino/quant-right-shift-as-floor-scale",
         # on the converted model

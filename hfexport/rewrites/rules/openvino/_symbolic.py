@@ -9,6 +9,7 @@ the frontend computes for `operator.floordiv` (checked by the examples on negati
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -111,6 +112,88 @@ class _MinMaxOfSizes(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         short, long = min(x.shape[0], y.shape[0]), max(x.shape[0], y.shape[0])
         return x[:short] + y[:short], torch.cat([x, y])[:long] * 2
+
+
+# -- math.ceil of a size ratio --------------------------------------------------------------------------
+
+# Exactness bound: a Python float holds every integer below 2**53 exactly.
+_EXACT_INT = 2**53
+# A fraction's numerator above this would leave exactness only for sizes below 2**32 (see `ceil_operands`).
+_MAX_NUMERATOR = 2**21
+
+
+def _sym_float_of_int(arg: Any) -> Any:
+    """The int argument of a `torch.sym_float(n)` node, or None."""
+    if isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target is torch.sym_float and len(arg.args) == 1:
+        return arg.args[0] if _int_value(arg.args[0]) is not None else None
+    return None
+
+
+def ceil_operands(node: fx.Node) -> tuple[Any, int | Any, Any] | str | None:
+    """What `math.ceil(x)` divides, as `(n, p, q)` with ceil(x) == ceil(n * p / q) for every int n the graph
+    can see; a reason string when the node is a ceil of a size this rule cannot make exact; None otherwise.
+
+    Two shapes reach `math.ceil` from sizes: `n / d` on ints (a true division; its double is the exact
+    quotient rounded, which never crosses an integer while |n| < 2**53, since a non-integer quotient is at
+    least 1/|d| away from one), and `f * float(n)` for a float constant f. Every finite float is p / 2**k
+    exactly, and `f * n` is then exact while |n * p| < 2**53, so the integer ceiling equals Python's.
+    """
+    if node.op != "call_function" or node.target is not math.ceil or len(node.args) != 1:
+        return None
+    x = node.args[0]
+    if not isinstance(x, fx.Node) or x.op != "call_function" or len(x.args) != 2:
+        return None
+    a, b = x.args
+    if x.target is operator.truediv and _int_value(a) is not None and _int_value(b) is not None:
+        return a, 1, b
+    if x.target is operator.mul:
+        for factor, other in ((a, b), (b, a)):
+            n = _sym_float_of_int(other)
+            if n is None or not isinstance(factor, float):
+                continue
+            if not math.isfinite(factor):
+                return f"ceil of a size times {factor!r} is not an integer size"
+            p, q = factor.as_integer_ratio()
+            if abs(p) > _MAX_NUMERATOR:
+                return f"{factor!r} is {p}/{q}: the integer ceiling equals the float one only for small sizes"
+            return n, p, q
+    return None
+
+
+def ceil_to_int(gm: fx.GraphModule, node: fx.Node) -> None:
+    n, p, q = ceil_operands(node)  # type: ignore[misc]
+    graph = gm.graph
+    with graph.inserting_before(node):
+        # ceil(n * p / q) == -((-(n * p)) // q) for every int and q != 0, with // flooring (Python semantics,
+        # which exact-int-floor-divide keeps on the CPU plugin for the negative dividend).
+        scaled = n if p == 1 else _call(graph, operator.mul, n, p)
+        new = _call(graph, operator.neg, _call(graph, operator.floordiv, _call(graph, operator.neg, scaled), q))
+    ratio = node.args[0]
+    _replace(node, new)
+    # The float chain that fed the ceiling is dead now; the frontend has no translator for it either.
+    for dead in (ratio, *(a for a in ratio.args if isinstance(a, fx.Node))):
+        if dead.op == "call_function" and not dead.users:
+            graph.erase_node(dead)
+
+
+class _BlocksOfLength(torch.nn.Module):
+    """`nblocks = math.ceil(seq_len / window)`: pad a length to whole blocks of 4 (BigBird/LongT5-style)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = math.ceil(x.shape[1] / 4)
+        return F.pad(x, (0, 0, 0, blocks * 4 - x.shape[1])).reshape(x.shape[0], blocks, 4, x.shape[2]).sum(2)
+
+
+class _CapacityOfTokens(torch.nn.Module):
+    """`math.ceil(fraction * tokens)` bounds a cumulative count, as NLLB-MoE's expert capacity does."""
+
+    def __init__(self, fraction: float) -> None:
+        super().__init__()
+        self.fraction = fraction
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        capacity = math.ceil(self.fraction * x.shape[0])
+        return torch.lt(torch.arange(x.shape[0] * 2), capacity) * 1.0
 
 
 # -- integer floor division on the CPU plugin -------------------------------------------------------

@@ -18,7 +18,8 @@ aten = torch.ops.aten
 
 
 def _repeats(node: fx.Node) -> list[int]:
-    """Positions of the program outputs that repeat an earlier output value (tensor or SymInt)."""
+    """Positions of the program outputs that repeat an earlier output value (tensor or SymInt), or that return a
+    program input unchanged."""
     if node.op != "output" or not isinstance(node.args[0], (tuple, list)):
         return []
     seen: set[fx.Node] = set()
@@ -26,7 +27,9 @@ def _repeats(node: fx.Node) -> list[int]:
     for i, value in enumerate(node.args[0]):
         if not isinstance(value, fx.Node):
             continue
-        if value in seen and isinstance(value.meta.get("val"), (torch.Tensor, torch.SymInt)):
+        val = value.meta.get("val")
+        repeated = value in seen and isinstance(val, (torch.Tensor, torch.SymInt))
+        if repeated or (value.op == "placeholder" and isinstance(val, torch.Tensor)):
             repeats.append(i)
         seen.add(value)
     return repeats
@@ -77,6 +80,13 @@ def _returns_twice(length: int, batch: int = 2) -> dict[str, torch.Tensor]:
     return {"x": torch.randn(batch, length), "keep": torch.randn(batch, length)}
 
 
+class _ReturnsInput(torch.nn.Module):
+    """An input returned unchanged beside a result, as an encoder's hidden states or an unused cache layer are."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, mask
+
+
 class _ReturnsOnce(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x * 2, x * 2
@@ -88,8 +98,10 @@ distinct_repeated_outputs = OpenVINOFxNodeRule(
         why='openvino.convert_model fails with "Tensor name is not a number: slice" (or sym, add...) when the '
         "program returns one value at two output positions: it strips the numeric name of each output tensor "
         "once per Result, so the second Result of the same tensor finds only its debug name. Cache layers "
-        "that share keys or a length (exaone4, exaone_moe, deepseek_v4) do that. Each repeat becomes its own "
-        "node of the same value",
+        "that share keys or a length (exaone4, exaone_moe, deepseek_v4) do that. An output that is a program "
+        "input passed through is the same tensor as the Parameter: naming the output renames the input, and "
+        "after save_model/read_model the input keeps only the output's name, so no feed by input name works. "
+        "Each repeat, and each input returned, becomes its own node of the same value",
         upstream="openvino==2026.4.1 src/frontends/pytorch/src/translate_session.cpp "
         "(TranslateSession::translate_graph erases the index name of every Result's tensor, then decode_tensor_name "
         "checks is_number; no issue filed found)",
@@ -100,6 +112,11 @@ distinct_repeated_outputs = OpenVINOFxNodeRule(
                 lambda: (_ReturnsTwice(), _returns_twice(5)),
                 "a float tensor, a size, a bool tensor and an input, each returned twice; then another shape",
                 other_inputs=lambda: _returns_twice(9, batch=3),
+            ),
+            Match(
+                lambda: (_ReturnsInput(), {"x": torch.randn(2, 5), "mask": torch.rand(2, 5) > 0.5}),
+                "a bool input returned unchanged once; then another shape",
+                other_inputs=lambda: {"x": torch.randn(3, 9), "mask": torch.rand(3, 9) > 0.5},
             ),
             NoMatch(lambda: (_ReturnsOnce(), {"x": torch.randn(2, 3)}), "two outputs of equal value, two nodes"),
             NoMatch(dense_decoder, "a Llama forward"),

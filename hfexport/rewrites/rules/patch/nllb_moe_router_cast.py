@@ -19,6 +19,8 @@ nllb_moe_router_cast = MethodPatch(
                 _router,
                 "router_dtype float32 as the weights, two padding tokens, then 11 tokens",
                 other_inputs=lambda: _router_inputs(11, seed=1),
+                # The capacity ceil(fraction * tokens) of a dynamic export needs it on OpenVINO.
+                needs=("openvino/sym-ceil-to-int",),
             ),
             NoMatch(
                 _dense_ffn,

@@ -1,0 +1,70 @@
+"""Rule `openvino/sym-ceil-to-int` (shared code: `_symbolic`)."""
+
+from __future__ import annotations
+
+from torch import fx
+
+from hfexport.rewrites.declines import note_declined
+from hfexport.rewrites.example_models import dense_decoder
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.openvino._symbolic import (
+    _BlocksOfLength,
+    _CapacityOfTokens,
+    ceil_operands,
+    ceil_to_int,
+    torch,
+)
+
+_ID = "openvino/sym-ceil-to-int"
+
+
+def _matches(node: fx.Node) -> bool:
+    operands = ceil_operands(node)
+    if isinstance(operands, str):
+        note_declined(_ID, operands)  # the conversion will fail on it: the audit says why the rule left it
+    return isinstance(operands, tuple)
+
+
+sym_ceil_to_int = OpenVINOFxNodeRule(
+    RuleMeta(
+        id=_ID,
+        why="openvino.convert_model has no translator for math.ceil on symbolic sizes nor for torch.sym_float "
+        "('No conversion rule found for operations: ceil, sym_float'): a dynamic export of NLLB-MoE (its expert "
+        "capacity ceil(fraction * tokens)) or of a model that counts blocks as ceil(length / window) fails. The "
+        "ceiling is rewritten in integers, -((-n * p) // q), equal to Python's float ceiling for every size "
+        "below 2**53 / p; a fraction with a numerator above 2**21 is declined",
+        upstream="openvino==2026.4.1 src/frontends/pytorch/src/op_table.cpp (FX translators for SymInt operators: "
+        "add, sub, mul, floordiv, neg, getitem; none for ceil or sym_float; no issue filed found)",
+        backends=("openvino",),
+        # The rewrite floors a negative dividend, which the CPU plugin truncates unless made exact.
+        requires=("openvino/exact-int-floor-divide",),
+        models=("nllb-moe", "moshi", "big_bird", "longt5"),
+        examples=(
+            Match(
+                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
+                "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",
+                other_inputs=lambda: {"x": torch.randn(3, 12, 3)},
+            ),
+            Match(
+                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 9, 3)}),
+                "another sample length; then 1",
+                other_inputs=lambda: {"x": torch.randn(2, 1, 3)},
+            ),
+            Match(
+                lambda: (_CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}),
+                "ceil(0.75 * tokens) for 7 tokens (5.25 -> 6); then 8 (exactly 6)",
+                other_inputs=lambda: {"x": torch.randn(8, 3)},
+            ),
+            Match(
+                lambda: (_CapacityOfTokens(1.0), {"x": torch.randn(5, 3)}),
+                "NLLB-MoE's default fraction 1.0; then 11 tokens",
+                other_inputs=lambda: {"x": torch.randn(11, 3)},
+            ),
+            NoMatch(dense_decoder, "a Llama forward (no ceiling of sizes)"),
+        ),
+    ),
+    predicate=_matches,
+    rewrite=ceil_to_int,
+)
