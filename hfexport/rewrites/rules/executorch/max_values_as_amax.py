@@ -27,22 +27,20 @@ def _values_only(node: fx.Node) -> bool:
     )
 
 
-def _refused_4d_max(node: fx.Node) -> bool:
-    """A values-only `max.dim` of a 4-D tensor that XNNPACK's serializer cannot write.
+def _xnnpack_4d_max(node: fx.Node) -> bool:
+    """A values-only `max.dim` of a 4-D tensor, which XNNPACK's partitioner takes.
 
     Its partitioner (MaxDimConfig) takes every values-only `max.dim` of a 4-D float tensor; its
     RemoveGetItemPass turns it into `amax`, whose visitor (a max pooling in NHWC) only writes `dim` 2 or 3
-    exactly as the graph spells it (not -1 or -2) with keepdim=True, and fails the whole lowering otherwise.
+    exactly as the graph spells it (not -1 or -2) with keepdim=True and fails the whole lowering otherwise;
+    and the form it does write computes wrong values (softmax(x - max(x, dim=3)) off by 0.999 on a
+    [2, 2, 6, 7] input) and fails to load with a dynamic size (std::bad_alloc).
     """
     if node.op != "call_function" or node.target is not _MAX_DIM or not _values_only(node):
         return False
     source = node.args[0]
     value = source.meta.get("val") if isinstance(source, fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.ndim != 4:
-        return False
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    return not (dim in (2, 3) and keepdim is True)
+    return isinstance(value, torch.Tensor) and value.ndim == 4
 
 
 def _max_values_as_amax(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -85,13 +83,20 @@ def _built(dim: int = -1, keepdim: bool = True, indices: bool = False) -> Built:
     return _SinkSoftmax(dim, keepdim, indices), _logits(2, 6)
 
 
+def _built_3d() -> Built:
+    """The same softmax over one head folded away: a 3-D `max.dim`, which XNNPACK's partitioner leaves."""
+    return _SinkSoftmax(), {"logits": _logits(2, 6)["logits"][:, 0]}
+
+
 max_values_as_amax = ExecutorchNodeRule(
     RuleMeta(
         id="executorch/max-values-as-amax",
         why="XNNPACK's partitioner takes the values-only `max(x, dim)` of a 4-D tensor without checking `dim`, and "
         "its serializer then fails the lowering with 'amax.default only supports dim == 2 or dim == 3' for "
         "gpt_oss's attention sinks (`logits.max(dim=-1, keepdim=True).values`: dim -1, not 3) or 'only supports "
-        "keep_dim == True'; `amax` computes the same values and runs as the portable kernel",
+        "keep_dim == True'; and the one form it writes, dim 2 or 3 with keepdim, gives wrong values (off by 0.999 "
+        "after a softmax) and a program that fails to load with a dynamic size (std::bad_alloc). `amax` computes "
+        "the same values and runs as the portable kernel",
         upstream="executorch==1.4.1 backends/xnnpack/partition/config/node_configs.py MaxDimConfig checks rank and "
         "dtype only; backends/xnnpack/operators/op_max_dim.py MaxDim.define_node compares the raw dim with 2 and 3 (no "
         "issue filed)",
@@ -109,9 +114,14 @@ max_values_as_amax = ExecutorchNodeRule(
                 other_inputs=lambda: _logits(1, 9, seed=2),
             ),
             NoMatch(lambda: _built(indices=True), "max(dim=-1) whose indices are used too (XNNPACK does not take it)"),
-            NoMatch(lambda: _built(dim=3), "max(dim=3, keepdim=True).values: the form XNNPACK writes"),
+            Match(
+                lambda: _built(dim=3),
+                "max(dim=3, keepdim=True).values, the form XNNPACK writes (wrongly); then another batch and length",
+                other_inputs=lambda: _logits(3, 5, seed=3),
+            ),
+            NoMatch(_built_3d, "a 3-D max(dim=-1).values (XNNPACK's partitioner takes only 4-D)"),
         ),
     ),
-    predicate=_refused_4d_max,
+    predicate=_xnnpack_4d_max,
     rewrite=_max_values_as_amax,
 )
