@@ -102,6 +102,21 @@ def test_xnnpack_fails_the_decompressed_linear_without_the_rule() -> None:
         _lower(_program(quant_computed_weight_linear_untagged.meta.examples[0]))
 
 
+@pytest.mark.slow  # a lowering and a run of its own
+def test_xnnpack_computes_the_decompressed_linear_of_rows_wrongly_without_the_rule() -> None:
+    pytest.importorskip("executorch")
+    from hfexport.rewrites.rules.executorch.quant_computed_weight_linear_untagged import (
+        quant_computed_weight_linear_untagged,
+    )
+    from hfexport.testing.harness import lower_to_executorch as _lower
+
+    example = quant_computed_weight_linear_untagged.meta.examples[1]  # a 2-D input: view + addmm
+    module, inputs = example.build()
+    (actual,) = _lower(_program(example)).run(inputs)
+    # ConvertToLinearPass rebuilt a linear that does not use the weight the graph computes.
+    assert (actual - module.eval()(**inputs)).abs().max() > 100
+
+
 def test_xnnpack_cannot_load_slices_that_change_qparams_without_the_rule() -> None:
     pytest.importorskip("executorch")
     pytest.importorskip("torchao")

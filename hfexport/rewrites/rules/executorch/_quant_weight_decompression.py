@@ -7,11 +7,13 @@ the ExecuTorch runtime (executorch 1.4.1, nncf 3.4):
 
 - `aten.bitwise_right_shift` is not core ATen, so `to_edge` refuses it, although the portable kernel library
   has it (`bitwise_right_shift.Tensor_Scalar_out`); executorch's own advice is the verifier's exception list.
-- XNNPACK delegates a `linear` only on a static weight, so a linear on a computed weight is decomposed. On an
-  input that is not contiguous (the attention output before `o_proj` is a transposed view) the decomposition
-  is `expand` + `bmm`; XNNPACK takes the `bmm`, and its `ConvertToLinearPass`, which finds the `bmm` tagged as
-  coming from an `nn.Linear`, rebuilds a `linear` on the 3-D expanded weight and fails ("t() expects a
-  tensor with <= 2 dimensions").
+- XNNPACK delegates a `linear` only on a static weight, so a linear on a computed weight is decomposed, and
+  its `ConvertToLinearPass`, which finds the decomposition tagged as coming from an `nn.Linear`, rebuilds a
+  `linear` from it. On an input that is not contiguous (the attention output before `o_proj` is a
+  transposed view) the decomposition is `expand` + `bmm`, and the rebuilt linear on the 3-D expanded weight
+  fails ("t() expects a tensor with <= 2 dimensions"). On any other input it is `view` + `addmm`, and the
+  rebuilt linear computes wrong values (off by ~2000 on outputs of ~11 in the examples): it does not use the
+  weight the graph computes.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _nibbles() -> Built:
 
 
 def _is_computed_weight_linear(node: fx.Node) -> bool:
-    """`linear(x, w, ...)` with x of rank > 2 and w computed in the graph (not a parameter, buffer or constant),
-    still tagged with the module it came from."""
+    """`linear(x, w, ...)` with w computed in the graph (not a parameter, buffer or constant), still tagged with the
+    module it came from; any input rank (each decomposition of it is rebuilt wrongly, see the module's doc)."""
     if node.op != "call_function" or node.target is not _LINEAR or not (_SOURCE_TAGS & node.meta.keys()):
         return False
     x, weight = node.args[0], node.args[1]
@@ -65,17 +67,13 @@ def _is_computed_weight_linear(node: fx.Node) -> bool:
     if str(weight.target).startswith("quantized_decomposed."):
         return False  # a PT2E weight (dequantize of an int8 constant): XNNPACK lowers it as a quantized linear
     value, weight_value = x.meta.get("val"), weight.meta.get("val")
-    return (
-        isinstance(value, torch.Tensor)
-        and isinstance(weight_value, torch.Tensor)
-        and value.ndim > 2
-        and weight_value.ndim == 2
-    )
+    return isinstance(value, torch.Tensor) and isinstance(weight_value, torch.Tensor) and weight_value.ndim == 2
 
 
 def _untag_linear(gm: fx.GraphModule, node: fx.Node) -> None:
     """The same `linear` without its source-module tags. Its decomposition is unchanged (expand + bmm, or view +
-    mm), and XNNPACK runs the `bmm` as the batch matmul it is instead of rebuilding a linear from it."""
+    addmm), and XNNPACK runs the `bmm` as the batch matmul it is, and the `addmm` as the portable kernel,
+    instead of rebuilding a linear from them."""
     with gm.graph.inserting_before(node):
         linear = gm.graph.call_function(_LINEAR, node.args, dict(node.kwargs))
     linear.meta = {k: v for k, v in node.meta.items() if k not in _SOURCE_TAGS}

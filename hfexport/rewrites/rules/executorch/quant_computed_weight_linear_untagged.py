@@ -18,7 +18,9 @@ quant_computed_weight_linear_untagged = ExecutorchNodeRule(
         why="a linear on a weight computed in the graph (NNCF's int8/int4 weight decompression) over a "
         "non-contiguous 3-D input decomposes to expand + bmm, and XNNPACK's ConvertToLinearPass, seeing the bmm "
         "tagged as an nn.Linear, rebuilds a linear on the 3-D expanded weight: 't() expects a tensor with <= 2 "
-        "dimensions'. The linear loses its source-module tag (numerics unchanged), so the bmm runs as a bmm",
+        "dimensions'; on a contiguous or 2-D input (view + addmm) the rebuilt linear ignores the computed weight and "
+        "the outputs are off by ~2000 (values ~11). The linear loses its source-module tag (numerics unchanged), "
+        "so the bmm runs as a bmm and the addmm as the portable kernel",
         upstream="executorch==1.4.1 backends/xnnpack/_passes/convert_to_linear.py (create_linear takes the bmm's "
         "expanded operands for the linear's input and weight)",
         backends=("executorch",),
@@ -30,11 +32,22 @@ quant_computed_weight_linear_untagged = ExecutorchNodeRule(
                 atol=1e-4,
                 other_inputs=lambda: _inputs(9, 3, seed=2),
             ),
+            Match(
+                lambda: (_TransposedLinear(rows=True), _inputs(7)),
+                "int8 weights on a 2-D input (addmm, wrong values without the rule); then 16 rows",
+                atol=1e-4,
+                other_inputs=lambda: _inputs(16, seed=3),
+            ),
+            Match(
+                lambda: (_TransposedLinear(rows=True), _inputs(5, 3)),
+                "int8 weights on a contiguous 3-D input, as every projection but o_proj; then [2, 9, 24]",
+                atol=1e-4,
+                other_inputs=lambda: _inputs(2, 9, seed=4),
+            ),
             NoMatch(
                 lambda: (_TransposedLinear(compressed=False), _inputs(5, 2)),
                 "the same linear on its own parameter: XNNPACK delegates it",
             ),
-            NoMatch(lambda: (_TransposedLinear(rows=True), _inputs(7)), "int8 weights on a 2-D input: addmm"),
         ),
     ),
     predicate=_is_computed_weight_linear,
