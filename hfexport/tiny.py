@@ -45,12 +45,13 @@ class TinyModel:
         torch.manual_seed(seed)
         return getattr(transformers, self.auto_class).from_config(config).eval()
 
-    def sample_inputs(self, seed: int = 0) -> dict[str, Any]:
-        """Forward kwargs for the model, drawn from `seed` (token ids avoid the special ids 0-2)."""
+    def sample_inputs(self, seed: int = 0, batch: int | None = None, length: int | None = None) -> dict[str, Any]:
+        """Forward kwargs for the model, drawn from `seed` (token ids avoid the special ids 0-2); `batch` and
+        `length` (text tokens) default to `sample_shape`."""
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        batch, length = self.sample_shape
+        batch, length = batch or self.sample_shape[0], length or self.sample_shape[1]
         vocab = self._text_config().get("vocab_size", self.config.get("vocab_size", 128))
         ids = torch.randint(3, vocab, (batch, length), generator=generator)
         if self.family == "causal_lm":

@@ -9,11 +9,12 @@ hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h
 hfexport check out/ [--trust]
 
 Progress goes to stderr (live per stage with rich on a terminal, plain lines otherwise), results to stdout.
-Exit codes: 0 success; 1 the artifact differs from eager beyond the tolerance (or an audited export failed);
-2 the export failed.
+Exit codes (`exits.ExitCode`, docs/cli.md): 0 success; 1 the artifact differs from eager; 2 a usage mistake,
+refused before any work; 3 the export failed; 4 `check` refused the artifact; 130 interrupted.
 
 One module per command group (`export`, `audit`, `rules`, `scan`, `check`, `sweep`), the parser and `main`
-(`parser`), and what they share: `progress` (stderr progress) and `models` (model and config from arguments).
+(`parser`), and what they share: `progress` (stderr progress), `models` (model and config from arguments),
+`exits` (exit codes, one-line errors) and `noise` (third-party messages hidden unless `--debug`).
 """
 
 from __future__ import annotations

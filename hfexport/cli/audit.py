@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hfexport.cli.exits import ExitCode
+from hfexport.cli.export import model_options
 from hfexport.cli.models import export_config, load_model, split
 from hfexport.cli.progress import step as _step
 
@@ -13,7 +15,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     config = export_config(args)
     _step(f"building {args.model}")
-    model, inputs = load_model(args.model, args.task)
+    model, inputs = load_model(args.model, args.task, **model_options(args))
     ablate: bool | tuple[str, ...] = False
     if args.ablate is not None:
         ablate = split(args.ablate) or True
@@ -32,4 +34,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         audit.save(args.json)
         _step(f"wrote {args.json}")
-    return 0 if audit.exported and (audit.validation or {}).get("ok") else 1
+    if not audit.exported:
+        return int(ExitCode.EXPORT_FAILED)
+    return int(ExitCode.OK if (audit.validation or {}).get("ok") else ExitCode.DIFFERS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hfexport.cli.exits import ExitCode
+
 
 def cmd_check(args: argparse.Namespace) -> int:
     from hfexport.artifacts import ArtifactError, load
@@ -13,7 +15,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         loaded = load(args.directory, trust=args.trust)
     except ArtifactError as exc:
         print(f"refused: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return int(ExitCode.REFUSED)
     manifest = loaded.manifest
     print(f"{loaded.directory}: {loaded.export_format} artifact of {manifest.get('model_class') or '?'}, ok")
     for name, component in loaded.components.items():

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from hfexport.cli.exits import ExitCode, UsageError
 from hfexport.cli.models import export_config, load_model
 from hfexport.cli.progress import Progress
 from hfexport.formats import MAIN_FILE
@@ -23,6 +26,30 @@ def _stage_times(report: Any) -> str:
     return ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in report.stage_seconds.items())
 
 
+def check_writable(output: Path) -> None:
+    """Refuse, before any work, an output folder that cannot be created or written."""
+    existing = next((p for p in (output, *output.parents) if p.exists()), Path.cwd())
+    if not existing.is_dir():
+        raise UsageError(f"--output {output}: {existing} is a file, not a folder")
+    # A probe folder, created and removed where the output will go: permissions alone do not show a read-only
+    # or pseudo file system (root may write everywhere the mode bits say).
+    try:
+        probe = tempfile.mkdtemp(prefix=".hfexport-probe-", dir=existing)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot create a folder in {existing} ({exc.strerror})") from None
+    os.rmdir(probe)
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `load_model` options the export flags give."""
+    return {
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "sequence_length": args.sequence_length,
+        "trust_remote_code": args.trust_remote_code,
+    }
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from hfexport.artifacts import ArtifactExistsError, check_destination, save, update_manifest, validate
     from hfexport.auto import AutoHfExporter
@@ -34,12 +61,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         # Before minutes of export: a destination the save would refuse is refused now.
         check_destination(output, args.overwrite)
     except ArtifactExistsError as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     config = export_config(args)
     progress = Progress()
     try:
         start = progress.step(f"building {args.model}")
-        model, inputs = load_model(args.model, args.task)
+        model, inputs = load_model(args.model, args.task, **model_options(args))
         exporter = AutoHfExporter.from_config(config)
         if args.generation:
             return _export_generation(args, model, inputs, exporter, config, progress, start)
@@ -51,8 +78,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             progress.close()
             if exporter.report is not None:
                 print(exporter.report)
-            print(f"export failed: {exc}", file=sys.stderr)
-            return 2
+            print(f"error: export failed: {exc}", file=sys.stderr)
+            return int(ExitCode.EXPORT_FAILED)
         report = exporter.report
         progress.step(
             f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired"
@@ -72,7 +99,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(validation)
             if not validation.ok:
                 print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
-                status = 1
+                status = int(ExitCode.DIFFERS)
     finally:
         progress.close()
     print(report)
@@ -123,8 +150,8 @@ def _export_generation(
         progress.close()
         for report in getattr(exporter, "reports", {}).values():
             print(report)
-        print(f"export failed: {exc}", file=sys.stderr)
-        return 2
+        print(f"error: export failed: {exc}", file=sys.stderr)
+        return int(ExitCode.EXPORT_FAILED)
     reports = exporter.reports
     for name, report in reports.items():
         progress.step(f"{name}: exported in {report.total_seconds:.1f}s; {len(report.fired)} rule(s) fired")
@@ -142,7 +169,7 @@ def _export_generation(
             outputs = loaded.run(programs.samples[name], name)
             ran[name] = all(bool(torch.isfinite(t).all()) for t in outputs.values() if t.is_floating_point())
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-        n = args.new_tokens
+        n = args.new_tokens or 8
         progress.step(f"validating: {n} greedy tokens of the exported components against model.generate")
         reference = _generation_config(args) or copy.deepcopy(model.generation_config)
         reference.max_new_tokens = reference.min_new_tokens = n
@@ -159,7 +186,7 @@ def _export_generation(
         print(f"greedy tokens vs model.generate: {agreement:.0%} of {n} x {ids.shape[0]} agree")
         if not validation["ok"]:
             print("validation failed: the generated tokens differ from model.generate", file=sys.stderr)
-            status = 1
+            status = int(ExitCode.DIFFERS)
     progress.close()
     for report in reports.values():
         print(report)

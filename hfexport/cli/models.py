@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hfexport.cli.exits import UsageError
+
 # --task -> the transformers Auto class a local model folder is loaded with.
 TASKS: dict[str, str] = {
     "causal-lm": "AutoModelForCausalLM",
@@ -15,41 +17,131 @@ TASKS: dict[str, str] = {
     "feature-extraction": "AutoModel",
     "sequence-classification": "AutoModelForSequenceClassification",
     "masked-lm": "AutoModelForMaskedLM",
+    "image-classification": "AutoModelForImageClassification",
+    "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
+    "image-text-to-text": "AutoModelForImageTextToText",
+}
+# The Hugging Face pipeline task names (as optimum-cli and transformers.pipeline spell them) -> ours.
+HF_TASKS: dict[str, str] = {
+    "text-generation": "causal-lm",
+    "text2text-generation": "seq2seq-lm",
+    "summarization": "seq2seq-lm",
+    "translation": "seq2seq-lm",
+    "feature-extraction": "feature-extraction",
+    "sentence-similarity": "feature-extraction",
+    "text-classification": "sequence-classification",
+    "fill-mask": "masked-lm",
+    "image-classification": "image-classification",
+    "automatic-speech-recognition": "speech-seq2seq",
+    "image-text-to-text": "image-text-to-text",
+}
+TASK_CHOICES: tuple[str, ...] = ("auto", *TASKS, *(name for name in HF_TASKS if name not in TASKS))
+# The task of each built-in tiny model's family.
+_FAMILY_TASKS = {
+    "causal_lm": "causal-lm",
+    "seq2seq": "seq2seq-lm",
+    "speech_seq2seq": "speech-seq2seq",
+    "image_text": "image-text-to-text",
+}
+# Tasks whose sample inputs a local folder's tokenizer or config gives (others need a processor and real data).
+_FOLDER_SAMPLE_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
+DTYPES = ("float32", "float16", "bfloat16")
+# Architecture suffix -> task, for `--task auto` on a folder.
+_SUFFIX_TASKS = {
+    "ForCausalLM": "causal-lm",
+    "ForConditionalGeneration": "seq2seq-lm",
+    "ForSequenceClassification": "sequence-classification",
+    "ForMaskedLM": "masked-lm",
+    "ForImageClassification": "image-classification",
+    "ForSpeechSeq2Seq": "speech-seq2seq",
 }
 
 
-def _task_class(path: Path, task: str) -> Any:
-    """The Auto class for `task`; `auto` reads the folder's config (`architectures`) to choose."""
-    import transformers
-
-    if task == "auto":
-        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-        architecture = (getattr(config, "architectures", None) or [""])[0]
-        suffixes = {
-            "ForCausalLM": "causal-lm",
-            "ForConditionalGeneration": "seq2seq-lm",
-            "ForSequenceClassification": "sequence-classification",
-            "ForMaskedLM": "masked-lm",
-        }
-        task = next((t for suffix, t in suffixes.items() if architecture.endswith(suffix)), "feature-extraction")
-    return getattr(transformers, TASKS[task])
+def canonical_task(task: str) -> str:
+    """Our task name for `task` (ours or a Hugging Face pipeline name)."""
+    return task if task in TASKS or task == "auto" else HF_TASKS[task]
 
 
-def load_model(spec: str, task: str = "auto") -> tuple[Any, dict[str, Any]]:
+def check_model_spec(spec: str, task: str) -> None:
+    """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, and a `--task` that
+    does not fit it."""
     from hfexport.tiny import TINY_MODELS
 
+    task = canonical_task(task)
     if spec in TINY_MODELS:
-        tiny = TINY_MODELS[spec]
-        return tiny.build(), tiny.sample_inputs()
+        own = _FAMILY_TASKS[TINY_MODELS[spec].family]
+        if task not in ("auto", own):
+            raise UsageError(f"--task {task} does not apply to the built-in {spec} (a {own} model): drop --task")
+        return
     path = Path(spec)
     if not path.is_dir():
-        raise SystemExit(f"--model {spec!r} is neither a built-in ({', '.join(TINY_MODELS)}) nor a local model folder")
+        raise UsageError(f"--model {spec!r} is neither a built-in ({', '.join(TINY_MODELS)}) nor a local model folder")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model {spec}: the folder has no config.json (is it a Hugging Face model folder?)")
+    weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")]
+    if not weights:
+        raise UsageError(f"--model {spec}: the folder has no weights (*.safetensors or pytorch_model*.bin)")
+    if task != "auto" and task not in _FOLDER_SAMPLE_TASKS:
+        raise UsageError(
+            f"--task {task}: sample inputs are built from a folder only for text tasks "
+            f"({', '.join(_FOLDER_SAMPLE_TASKS)}); export it from Python with your own inputs"
+        )
+
+
+def _folder_task(path: Path, task: str) -> str:
+    """`task`, or for `auto` the one the folder's config (`architectures`) names."""
+    if task != "auto":
+        return task
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    return next((t for suffix, t in _SUFFIX_TASKS.items() if architecture.endswith(suffix)), "feature-extraction")
+
+
+def load_model(
+    spec: str,
+    task: str = "auto",
+    *,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """The model `--model` names and sample inputs for it (`batch_size` x `sequence_length` text tokens)."""
     import torch
+
+    from hfexport.tiny import TINY_MODELS
+
+    torch_dtype = getattr(torch, dtype) if dtype else None
+    if spec in TINY_MODELS:
+        tiny = TINY_MODELS[spec]
+        model = tiny.build()
+        if torch_dtype is not None:
+            model = model.to(torch_dtype)
+        inputs = tiny.sample_inputs(batch=batch_size, length=sequence_length)
+        if torch_dtype is not None:
+            inputs = {k: v.to(torch_dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+        return model, inputs
+    check_model_spec(spec, task)
+    path = Path(spec)
+    task = _folder_task(path, canonical_task(task))
+    if task not in _FOLDER_SAMPLE_TASKS:
+        raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
+    import transformers
     from transformers import AutoTokenizer
 
-    model = _task_class(path, task).from_pretrained(path, local_files_only=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    inputs = tokenizer(["Hello, world!", "Export me"], padding=True, return_tensors="pt")
+    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    if torch_dtype is not None:
+        options["dtype"] = torch_dtype
+    model = getattr(transformers, TASKS[task]).from_pretrained(path, **options).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    texts = ["Hello, world!", "Export me"]
+    texts = (texts * (batch_size or 2))[: batch_size or 2]
+    shape: dict[str, Any] = {"padding": True}
+    if sequence_length:
+        shape = {"padding": "max_length", "max_length": sequence_length, "truncation": True}
+    inputs = tokenizer(texts, return_tensors="pt", **shape)
     return model, {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
 
@@ -62,21 +154,47 @@ def export_config(args: argparse.Namespace) -> Any:
     from hfexport.auto import AutoExportConfig
 
     data: dict[str, Any] = {"export_format": args.format, "dynamic": args.dynamic}
-    if args.config:
-        text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
-        extra = json.loads(text)
-        if not isinstance(extra, dict):
-            raise SystemExit("--config takes a JSON object, e.g. '{\"compress_to_fp16\": false}'")
-        data.update(extra)
+    data.update(config_json(args.config))
+    if getattr(args, "opset", None) is not None:
+        if args.format != "onnx":
+            raise UsageError(f"--opset applies to --format onnx, not {args.format}")
+        data["opset_version"] = args.opset
+    if getattr(args, "portable", False):
+        if args.format != "onnx":
+            raise UsageError(f"--portable applies to --format onnx, not {args.format}")
+        data["fusions"] = None
     if args.enable or args.disable:
         data["rules"] = {"enable": list(split(args.enable)), "disable": list(split(args.disable))}
-    config = AutoExportConfig.from_dict(data)
+    try:
+        config = AutoExportConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
     if args.quantize:
         config.quantizer = _quantizer(args.quantize, args.format)
     from hfexport.rewrites.engine import default_registry
 
-    default_registry().validate_selection(config.rules)
+    try:
+        default_registry().validate_selection(config.rules)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return config
+
+
+def config_json(value: str | None) -> dict[str, Any]:
+    """`--config` as a dict: inline JSON or `@file.json`; a clear one-line error otherwise."""
+    if not value:
+        return {}
+    try:
+        text = Path(value[1:]).read_text() if value.startswith("@") else value
+    except OSError as exc:
+        raise UsageError(f"--config {value}: cannot read the file ({exc.strerror})") from None
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if not isinstance(extra, dict):
+        raise UsageError("--config takes a JSON object, e.g. '{\"compress_to_fp16\": false}'")
+    return extra
 
 
 QUANTIZE_RECIPES = ("ort-dynamic", "ort-static", "pt2e-x86", "nncf-int8", "nncf-int4")
@@ -102,4 +220,4 @@ def _quantizer(recipe: str, export_format: str) -> Any:
         return nncf(q.NNCFQuantizationConfig())
     if recipe == "nncf-int4":
         return nncf(q.NNCFWeightCompressionConfig(mode="int4_sym", group_size=32))
-    raise SystemExit(f"--quantize {recipe!r}: choose one of {', '.join(QUANTIZE_RECIPES)}")
+    raise UsageError(f"--quantize {recipe!r}: choose one of {', '.join(QUANTIZE_RECIPES)}")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 from hfexport.cli.audit import cmd_audit
 from hfexport.cli.check import cmd_check
-from hfexport.cli.export import cmd_export
-from hfexport.cli.models import QUANTIZE_RECIPES, TASKS
+from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
+from hfexport.cli.export import check_writable, cmd_export
+from hfexport.cli.models import DTYPES, QUANTIZE_RECIPES, TASK_CHOICES, check_model_spec, config_json
+from hfexport.cli.noise import quiet_third_party
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
 from hfexport.cli.scan import cmd_scan
 from hfexport.cli.sweep import cmd_sweep
@@ -18,15 +24,46 @@ from hfexport.rewrites.rule import BACKENDS, STAGES
 DESCRIPTION = "The `hfexport` command (also `python -m hfexport`)."
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a mistake as one line (with a close match for a mistyped choice), not usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'?([^',]+)'?(?:, |$)", choice.group(2))
+            close = difflib.get_close_matches(choice.group(1), [o.strip() for o in options], n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _debug_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show tracebacks (also HFEXPORT_DEBUG=1)")
+
+
 def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
-    parser.add_argument("--format", default="dynamo", help=f"export format: {', '.join(FORMATS)} (default: dynamo)")
+    parser.add_argument("--format", default="dynamo", choices=FORMATS, help="export format (default: dynamo)")
     parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--task",
         default="auto",
-        choices=["auto", *TASKS],
-        help="for a local model folder: the Auto class to load it with (auto: from its config's architectures)",
+        choices=TASK_CHOICES,
+        metavar="TASK",
+        help="the task (ours or a Hugging Face pipeline name: text-generation, fill-mask, ...); for a local folder "
+        "it picks the Auto class (auto: from its config's architectures); a built-in model takes only its own",
+    )
+    parser.add_argument("--dtype", choices=DTYPES, help="load the model in this dtype (default: the checkpoint's)")
+    parser.add_argument("--opset", type=int, help="ONNX opset version (--format onnx)")
+    parser.add_argument(
+        "--portable",
+        action="store_true",
+        help="--format onnx: standard ONNX ops only (no com.microsoft fusions), for any ONNX runtime",
+    )
+    parser.add_argument("--batch-size", type=int, help="batch of the sample inputs the export traces (2)")
+    parser.add_argument("--sequence-length", type=int, help="text tokens of the sample inputs (the model's default)")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="let transformers run the folder's own modeling code"
     )
     parser.add_argument(
         "--quantize",
@@ -48,10 +85,12 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hfexport", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    from hfexport._version import __version__
+
+    parser = _Parser(prog="hfexport", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hfexport {__version__}")
+    _debug_option(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     export = sub.add_parser("export", help="export a model, save the artifact with a manifest, optionally validate")
     _export_options(export)
@@ -64,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="export the components generate() runs (prefill/decode, ...) as one multi-component artifact",
     )
     export.add_argument(
-        "--new-tokens", type=int, default=8, help="with --generation --validate: greedy tokens to compare (8)"
+        "--new-tokens", type=int, default=None, help="with --generation --validate: greedy tokens to compare (8)"
     )
     export.add_argument(
         "--static-cache", type=int, metavar="N", help="with --generation: export against a static cache of N slots"
@@ -122,16 +161,61 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--html", help="write the heatmap as a static HTML table")
     sweep.add_argument("--png", help="write the heatmap as a PNG (needs matplotlib)")
     sweep.set_defaults(func=cmd_sweep)
+    for command in (export, audit, listing, show, scan, check, sweep):
+        _debug_option(command)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from hfexport.errors import ConfigError, InputError, MissingPackageError
+def _check_combinations(args: argparse.Namespace) -> None:
+    """Refuse flags that would do nothing in this combination, and a model or output refused later anyway."""
+    if args.command in ("export", "audit", "sweep"):
+        config_json(args.config)  # a JSON mistake is refused before any import of torch
+    if args.command in ("export", "audit"):
+        check_model_spec(args.model, args.task)
+        for flag, value in (("--batch-size", args.batch_size), ("--sequence-length", args.sequence_length)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1, not {value}")
+    if args.command == "export":
+        check_writable(Path(args.output))
+    if args.command == "export" and not args.generation:
+        given = [
+            flag
+            for flag, value in (
+                ("--new-tokens", args.new_tokens),
+                ("--static-cache", args.static_cache),
+                ("--multi-token-decode", args.multi_token_decode or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(f"{', '.join(given)}: used only with --generation; add --generation or drop them")
+    if args.command == "export" and args.generation and args.new_tokens is not None and not args.validate:
+        raise UsageError("--new-tokens sets how many tokens --validate compares: add --validate or drop it")
 
-    args = build_parser().parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; return its exit code (`ExitCode`). Tracebacks only with `--debug`/`HFEXPORT_DEBUG`."""
+    from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+
+    debug = debug_enabled(argv)
     try:
+        args = build_parser().parse_args(argv)
+        quiet_third_party(debug)
+        _check_combinations(args)
         return args.func(args)
-    except (ConfigError, InputError, MissingPackageError) as exc:
-        # Refused before any tracing (a config, input or package problem): the message says what to do.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    except (UsageError, ConfigError, InputError, MissingPackageError) as exc:
+        # Refused before any tracing (a flag, config, input or package problem): the message says what to do.
+        if debug:
+            raise
+        return fail(ExitCode.USAGE, one_line(exc))
+    except HfExportError as exc:
+        if debug:
+            raise
+        return fail(ExitCode.EXPORT_FAILED, f"export failed: {one_line(exc)} (--debug shows the traceback)")
+    except Exception as exc:
+        if debug:
+            raise
+        return fail(ExitCode.EXPORT_FAILED, f"{type(exc).__name__}: {one_line(exc)} (--debug shows the traceback)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hfexport.cli.exits import UsageError
+
 
 def cmd_rules_list(args: argparse.Namespace) -> int:
     from hfexport.rewrites.engine import default_registry
@@ -24,7 +26,7 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
     try:
         rule = default_registry().get(args.id)
     except KeyError as exc:
-        raise SystemExit(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0])) from None
     meta = rule.meta
     expired, expiry = expiry_status(meta)
     expiry_text = "never (no expiry set)"

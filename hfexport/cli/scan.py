@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hfexport.cli.exits import UsageError
 from hfexport.cli.models import split as _split
 from hfexport.cli.progress import step as _step
 
@@ -16,7 +17,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     try:
         result = scan(models=models, paths=args.path, progress=lambda message: _step(message), jobs=args.jobs)
     except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     print(result)
     if args.json:
         Path(args.json).write_text(result.to_json())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from hfexport.cli.exits import UsageError
+from hfexport.cli.models import config_json
 from hfexport.cli.models import split as _split
 from hfexport.cli.progress import step as _step
 
@@ -19,20 +20,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             # Refused before the sweep: a PNG that silently never appears after an hour is worse.
-            raise SystemExit(
+            raise UsageError(
                 "--png needs matplotlib, which is not installed (pip install matplotlib); "
                 "--html writes the same heatmap as a static page without it"
             ) from None
-    extra: dict[str, Any] = {}
-    if args.config:
-        text = Path(args.config[1:]).read_text() if args.config.startswith("@") else args.config
-        extra = json.loads(text)
-        if not isinstance(extra, dict):
-            raise SystemExit("--config takes a JSON object, e.g. '{\"fusions\": null}'")
+    extra: dict[str, Any] = config_json(args.config)
     try:
         paths = find_configs(args.configs, _split(args.only) or None)
     except FileNotFoundError as exc:
-        raise SystemExit(str(exc)) from None
+        raise UsageError(str(exc)) from None
     _step(f"sweeping {len(paths)} model(s) to {args.format} with {args.jobs} job(s)")
     sweep = run_sweep(
         paths, args.format, config=extra, jobs=args.jobs, timeout=args.timeout, progress=lambda m: _step(m)

@@ -1,0 +1,158 @@
+"""User mistakes on the command line: each is one line on stderr and a documented exit code, before any work.
+
+Every test runs the real command in a subprocess and checks its exit code and the first line of its stderr
+(docs/cli.md, "Exit codes"). Most are refused before torch is imported, so they cost well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+ENV.pop("HFEXPORT_DEBUG", None)
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=env or ENV, timeout=600
+    )
+    return result.returncode, (result.stderr.splitlines() or [""])[0], result.stderr
+
+
+def _model_folder(tmp_path: Path, weights: bool) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("args", "first_line"),
+    [
+        pytest.param(
+            ["--format", "onxx"],
+            "error: argument --format: invalid choice: 'onxx' (choose from 'dynamo', 'onnx', 'executorch', "
+            "'openvino'); did you mean 'onnx'?",
+            id="format-typo",
+        ),
+        pytest.param(
+            ["--config", "{bad"], "error: --config is not valid JSON (Expecting property name", id="config-json"
+        ),
+        pytest.param(["--config", "[1]"], "error: --config takes a JSON object", id="config-not-object"),
+        pytest.param(["--config", "@/no/such.json"], "error: --config @/no/such.json: cannot read", id="config-file"),
+        pytest.param(
+            ["--task", "text-classification"],
+            "error: --task sequence-classification does not apply to the built-in tiny-llama",
+            id="task-on-builtin",
+        ),
+        pytest.param(["--task", "txt-generation"], "error: argument --task: invalid choice", id="task-typo"),
+        pytest.param(["--new-tokens", "4"], "error: --new-tokens: used only with --generation", id="new-tokens-alone"),
+        pytest.param(
+            ["--static-cache", "32", "--multi-token-decode"],
+            "error: --static-cache, --multi-token-decode: used only with --generation",
+            id="generation-flags-alone",
+        ),
+        pytest.param(["--batch-size", "0"], "error: --batch-size must be at least 1, not 0", id="batch-size"),
+        pytest.param(["--dtype", "float8"], "error: argument --dtype: invalid choice: 'float8'", id="dtype"),
+    ],
+)
+def test_a_mistake_is_one_line_and_exit_2_before_any_work(tmp_path: Path, args: list[str], first_line: str) -> None:
+    out = tmp_path / "out"
+    code, line, stderr = _run("export", "--model", "tiny-llama", "--output", str(out), *args)
+    assert code == 2 and line.startswith(first_line), stderr
+    assert "Traceback" not in stderr and "•" not in stderr  # nothing was built
+    assert not out.exists()
+
+
+def test_rule_ids_and_opset_are_checked_before_tracing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, line, stderr = _run("export", "--model", "tiny-llama", "--disable", "fx/no-such", "--output", str(out))
+    assert code == 2 and line.startswith("error: rule selection names no registered rule: ['fx/no-such']"), stderr
+    code, line, stderr = _run("export", "--model", "tiny-llama", "--opset", "18", "--output", str(out))
+    assert code == 2 and line == "error: --opset applies to --format onnx, not dynamo", stderr
+    assert "› stage" not in stderr and not out.exists()
+
+
+def test_model_folders_without_config_or_weights_are_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, line, _ = _run("export", "--model", str(empty), "--output", str(tmp_path / "a"))
+    assert (
+        code == 2
+        and line == f"error: --model {empty}: the folder has no config.json (is it a Hugging Face model folder?)"
+    )
+    folder = _model_folder(tmp_path, weights=False)
+    code, line, _ = _run("export", "--model", str(folder), "--output", str(tmp_path / "b"))
+    assert code == 2 and line.startswith(f"error: --model {folder}: the folder has no weights")
+    code, line, _ = _run("export", "--model", "tiny-lama", "--output", str(tmp_path / "c"))
+    assert code == 2 and line.startswith("error: --model 'tiny-lama' is neither a built-in")
+
+
+def test_an_output_that_cannot_be_created_is_refused_before_the_export(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, line, stderr = _run("export", "--model", "tiny-llama", "--output", str(blocker / "out"))
+    assert code == 2 and line == f"error: --output {blocker / 'out'}: {blocker} is a file, not a folder", stderr
+    if os.geteuid() != 0:  # root writes through the mode bits
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, line, _ = _run("export", "--model", "tiny-llama", "--output", str(locked / "out"))
+        assert code == 2 and line.startswith(f"error: --output {locked / 'out'}: cannot create a folder")
+
+
+def test_debug_shows_the_traceback_and_version_prints() -> None:
+    code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", "--debug")
+    assert code == 1 and "Traceback" in stderr and "UsageError" in stderr  # Python's own exit for an uncaught error
+    code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", env={**ENV, "HFEXPORT_DEBUG": "1"})
+    assert "Traceback" in stderr
+    result = subprocess.run([sys.executable, "-m", "hfexport", "--version"], capture_output=True, text=True, env=ENV)
+    assert result.returncode == 0 and result.stdout.startswith("hfexport ")
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hfexport", "export", "--model", "tiny-llama", "--output", str(tmp_path / "out")],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=ENV,
+    )
+    assert process.stderr is not None
+    deadline = time.monotonic() + 300
+    for line in process.stderr:  # the export has started: the model is being built or traced
+        if line.startswith("• exporting") or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    rest = process.stderr.read()
+    assert process.wait(timeout=120) == 130
+    assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_artifact_exits_4(tmp_path: Path) -> None:
+    code, line, _ = _run("check", str(tmp_path / "missing"))
+    assert code == 4 and line.startswith("refused: ArtifactError:")
+
+
+def test_portable_opset_and_sample_shape_flags_reach_the_export(tmp_path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    out = tmp_path / "out"
+    args = ["--format", "onnx", "--portable", "--opset", "20", "--batch-size", "3", "--sequence-length", "5"]
+    code, _, stderr = _run("export", "--model", "tiny-llama", *args, "--validate", "--output", str(out))
+    assert code == 0, stderr[-3000:]
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert {o.domain: o.version for o in model.opset_import}.get("", 0) == 20
+    assert not [n.op_type for n in model.graph.node if n.domain == "com.microsoft"]  # standard ops only
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation"]["ok"] is True
+    assert [3, 5, 128] in [o["shape"] for o in manifest["validation"]["outputs"]], manifest["validation"]
