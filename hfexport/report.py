@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,10 @@ class QuantizationRecord:
             "seconds": round(self.seconds, 4),
             "calibration_samples": self.calibration_samples,
         }
+
+
+# Statuses of a rule that ran in the export: the default table shows these.
+_RAN = ("fired", "no-match")
 
 
 @dataclass
@@ -108,17 +114,32 @@ class ExportReport:
         return path
 
     def __str__(self) -> str:
+        return self.table()
+
+    def table(self, all_rules: bool = False, width: int | None = None) -> str:
+        """The report as text: the rules that ran for this format (fired or matched nothing), then timings,
+        quantization, notes, warnings and parity. `all_rules` also lists the rules of other backends, the
+        not-applicable and the disabled ones (`to_dict()` always has every rule). Lines are cut to `width`
+        (default: the terminal's)."""
+        width = width or shutil.get_terminal_size((120, 24)).columns
         title = f"{self.model_class} -> {self.export_format}"
         if self.component:
             title += f" [{self.component}]"
         lines = [f"{title} in {self.total_seconds:.2f}s"]
+        shown = [o for o in self.rules if all_rules or o.status in _RAN]
         rows = [("stage", "rule", "kind", "hits", "status")]
-        rows += [
-            (o.stage, o.id, o.kind, str(o.hits), o.status + (f": {o.reason}" if o.reason else "")) for o in self.rules
-        ]
+        rows += [(o.stage, o.id, o.kind, str(o.hits), o.status + (f": {o.reason}" if o.reason else "")) for o in shown]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         for row in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+            line = "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+            lines.append(line if len(line) <= width else line[: max(width - 1, 20)] + "…")
+        hidden = Counter(o.status for o in self.rules if o not in shown)
+        if hidden:
+            counts = ", ".join(f"{n} {status}" for status, n in sorted(hidden.items()))
+            lines.append(
+                f"({sum(hidden.values())} more rule(s) did not run for this export: {counts}; "
+                "`--all` or report.table(all_rules=True) lists them)"
+            )
         if self.stage_seconds:
             lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
         if self.quantization:

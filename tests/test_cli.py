@@ -131,16 +131,21 @@ def test_unknown_model_format_and_rule_are_clear_errors(tmp_path: Path, capsys) 
     assert not (tmp_path / "c").exists()
 
 
-def test_rules_list_prints_every_rule_and_filters(capsys) -> None:
+def test_rules_list_prints_every_rule_and_filters(capsys, monkeypatch) -> None:
     from hfexport.rewrites.engine import default_registry
 
+    monkeypatch.setenv("COLUMNS", "100")
     assert main(["rules", "list"]) == 0
     printed = capsys.readouterr().out
     for rule in default_registry().rules():
         assert rule.id in printed
     assert f"{len(default_registry().rules())} rule(s)" in printed
+    lines = printed.splitlines()
+    assert lines[0].split() == ["rule", "kind", "backends", "why"]
+    assert all(len(line) <= 100 for line in lines[:-1])  # cut to the terminal, columns aligned
+    assert len({line.index(line.split()[1]) for line in lines[1:-1]}) == 1
     assert main(["rules", "list", "--stage", "onnx", "--backend", "onnx"]) == 0
-    lines = capsys.readouterr().out.splitlines()[:-1]
+    lines = capsys.readouterr().out.splitlines()[1:-1]
     assert lines and all(line.startswith("onnx/") for line in lines)
     assert len(lines) == len(default_registry().rules("onnx"))
 

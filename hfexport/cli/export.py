@@ -77,7 +77,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         except HfExportError as exc:
             progress.close()
             if exporter.report is not None:
-                print(exporter.report)
+                print(exporter.report.table(all_rules=args.all))
             print(f"error: export failed: {exc}", file=sys.stderr)
             return int(ExitCode.EXPORT_FAILED)
         report = exporter.report
@@ -102,7 +102,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 status = int(ExitCode.DIFFERS)
     finally:
         progress.close()
-    print(report)
+    print(report.table(all_rules=args.all))
     print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {output}")
     return status
 
@@ -149,7 +149,7 @@ def _export_generation(
     except HfExportError as exc:
         progress.close()
         for report in getattr(exporter, "reports", {}).values():
-            print(report)
+            print(report.table(all_rules=args.all))
         print(f"error: export failed: {exc}", file=sys.stderr)
         return int(ExitCode.EXPORT_FAILED)
     reports = exporter.reports
@@ -189,6 +189,6 @@ def _export_generation(
             status = int(ExitCode.DIFFERS)
     progress.close()
     for report in reports.values():
-        print(report)
+        print(report.table(all_rules=args.all))
     print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {args.output}")
     return status

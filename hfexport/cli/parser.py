@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     _export_options(export)
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
     export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
+    export.add_argument(
+        "--all", action="store_true", help="list every rule in the printed table, not only those that ran"
+    )
     export.add_argument("--overwrite", action="store_true", help="replace an earlier artifact in the output folder")
     export.add_argument(
         "--generation",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 
 from hfexport.cli.exits import UsageError
 
@@ -11,11 +12,18 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     from hfexport.rewrites.engine import default_registry
 
     rules = [r for r in default_registry().rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
+    rows = [("rule", "kind", "backends", "why")]
     for rule in rules:
         meta = rule.meta
         expires = f" [expires {meta.expires}]" if meta.expires else ""
-        print(f"{meta.id:45s} {meta.kind:12s} {','.join(meta.backends):30s} {meta.why}{expires}")
-    print(f"{len(rules)} rule(s)")
+        rows.append((meta.id, meta.kind, ",".join(meta.backends), f"{meta.why}{expires}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    # Aligned to the terminal: the `why` is cut to fit (`rules show ID` prints it whole).
+    width = shutil.get_terminal_size((120, 24)).columns
+    for row in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        print(line if len(line) <= width else line[: max(width - 1, 40)] + "…")
+    print(f"{len(rules)} rule(s); `hfexport rules show ID` prints one whole")
     return 0
 
 

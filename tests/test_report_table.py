@@ -1,0 +1,32 @@
+"""The printed export report: by default the rules that ran for the format, cut to the terminal; `--all` all."""
+
+from __future__ import annotations
+
+from hfexport.report import ExportReport
+from hfexport.rewrites.engine import RuleOutcome
+
+
+def _report() -> ExportReport:
+    rules = [
+        RuleOutcome("patch/a", "patch", "fix", 2, "fired"),
+        RuleOutcome("fx/b", "fx", "fix", 0, "no-match"),
+        RuleOutcome("patch/c", "patch", "fix", 0, "other-backend", "only for onnx"),
+        RuleOutcome("patch/d", "patch", "fix", 0, "not-applicable", "the model has no instances of X " * 20),
+        RuleOutcome("onnx/e", "onnx", "optimization", 0, "disabled", "disabled by the rule selection"),
+    ]
+    return ExportReport("onnx", "LlamaForCausalLM", rules=rules)
+
+
+def test_the_default_table_lists_what_ran_and_counts_the_rest() -> None:
+    lines = _report().table(width=80).splitlines()
+    assert lines[1].split() == ["stage", "rule", "kind", "hits", "status"]
+    assert [line.split()[1] for line in lines[2:4]] == ["patch/a", "fx/b"]
+    assert "patch/c" not in "\n".join(lines) and "patch/d" not in "\n".join(lines)
+    assert lines[4].startswith("(3 more rule(s) did not run for this export: 1 disabled, 1 not-applicable, 1 other")
+
+
+def test_all_rules_are_listed_on_request_and_lines_fit_the_width() -> None:
+    text = _report().table(all_rules=True, width=80)
+    assert all(rule in text for rule in ("patch/c", "patch/d", "onnx/e")) and "more rule(s)" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert len(_report().to_dict()["rules"]) == 5  # the JSON keeps every rule
