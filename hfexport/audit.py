@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.rewrites.rule import STAGES, Rule, RuleMeta, RuleSelection
+from hfexport.timing import eta
 
 # Which pipeline stages run for each format (the stages a rule of another backend would never reach).
 FORMAT_STAGES: dict[str, tuple[str, ...]] = {
@@ -393,6 +394,7 @@ def _run_audit(
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
         running = registry.plan(config.rules)
+        ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
             ablated = with_rule_disabled(config, rule_id)
             # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
@@ -405,7 +407,8 @@ def _run_audit(
                 and without[other.id] is not None
                 and other.applies_to(config.export_format)
             ]
-            say(f"ablation {i}/{len(targets)}: exporting without {rule_id}")
+            left = eta(i - 1, len(targets), time.perf_counter() - ablating)
+            say(f"ablation {i}/{len(targets)}: exporting without {rule_id}; {left}")
             t0 = time.perf_counter()
             attempt = _export_and_validate(model, inputs, ablated, atol, rtol)
             ablation = Ablation(

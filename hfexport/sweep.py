@@ -24,12 +24,15 @@ import math
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hfexport.timing import eta
 
 # Relative to max(1, max|eager|): ONNX Runtime's fused kernels (RMSNorm, rotary) reorder float sums.
 TOLERANCE: dict[str, float] = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-4, "openvino": 1e-4}
@@ -289,14 +292,19 @@ def run_sweep(
     AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
     rules, expired = _rule_columns(export_format)
     say = progress or (lambda _message: None)
-    done = 0
+    done, started, lock, start = 0, 0, threading.Lock(), time.perf_counter()
 
     def one(path: Path) -> SweepRow:
-        nonlocal done
+        nonlocal done, started
+        with lock:
+            started += 1
+            say(f"[{started}/{len(paths)}] {path.stem}: exporting to {export_format}")
         row = run_one(path, export_format, merged, timeout)
-        done += 1
-        diff = "" if row.max_abs_diff is None else f", max diff {row.max_abs_diff:.2g}"
-        say(f"[{done}/{len(paths)}] {row.model}: {row.status}{diff} ({row.wall_s:.0f}s)")
+        with lock:
+            done += 1
+            diff = "" if row.max_abs_diff is None else f", max diff {row.max_abs_diff:.2g}"
+            left = eta(done, len(paths), time.perf_counter() - start)
+            say(f"[{done}/{len(paths)} done] {row.model}: {row.status}{diff} ({row.wall_s:.0f}s); {left}")
         return row
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "hfexport"
 
 # Bottom to top. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version"),
+    ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version", "hfexport.timing"),
     ("hfexport.files",),
     ("hfexport.formats",),
     ("hfexport.cache_pytree",),

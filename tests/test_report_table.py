@@ -30,3 +30,11 @@ def test_all_rules_are_listed_on_request_and_lines_fit_the_width() -> None:
     assert all(rule in text for rule in ("patch/c", "patch/d", "onnx/e")) and "more rule(s)" not in text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert len(_report().to_dict()["rules"]) == 5  # the JSON keeps every rule
+
+
+def test_progress_lines_give_elapsed_time_and_an_eta() -> None:
+    from hfexport.timing import duration, eta
+
+    assert [duration(s) for s in (4.6, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+    assert eta(2, 5, 60) == "elapsed 1m00s, ETA 1m30s"  # 30 s each, 3 left
+    assert eta(0, 5, 10) == "elapsed 10s" and eta(5, 5, 100) == "elapsed 1m40s"

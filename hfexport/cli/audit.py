@@ -7,11 +7,13 @@ import argparse
 from hfexport.cli.exits import ExitCode
 from hfexport.cli.export import model_options
 from hfexport.cli.models import export_config, load_model, split
+from hfexport.cli.progress import Progress
 from hfexport.cli.progress import step as _step
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from hfexport.audit import run_audit
+    from hfexport.rewrites.engine import stage_listener
 
     config = export_config(args)
     _step(f"building {args.model}")
@@ -20,16 +22,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.ablate is not None:
         ablate = split(args.ablate) or True
     rtol = args.rtol if args.rtol is not None else 1e-3
-    audit = run_audit(
-        model,
-        inputs,
-        config,
-        model_name=args.model,
-        ablate=ablate,
-        atol=args.atol,
-        rtol=rtol,
-        progress=lambda message: _step(message),
-    )
+    progress = Progress()
+    try:
+        # Each export of the audit (the base and every ablation) shows its stages as they start.
+        with stage_listener(progress.stage):
+            audit = run_audit(
+                model,
+                inputs,
+                config,
+                model_name=args.model,
+                ablate=ablate,
+                atol=args.atol,
+                rtol=rtol,
+                progress=progress.step,
+            )
+    finally:
+        progress.close()
     print(audit.render(explain=args.explain))
     if args.json:
         audit.save(args.json)
