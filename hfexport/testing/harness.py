@@ -52,6 +52,10 @@ ALWAYS_ON: dict[str, tuple[str, ...]] = {
     # A Python constant of the forward (transformers' `use_cache=False`) stays an input of the converted model,
     # of dynamic rank, and the CPU plugin refuses to compile any model with one.
     "openvino": ("openvino/drop-constant-inputs",),
+    # A dynamic export's size arithmetic calls torch.sym_min / sym_float / sym_ite... (a conv's output length,
+    # a capacity, a block count), which to_edge's verifier refuses although ExecuTorch runs them; the rule only
+    # lets them through (the graph is unchanged).
+    "executorch": ("executorch/sym-size-functions-verifier",),
 }
 
 # Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
@@ -165,12 +169,15 @@ def export(
     if backend == "executorch" and dynamic:
         # Every axis dynamic as `dynamic=True` makes it, but bounded at 64 instead of the model's maximum length:
         # ExecuTorch plans memory for the bound, and a tiny model's max_position_embeddings (32768 for Qwen3)
-        # asks for more than the machine has (std::bad_alloc when the program is loaded).
-        bound = torch.export.Dim.AUTO(max=EXECUTORCH_BOUND)
+        # asks for more than the machine has (std::bad_alloc when the program is loaded). An axis whose sample
+        # is already longer (audio samples) is bounded at 4x its sample, room for the other inputs.
+        def bound(size: int) -> Any:
+            return torch.export.Dim.AUTO(max=max(EXECUTORCH_BOUND, 4 * size))
+
         config = dataclasses.replace(
             config,
             dynamic_shapes={
-                k: {axis: bound for axis in range(v.ndim)} if isinstance(v, torch.Tensor) else None
+                k: {axis: bound(v.shape[axis]) for axis in range(v.ndim)} if isinstance(v, torch.Tensor) else None
                 for k, v in inputs.items()
             },
         )
