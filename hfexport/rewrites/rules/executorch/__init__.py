@@ -13,6 +13,7 @@ RULES: list[Rule] = load_rules(
         "executorch/max-values-as-amax",
         "executorch/integer-sort-as-topk",
         "executorch/scatter-min-max-as-masked-reduction",
+        "executorch/is-all-true-as-any",
         "executorch/quant-slice-keeps-qparams",
         "executorch/quant-identity-requantize",
         "executorch/quant-computed-weight-linear-untagged",

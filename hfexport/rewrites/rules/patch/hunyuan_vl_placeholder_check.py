@@ -75,8 +75,13 @@ hunyuan_vl_placeholder_check = MethodPatch(
         "(LLaVA's uses torch_compilable_check)",
         models=("hunyuan_vl",),
         examples=(
-            # ONNX: torch_compilable_check's all() of a boolean translates only with aten/is-all-true.
-            Match(_merge, "two rows with three image tokens each", needs=("aten/is-all-true",)),
+            # torch_compilable_check's all() of a boolean lowers only with aten/is-all-true on ONNX and
+            # executorch/is-all-true-as-any on ExecuTorch.
+            Match(
+                _merge,
+                "two rows with three image tokens each",
+                needs=("aten/is-all-true", "executorch/is-all-true-as-any"),
+            ),
             NoMatch(
                 lambda: _merge(with_features=False),
                 "the placeholder mask asked for without image features",
