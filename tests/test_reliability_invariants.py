@@ -105,13 +105,14 @@ def run_logits(program: Any, backend: str, inputs: Mapping[str, Any]) -> torch.T
         names = [i.name for i in session.get_inputs()]
         return torch.from_numpy(session.run(None, onnx_feed(names, inputs))[0])
     if backend == "openvino":
-        import numpy as np
         import openvino as ov
 
         from hfexport.quantizers import openvino_feed
+        from hfexport.runtime.openvino import output_tensor
 
         compiled = ov.Core().compile_model(program, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        return torch.from_numpy(np.asarray(compiled(openvino_feed(inputs, compiled))[0]))
+        result = compiled(openvino_feed(inputs, compiled))
+        return output_tensor(result[0], compiled.outputs[0].get_element_type())
     from hfexport.runtime.executorch import run_program
 
     return run_program(program, inputs)[0]

@@ -129,6 +129,33 @@ def check_devices(model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> N
             )
 
 
+# Backends whose runtime has no bfloat16 kernels, and what fails there: a bf16 model exported to them computes in
+# float32 (the float32 function of its bf16 weights), decided here, before tracing.
+_NO_BFLOAT16_KERNELS = {
+    "onnx": "ONNX Runtime's CPU provider has no bfloat16 kernels (MatMul, Add, ...: a bf16 file does not load)",
+}
+
+
+def bfloat16_upcast(export_format: str, model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> str | None:
+    """Why a bf16 model or bf16 sample inputs are exported computing in float32 for `export_format`, or None.
+
+    fp16 is kept (ONNX Runtime has float16 kernels); bf16 is kept where the runtime has bf16 kernels (ExecuTorch
+    XNNPACK, OpenVINO CPU, torch).
+    """
+    reason = _NO_BFLOAT16_KERNELS.get(str(export_format))
+    if reason is None:
+        return None
+    weights = any(t.dtype == torch.bfloat16 for t in (*model.parameters(), *model.buffers()))
+    inputs = [name for name, t in _input_tensors(sample_inputs) if t.dtype == torch.bfloat16]
+    if not weights and not inputs:
+        return None
+    what = "the model's bfloat16 weights" if weights else f"the bfloat16 inputs {sorted(set(inputs))}"
+    return (
+        f"{reason}: {what} are exported as float32, and the graph computes in float32 (its results differ from "
+        "eager bf16 by bf16 rounding; the caller's model is unchanged); pass model.half() for a float16 file"
+    )
+
+
 def check_output_path(output_path: str | os.PathLike[str]) -> None:
     """Refuse, before tracing, an `output_path` that cannot be written: a folder, or under a file or a read-only
     folder. An existing file is replaced (atomically, when the export succeeds)."""
