@@ -114,3 +114,39 @@ def test_a_reduced_precision_checkpoint_exports_and_matches_eager_in_its_dtype(
             assert exact_diff <= 1e-4 * max(1.0, exact.abs().max().item()), f"{what}: {exact_diff:.3g} from float32"
     if upcast:  # said in the report
         assert any("no bfloat16 kernels" in w for w in exporter.report.warnings), exporter.report.warnings
+
+
+def test_onnx_bfloat16_inputs_and_cache_are_exported_as_float32_and_left_as_they_were() -> None:
+    """A bf16 `inputs_embeds` and a bf16 DynamicCache: the trace runs on float32 copies (the caller's keep their
+    dtype and objects), the ONNX inputs are float32, and the outputs are the float32 function of the bf16 values."""
+    skip_without("onnx")
+    import onnxruntime as ort
+
+    from hfexport import OnnxExporter
+    from hfexport.cache_pytree import flatten_cache, unflatten_cache
+    from hfexport.lowerings.onnx import onnx_feed
+    from tests.test_reliability_invariants import micro_llama, sample_inputs
+
+    model = micro_llama().to(torch.bfloat16)
+    reference = copy.deepcopy(model).float()
+    ids = sample_inputs()["input_ids"]
+    with torch.no_grad():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+    embeds = model.get_input_embeddings()(ids[:, -1:]).detach()
+    mask = torch.ones(ids.shape[0], ids.shape[1] + 1, dtype=torch.int64)
+    inputs = {"inputs_embeds": embeds, "attention_mask": mask, "past_key_values": cache}
+
+    def as_float32(value: Any) -> Any:
+        leaves, skeleton = flatten_cache(value)
+        return unflatten_cache([leaf.float() for leaf in leaves], skeleton)
+
+    with torch.no_grad():
+        exact = reference(**{**inputs, "inputs_embeds": embeds.float(), "past_key_values": as_float32(cache)}).logits
+    with untouched(model, inputs):
+        program = OnnxExporter().export(model, inputs)
+    assert all(leaf.dtype == torch.bfloat16 for leaf in flatten_cache(cache)[0]) and embeds.dtype == torch.bfloat16
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert {i.type for i in session.get_inputs() if i.name != "attention_mask"} == {"tensor(float)"}
+    feed = {**inputs, "inputs_embeds": embeds.float(), "past_key_values": as_float32(cache)}
+    actual = torch.from_numpy(session.run(None, onnx_feed([i.name for i in session.get_inputs()], feed))[0])
+    assert (actual - exact).abs().max().item() <= 1e-4 * max(1.0, exact.abs().max().item())
