@@ -35,7 +35,7 @@ def _dynamo_compile_lock() -> AbstractContextManager[Any]:
 
     A torch.compile in another thread traces with the same process-wide torch.fx state as torch.export (the
     patched `Module.__call__`, `preserve_node_meta`, the proxy-mode stack): run together, either one fails
-    ("Trying to pop empty mode stack", "CURRENT_PATCHER is None", SpeculationLogDivergence, KeyError 'custom').
+    ("Trying to pop empty mode stack", "ProxyTorchDispatchMode slot already occupied", KeyError 'custom', ...).
     Holding this lock makes such a compile wait for the export, and the export wait for a compile in progress. A
     torch without it: exports are still serialised among themselves (tests/test_reliability_concurrency.py checks
     that it is there).
