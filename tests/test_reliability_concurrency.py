@@ -2,9 +2,11 @@
 
 What the engine does (docs/reliability.md, "Concurrency"): exports in one process are serialised by a
 process-wide reentrant lock (`hfexport.exporters.EXPORT_LOCK`), because torch.export itself sets process-wide
-state while it traces. An eager forward in another thread does not take the lock and runs during the export;
-it never sees a patch: method patches are bound on the exported model's own instances and run their
-replacement only in the exporting thread, module-function gates dispatch on a ContextVar that only the
+state while it traces; with it they hold TorchDynamo's compile lock, so a torch.compile in another thread waits
+for the export (issue #21, item 5; what other threads still see, `is_exporting()` and torch.fx's
+`Module.__call__` wrapper, is tested at the end). An eager forward in another thread does not take the lock and
+runs during the export; it never sees a patch: method patches are bound on the exported model's own instances and
+run their replacement only in the exporting thread, module-function gates dispatch on a ContextVar that only the
 exporting context has set, and torch-function patches live in a thread-local TorchFunctionMode.
 
 The "during" is made certain with the engine's test hook: at the point where a patch replacement is about to run

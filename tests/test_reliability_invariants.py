@@ -4,7 +4,8 @@ After every exporter (and `export_for_generation`): parameters and buffers bit-i
 device), config, attention implementation, training flags, hooks, instance attributes and forward signature
 unchanged, eager outputs unchanged; the caller's `sample_inputs` dict and tensors unchanged; no new or replaced
 attribute on `torch.Tensor`, `torch.nn.Module`, `torch`, `torch.nn.functional`, the model's classes or its
-modeling module; no patch target replaced, no gate installed, no torch-function mode left on the stack.
+modeling module; no patch target replaced, no gate installed, no torch-function mode left on the stack; no pytree
+node registered but transformers Cache and ModelOutput classes (what stays on purpose: the tests at the end).
 
 The snapshot helpers here are shared by tests/test_reliability_faults.py, test_reliability_concurrency.py and
 test_reliability_bad_inputs.py.
