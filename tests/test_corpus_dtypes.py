@@ -152,3 +152,24 @@ def test_onnx_bfloat16_inputs_and_cache_are_exported_as_float32_and_left_as_they
     feed = {**inputs, "inputs_embeds": embeds.float(), "past_key_values": as_float32(cache)}
     actual = torch.from_numpy(session.run(None, onnx_feed([i.name for i in session.get_inputs()], feed))[0])
     assert (actual - exact).abs().max().item() <= 1e-4 * max(1.0, exact.abs().max().item())
+
+
+# Slow: an export_for_generation per backend (the default tier covers the bf16 cache in test_onnx_bfloat16_inputs_*).
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_generation_from_a_bfloat16_export_gives_generate_s_tokens(backend: str) -> None:
+    """export_for_generation of a bf16 model and hfexport's generation loop: greedy tokens equal `model.generate`
+    (ONNX: the cache fed back is float32; OpenVINO: bf16, handed over through numpy as 16-bit arrays)."""
+    skip_without(backend)
+    from hfexport.runtime.generation import generate
+    from tests.test_reliability_invariants import micro_llama, sample_inputs
+
+    model, inputs = micro_llama().to(torch.bfloat16), sample_inputs()
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
+    components = AutoHfExporter.from_config(config).export_for_generation(
+        model, {**inputs, "max_new_tokens": 5}, config
+    )
+    got = generate(components, inputs["input_ids"], inputs["attention_mask"], max_new_tokens=5, min_new_tokens=5)
+    assert torch.equal(got, expected), (got, expected)
