@@ -256,6 +256,26 @@ CASES = [
         r"attn_implementation='sdpa'",
         model=_with_attention("paged_attention"),
     ),
+    Case(
+        "inputs-on-the-meta-device",
+        # torch.export traced this "successfully" into a program that ran on neither device (issue #21, item 6).
+        lambda m, x, t: DynamoExporter().export(m, {k: v.to("meta") for k, v in x.items()}),
+        InputError,
+        r"sample input 'input_ids' is on meta, the model on cpu: the program would run on neither; move the inputs",
+    ),
+    Case(
+        "one-input-on-another-device",
+        lambda m, x, t: OnnxExporter().export(m, {**x, "attention_mask": x["attention_mask"].to("meta")}),
+        InputError,
+        r"sample input 'attention_mask' is on meta, the model on cpu",
+    ),
+    Case(
+        "model-on-the-meta-device",
+        lambda m, x, t: DynamoExporter().export(m, x),
+        InputError,
+        r"weight\(s\) of LlamaForCausalLM are on the meta device \(e.g. 'model.embed_tokens.weight'\).*load",
+        model=lambda: micro_llama().to("meta"),
+    ),
     # -- generation ---------------------------------------------------------------------------------------------
     Case(
         "max-cache-len-smaller-than-prompt",

@@ -2,9 +2,11 @@
 
 What the engine does (docs/reliability.md, "Concurrency"): exports in one process are serialised by a
 process-wide reentrant lock (`hfexport.exporters.EXPORT_LOCK`), because torch.export itself sets process-wide
-state while it traces. An eager forward in another thread does not take the lock and runs during the export;
-it never sees a patch: method patches are bound on the exported model's own instances and run their
-replacement only in the exporting thread, module-function gates dispatch on a ContextVar that only the
+state while it traces; with it they hold TorchDynamo's compile lock, so a torch.compile in another thread waits
+for the export (issue #21, item 5; what other threads still see, `is_exporting()` and torch.fx's
+`Module.__call__` wrapper, is tested at the end). An eager forward in another thread does not take the lock and
+runs during the export; it never sees a patch: method patches are bound on the exported model's own instances and
+run their replacement only in the exporting thread, module-function gates dispatch on a ContextVar that only the
 exporting context has set, and torch-function patches live in a thread-local TorchFunctionMode.
 
 The "during" is made certain with the engine's test hook: at the point where a patch replacement is about to run
@@ -225,3 +227,150 @@ def test_a_method_patch_runs_its_replacement_only_in_the_thread_that_installed_i
             thread.join(30)
     assert torch.equal(seen[0], x * 2)
     assert "forward" not in vars(model)
+
+
+# -- issue #21, item 5: what other threads see of torch.export's process-wide state --------------------------
+def _run_elsewhere_at(point: tuple[str, str | None], backend: str, model: torch.nn.Module, work: Any) -> Any:
+    """Export `model` (stopped after the trace); at `point` of the export, run `work()` in another thread to the
+    end and return what it returned."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:
+            errors.append(exc)
+
+    def hook(stage: str, current: str | None) -> None:
+        if (stage, current) == point and not result and not errors:
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join(120)
+        if stage == "fx":
+            raise _Stop
+
+    with fault_injection(hook), contextlib.suppress(_Stop):
+        export(model, sample_inputs(), backend)
+    assert not errors, errors
+    assert result, f"the export never reached {point}"
+    return result[0]
+
+
+class _RecordingBackend:
+    """A torch.compile backend that records, for each compile, whether the export under test had finished."""
+
+    def __init__(self, export_finished: threading.Event) -> None:
+        self.export_finished = export_finished
+        self.finished_when_compiled: list[bool] = []
+        self.entered = threading.Event()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.finished_when_compiled.append(self.export_finished.is_set() and not torch.compiler.is_exporting())
+        self.entered.set()
+        return gm.forward
+
+
+def test_during_the_trace_other_threads_see_is_exporting_and_torch_fx_module_call_wrapper() -> None:
+    """Not isolated (docs/reliability.md, "Concurrency"): torch.export's non-strict trace sets the process-wide
+    `torch.compiler.is_exporting()` flag and replaces `torch.nn.Module.__call__` by torch.fx's tracing wrapper, for
+    every thread; another thread's eager forward runs through it (bit-identical to eager for these models). A
+    torch.compile'd model called then never compiles inside the export: it runs eagerly or its (re)compile waits for
+    the export to end. If torch makes the flag or the wrapper thread-local, this test says so."""
+    original_call = torch.nn.Module.__call__
+    other = micro_llama(seed=1)
+    inputs = sample_inputs()
+    expected = eager_logits(other, inputs)
+    finished = threading.Event()
+    backend = _RecordingBackend(finished)
+    compiled = torch.compile(other, backend=backend)
+    finished.set()
+    torch.testing.assert_close(eager_logits(compiled, inputs), expected, rtol=0, atol=0)  # compiled before
+    finished.clear()
+    before = process_state(other)
+    compiled_outputs: list[torch.Tensor] = []
+    compiled_call = threading.Thread(target=lambda: compiled_outputs.append(eager_logits(compiled, inputs)))
+
+    def look() -> dict[str, Any]:
+        compiled_call.start()  # not joined: it may wait for the export to end
+        return {
+            "exporting": torch.compiler.is_exporting(),
+            "module_call_replaced": torch.nn.Module.__call__ is not original_call,
+            "eager": eager_logits(other, inputs),
+        }
+
+    seen = _run_elsewhere_at(("trace", "patch/moe-grouped-mm-portable"), "onnx", micro_moe(), look)
+    finished.set()
+    compiled_call.join(120)
+    assert seen["exporting"] and seen["module_call_replaced"]
+    torch.testing.assert_close(seen["eager"], expected, rtol=0, atol=0)
+    torch.testing.assert_close(compiled_outputs[0], expected, rtol=0, atol=0)
+    assert all(backend.finished_when_compiled), backend.finished_when_compiled
+    assert not torch.compiler.is_exporting() and torch.nn.Module.__call__ is original_call
+    assert_process_clean(before)
+    torch._dynamo.reset()
+
+
+def test_a_torch_compile_started_in_another_thread_during_an_export_waits_for_the_export() -> None:
+    """Isolated: an export holds TorchDynamo's compile lock with `EXPORT_LOCK`, so a compile in another thread runs
+    after the export, outside its process-wide state. (Before, the two traced at once: in a loop of exports and
+    compiles in two threads, both failed, with "Trying to pop empty mode stack", "CURRENT_PATCHER is None",
+    SpeculationLogDivergence.)"""
+    finished = threading.Event()
+    backend = _RecordingBackend(finished)
+
+    def double_plus_one(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    outputs: list[torch.Tensor] = []
+    thread = threading.Thread(
+        target=lambda: outputs.append(torch.compile(double_plus_one, backend=backend)(torch.ones(3)))
+    )
+    waited: list[bool] = []
+
+    def hook(stage: str, current: str | None) -> None:
+        if stage == "fx" and not waited:
+            thread.start()
+            # Compiling this function takes well under a second: before the fix, it compiled here.
+            waited.append(not backend.entered.wait(5))
+
+    model = micro_llama()
+    with fault_injection(hook):
+        program, _ = export(model, sample_inputs(), "dynamo")
+    finished.set()
+    thread.join(120)
+    assert waited == [True], "the other thread compiled while the export ran"
+    assert backend.finished_when_compiled == [True] and torch.equal(outputs[0], torch.full((3,), 3.0))
+    assert_close_to(run_logits(program, "dynamo", sample_inputs()), eager_logits(model, sample_inputs()), "dynamo")
+    torch._dynamo.reset()
+
+
+def test_a_thread_that_holds_export_lock_never_overlaps_an_export() -> None:
+    """The recipe for code that must not see an export at all (a compiled model's calls, a forward that reads
+    `torch.compiler.is_exporting()`): hold `hfexport.exporters.EXPORT_LOCK` around it."""
+    from hfexport.exporters import EXPORT_LOCK
+
+    other = micro_llama(seed=1)
+    inputs = sample_inputs()
+    expected = eager_logits(other, inputs)
+    compiled = torch.compile(other, backend=lambda gm, example_inputs: gm.forward)
+    seen: list[tuple[bool, bool]] = []
+    stop = threading.Event()
+
+    def calls() -> None:
+        while not stop.is_set():
+            with EXPORT_LOCK:
+                exporting = torch.compiler.is_exporting() or torch.fx._symbolic_trace.is_fx_tracing()
+                seen.append((exporting, torch.equal(eager_logits(compiled, inputs), expected)))
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    model = micro_llama()
+    try:
+        program, _ = export(model, sample_inputs(), "dynamo")
+    finally:
+        stop.set()
+        thread.join(120)
+    assert seen and all(not exporting and equal for exporting, equal in seen), seen[:5]
+    assert_close_to(run_logits(program, "dynamo", sample_inputs()), eager_logits(model, sample_inputs()), "dynamo")
+    torch._dynamo.reset()

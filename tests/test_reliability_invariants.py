@@ -4,7 +4,8 @@ After every exporter (and `export_for_generation`): parameters and buffers bit-i
 device), config, attention implementation, training flags, hooks, instance attributes and forward signature
 unchanged, eager outputs unchanged; the caller's `sample_inputs` dict and tensors unchanged; no new or replaced
 attribute on `torch.Tensor`, `torch.nn.Module`, `torch`, `torch.nn.functional`, the model's classes or its
-modeling module; no patch target replaced, no gate installed, no torch-function mode left on the stack.
+modeling module; no patch target replaced, no gate installed, no torch-function mode left on the stack; no pytree
+node registered but transformers Cache and ModelOutput classes (what stays on purpose: the tests at the end).
 
 The snapshot helpers here are shared by tests/test_reliability_faults.py, test_reliability_concurrency.py and
 test_reliability_bad_inputs.py.
@@ -105,13 +106,14 @@ def run_logits(program: Any, backend: str, inputs: Mapping[str, Any]) -> torch.T
         names = [i.name for i in session.get_inputs()]
         return torch.from_numpy(session.run(None, onnx_feed(names, inputs))[0])
     if backend == "openvino":
-        import numpy as np
         import openvino as ov
 
         from hfexport.quantizers import openvino_feed
+        from hfexport.runtime.openvino import output_tensor
 
         compiled = ov.Core().compile_model(program, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        return torch.from_numpy(np.asarray(compiled(openvino_feed(inputs, compiled))[0]))
+        result = compiled(openvino_feed(inputs, compiled))
+        return output_tensor(result[0], compiled.outputs[0].get_element_type())
     from hfexport.runtime.executorch import run_program
 
     return run_program(program, inputs)[0]
@@ -194,7 +196,8 @@ def assert_model_untouched(model: torch.nn.Module, before: ModelState) -> None:
         now_id, now = after.tensors[name]
         assert now_id == ident, f"{name} is another tensor object"
         assert now.dtype == value.dtype and now.device == value.device, f"{name} changed dtype/device"
-        assert torch.equal(now, value), f"{name} changed value"
+        # A meta tensor has a shape and no values to compare.
+        assert value.device.type == "meta" or torch.equal(now, value), f"{name} changed value"
     assert after.config == before.config, "model.config changed"
     assert after.attention == before.attention, "attn_implementation changed"
     assert after.training == before.training, "a training flag changed"
@@ -260,6 +263,18 @@ class ProcessState:
     namespaces: dict[str, dict[str, int]]
     targets: dict[str, int]
     grad_enabled: bool
+    pytree_nodes: set[type]
+
+
+def lasting_pytree_node(cls: type) -> bool:
+    """The pytree nodes an export may add for the process lifetime (docs/reliability.md, "What stays"): transformers
+    Cache classes (hfexport registers them, so that a program with cache inputs can be called and saved), and the
+    ModelOutput classes of the modeling modules that resolving a patch rule's target imports (transformers
+    registers a ModelOutput subclass when its module is imported)."""
+    from transformers.cache_utils import Cache
+    from transformers.utils import ModelOutput
+
+    return issubclass(cls, Cache) or (issubclass(cls, ModelOutput) and cls.__module__.startswith("transformers."))
 
 
 def process_state(*models: torch.nn.Module) -> ProcessState:
@@ -275,7 +290,7 @@ def process_state(*models: torch.nn.Module) -> ProcessState:
                 if cls.__module__.startswith("transformers"):
                     namespaces[f"{cls.__module__}.{cls.__qualname__}"] = _namespace(cls)
             namespaces[type(module).__module__] = _namespace(sys.modules[type(module).__module__])
-    return ProcessState(namespaces, _patch_targets(), torch.is_grad_enabled())
+    return ProcessState(namespaces, _patch_targets(), torch.is_grad_enabled(), set(torch.utils._pytree.SUPPORTED_NODES))
 
 
 def assert_process_clean(before: ProcessState) -> None:
@@ -283,6 +298,9 @@ def assert_process_clean(before: ProcessState) -> None:
     assert torch._C._len_torch_function_stack() == 0, "a TorchFunctionMode is still on the stack"
     assert not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
     assert torch.is_grad_enabled() == before.grad_enabled
+    nodes = sorted(c.__qualname__ for c in set(torch.utils._pytree.SUPPORTED_NODES) - before.pytree_nodes)
+    strays = [c for c in set(torch.utils._pytree.SUPPORTED_NODES) - before.pytree_nodes if not lasting_pytree_node(c)]
+    assert not strays, f"pytree nodes registered that are neither Cache nor ModelOutput classes: {strays} ({nodes})"
     after = _patch_targets()
     assert after == before.targets, f"patch targets replaced: {[k for k in after if after[k] != before.targets[k]]}"
     for name, old in before.namespaces.items():
@@ -291,7 +309,8 @@ def assert_process_clean(before: ProcessState) -> None:
         assert not replaced, f"{name}: {replaced} replaced"
         added = sorted(set(new) - set(old))
         if name in ("torch", "torch.nn.functional"):
-            # Lazily imported submodules (torch._dynamo, torch.onnx, ...) appear on first use: only modules.
+            # Lazily imported submodules (torch._dynamo, torch.onnx, ...) appear on first use, and importing
+            # ExecuTorch adds `torch._thread_safe_fork`: only modules (test_what_stays_after_an_export below).
             added = [k for k in added if not inspect.ismodule(getattr(sys.modules[name], k, None))]
         assert not added, f"{name}: new attributes {added}"
 
@@ -387,3 +406,84 @@ def test_export_for_generation_leaves_model_untouched_and_generate_unchanged() -
     assert generate_kwargs["max_new_tokens"] == 3 and set(generate_kwargs) == {*inputs, "max_new_tokens", "do_sample"}
     with torch.no_grad():
         assert torch.equal(model.generate(**generate_kwargs), expected)
+
+
+# -- issue #21, item 11: what an export leaves in the process on purpose ------------------------------------------
+_WHAT_STAYS = """
+import inspect, json, sys
+import torch
+import torch.utils._pytree as pytree
+sys.path.insert(0, {root!r})
+from tests.test_reliability_invariants import export, lasting_pytree_node, micro_llama, sample_inputs
+
+def snapshot():
+    return (set(pytree.SUPPORTED_NODES), set(vars(torch)), set(dir(torch.ops)))
+
+def added(before, after):
+    nodes, names, ops = (a - b for a, b in zip(after, before))
+    kept = [c.__qualname__ for c in nodes if lasting_pytree_node(c)]
+    return {{
+        "cache_nodes": sorted(n for n in kept if "Cache" in n),
+        "output_nodes": sorted(n for n in kept if "Cache" not in n),
+        "other_nodes": sorted(c.__qualname__ for c in nodes if not lasting_pytree_node(c)),
+        "torch": sorted(names),
+        "torch_non_modules": sorted(n for n in names if not inspect.ismodule(getattr(torch, n))),
+        "ops": sorted(ops),
+    }}
+
+model, inputs = micro_llama(), sample_inputs()
+first = snapshot()
+{action}
+second = snapshot()
+export(model, inputs, "dynamo")
+print("RESULT" + json.dumps([added(first, second), added(second, snapshot())]))
+"""
+
+
+def _what_stays(action: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """In a fresh interpreter: what `action` (a line of Python) adds to the process, then what a Dynamo export
+    after it adds."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    script = _WHAT_STAYS.format(root=root, action=action)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=root)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stderr[-3000:]
+    first, then = json.loads(line.removeprefix("RESULT"))
+    return first, then
+
+
+def test_what_stays_after_the_first_export_is_the_cache_pytree_nodes_and_imported_model_outputs() -> None:
+    """docs/reliability.md, "What stays": the first export registers every transformers Cache class as a pytree
+    node, for the process lifetime (a program with cache inputs is called and saved through them), and imports
+    the modeling modules its patch rules target, whose ModelOutput classes transformers registers. Nothing else: no
+    other pytree node, no attribute of `torch`, no `torch.ops` namespace. A second export adds nothing."""
+    first, then = _what_stays('export(model, inputs, "dynamo")')
+    assert {"Cache", "DynamicCache", "StaticCache", "EncoderDecoderCache"} <= set(first["cache_nodes"]), first
+    assert first["other_nodes"] == [] and first["torch"] == [] and first["ops"] == [], first
+    assert all("Output" in name for name in first["output_nodes"]), first
+    assert then == {k: [] for k in then}, then
+
+
+def test_importing_executorch_adds_a_torch_submodule_and_its_operator_namespaces() -> None:
+    """docs/reliability.md, "What stays": an ExecuTorch export imports `executorch.exir`, which adds the module
+    `torch._thread_safe_fork` and registers its operator libraries (torch.ops.dim_order_ops, ...) for the process
+    lifetime; no other attribute of `torch`. (executorch==1.4.1: a newer one that adds more fails here, and the doc
+    is updated with it.)"""
+    skip_without("executorch")
+    first, then = _what_stays("import executorch.exir")
+    assert first["torch"] == ["_thread_safe_fork"] and first["torch_non_modules"] == [], first
+    assert set(first["ops"]) <= {
+        "EDGE_DO_NOT_DECOMP",
+        "dim_order_ops",
+        "et_copy",
+        "executorch_prim",
+        "llama",
+        "quant_fusion",
+        "tr_c10d",
+    }, first
+    assert first["cache_nodes"] == [] and first["other_nodes"] == [], first
+    assert then["other_nodes"] == [] and then["torch"] == [] and then["ops"] == [], then

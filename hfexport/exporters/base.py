@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +28,34 @@ logger = logging.getLogger("hfexport")
 # not wait and never sees a patch (patches are bound per instance and thread, or dispatch on a ContextVar).
 # Reentrant: export_for_generation holds it across its components' exports.
 EXPORT_LOCK = threading.RLock()
+
+
+def _dynamo_compile_lock() -> AbstractContextManager[Any]:
+    """TorchDynamo's lock around compiling a frame (torch==2.13.0 torch/_dynamo/convert_frame.py `compile_lock`).
+
+    A torch.compile in another thread traces with the same process-wide torch.fx state as torch.export (the
+    patched `Module.__call__`, `preserve_node_meta`, the proxy-mode stack): run together, either one fails
+    ("Trying to pop empty mode stack", "ProxyTorchDispatchMode slot already occupied", KeyError 'custom', ...).
+    Holding this lock makes such a compile wait for the export, and the export wait for a compile in progress. A
+    torch without it: exports are still serialised among themselves (tests/test_reliability_concurrency.py checks
+    that it is there).
+    """
+    try:
+        from torch._dynamo.convert_frame import compile_lock
+    except ImportError:  # pragma: no cover - present in every supported torch
+        return contextlib.nullcontext()
+    return compile_lock
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """Hold `EXPORT_LOCK` and TorchDynamo's compile lock, in that order: what every export runs under.
+
+    Code in other threads that must not overlap an export (a compiled model's call, a forward that reads
+    `torch.compiler.is_exporting()`) can take `EXPORT_LOCK` itself; see docs/reliability.md, "Concurrency".
+    """
+    with EXPORT_LOCK, _dynamo_compile_lock():
+        yield
 
 
 # Raised as they are: they say what to fix in the call, and are raised before the model is touched.
@@ -90,7 +120,7 @@ class HfExporter(ABC):
             self.check_config(config)
         check_generation_call(model, generate_kwargs, generation_config)
         self.validate_environment()
-        with EXPORT_LOCK:
+        with exclusive():
             return self._export_components(model, generate_kwargs, config, generation_config, multi_token_decode)
 
     def _export_components(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +34,18 @@ class OnnxExporter(DynamoExporter):
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
     ) -> Any:
         return self._capture_and_lower(model, sample_inputs, config)
+
+    def capture_options(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
+    ) -> Any:
+        from hfexport.exporters.preflight import bfloat16_upcast
+
+        options = super().capture_options(model, sample_inputs, config, warnings)
+        reason = bfloat16_upcast(self.export_format, model, sample_inputs)
+        if reason is None:
+            return options
+        warnings.append(reason)
+        return dataclasses.replace(options, upcast_bfloat16=True)
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         # Imported here: `import hfexport` must not import onnx or onnxscript.

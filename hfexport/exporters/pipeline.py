@@ -11,7 +11,7 @@ import torch
 
 from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError, HfExportError
-from hfexport.exporters.base import _API_ERRORS, EXPORT_LOCK, HfExporter, logger
+from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
 from hfexport.exporters.preflight import preflight
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
@@ -112,7 +112,7 @@ class CaptureExporter(HfExporter):
         quantization = None
         start = time.perf_counter()
         try:
-            with EXPORT_LOCK:
+            with exclusive():
                 options = self.capture_options(model, sample_inputs, config, warnings)
                 program = capture(model, sample_inputs, options, context, warnings)
                 if quantizer is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,75 @@ def check_calibration_samples(quantizer: Any, sample_inputs: Mapping[str, Any]) 
             )
 
 
+def _input_tensors(sample_inputs: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(input name, tensor) for every tensor of the sample inputs: plain, in pytrees, in a transformers Cache."""
+    from transformers.cache_utils import Cache
+
+    from hfexport.cache_pytree import flatten_cache
+
+    for name, value in sample_inputs.items():
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        elif isinstance(value, Cache):
+            yield from ((name, leaf) for leaf in flatten_cache(value)[0] if isinstance(leaf, torch.Tensor))
+        elif isinstance(value, (tuple, list, Mapping)):
+            leaves = torch.utils._pytree.tree_leaves(value)
+            yield from ((name, leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+def check_devices(model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> None:
+    """Refuse, before tracing, a model without real weights or sample inputs on a device the model is not on.
+
+    torch.export traces either without complaint (a `meta` input or weight only has a shape), into a program
+    that runs on no device: its weights and its inputs disagree, or it holds no weights at all.
+    """
+    model_devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    if any(device.type == "meta" for device in model_devices):
+        names = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+        raise InputError(
+            f"{len(names)} weight(s) of {type(model).__name__} are on the meta device (e.g. {names[0]!r}): they "
+            "hold no values, so the exported program would compute nothing real; load the weights (from_pretrained "
+            "without device_map='meta', or model.to_empty(device='cpu') and load a state dict) before exporting"
+        )
+    if not model_devices:
+        return
+    placed = ", ".join(sorted(map(str, model_devices)))
+    for name, tensor in _input_tensors(sample_inputs):
+        if tensor.device not in model_devices:
+            raise InputError(
+                f"sample input {name!r} is on {tensor.device}, the model on {placed}: the program would run on "
+                f"neither; move the inputs to the model's device (e.g. {{k: v.to(model.device) for k, v in "
+                "inputs.items()}) before exporting"
+            )
+
+
+# Backends whose runtime has no bfloat16 kernels, and what fails there: a bf16 model exported to them computes in
+# float32 (the float32 function of its bf16 weights), decided here, before tracing.
+_NO_BFLOAT16_KERNELS = {
+    "onnx": "ONNX Runtime's CPU provider has no bfloat16 kernels (MatMul, Add, ...: a bf16 file does not load)",
+}
+
+
+def bfloat16_upcast(export_format: str, model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> str | None:
+    """Why a bf16 model or bf16 sample inputs are exported computing in float32 for `export_format`, or None.
+
+    fp16 is kept (ONNX Runtime has float16 kernels); bf16 is kept where the runtime has bf16 kernels (ExecuTorch
+    XNNPACK, OpenVINO CPU, torch).
+    """
+    reason = _NO_BFLOAT16_KERNELS.get(str(export_format))
+    if reason is None:
+        return None
+    weights = any(t.dtype == torch.bfloat16 for t in (*model.parameters(), *model.buffers()))
+    inputs = [name for name, t in _input_tensors(sample_inputs) if t.dtype == torch.bfloat16]
+    if not weights and not inputs:
+        return None
+    what = "the model's bfloat16 weights" if weights else f"the bfloat16 inputs {sorted(set(inputs))}"
+    return (
+        f"{reason}: {what} are exported as float32, and the graph computes in float32 (its results differ from "
+        "eager bf16 by bf16 rounding; the caller's model is unchanged); pass model.half() for a float16 file"
+    )
+
+
 def check_output_path(output_path: str | os.PathLike[str]) -> None:
     """Refuse, before tracing, an `output_path` that cannot be written: a folder, or under a file or a read-only
     folder. An existing file is replaced (atomically, when the export succeeds)."""
@@ -122,6 +191,7 @@ def preflight(
         raise InputError(f"model must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}")
     validate_inputs(sample_inputs, getattr(config, "dynamic_shapes", None))
     check_attention_implementation(model)
+    check_devices(model, sample_inputs)
     versions = exporter.validate_environment()
     default_registry().validate_selection(config.rules)
     output_path = getattr(config, "output_path", None)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hfexport.cache_pytree import cache_dynamic_shapes, register_cache_pytrees
+from hfexport.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
 from hfexport.errors import InputError
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
@@ -40,6 +40,9 @@ class CaptureOptions:
     dynamic_shapes: Mapping[str, Any] | None = None
     strict: bool = False
     prefer_deferred_runtime_asserts_over_guards: bool = False
+    # Trace the float32 function of a bf16 model: bf16 weights, buffers and inputs are float32 for the trace
+    # (hfexport/exporters/preflight.py decides, for a runtime without bf16 kernels).
+    upcast_bfloat16: bool = False
 
 
 def _is_cache(value: Any) -> bool:
@@ -204,6 +207,56 @@ def _prepare_model(model: torch.nn.Module, session: Any, warnings_out: list[str]
             session.setattr(module, name, None if isinstance(value, (torch.Tensor, tuple)) else value)
 
 
+def _upcast_bfloat16_weights(model: torch.nn.Module, session: Any) -> dict[int, torch.Tensor]:
+    """Every bf16 parameter and buffer holds a float32 copy for the trace; the original comes back on exit.
+
+    `.data` is swapped, not the attribute: the tensor objects (and weights tied between modules) stay the same.
+    Returns the float32 copies by the id of the tensor that held them, for `_own_upcast_weights`.
+    """
+    upcast: dict[int, torch.Tensor] = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.dtype != torch.bfloat16 or id(tensor) in upcast:
+            continue
+        original = tensor.data
+        tensor.data = upcast[id(tensor)] = original.to(torch.float32)
+        session.call_on_exit(lambda tensor=tensor, original=original: setattr(tensor, "data", original))
+    return upcast
+
+
+def _own_upcast_weights(program: torch.export.ExportedProgram, upcast: dict[int, torch.Tensor]) -> None:
+    """The program's state dict and constants are the model's own tensor objects, whose bf16 data comes back when
+    the session ends: give the program new tensors around the float32 copies it was traced with."""
+    for table in (program.state_dict, program.constants):
+        for name, value in list(table.items()):
+            data = upcast.get(id(value))
+            if data is None:
+                continue
+            if isinstance(value, torch.nn.Parameter):
+                table[name] = torch.nn.Parameter(data, requires_grad=value.requires_grad)
+            else:
+                table[name] = data
+
+
+def _upcast_bfloat16_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs with float32 copies of their bf16 tensors (in pytrees and caches too); the caller's stay."""
+
+    def upcast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+            return value.to(torch.float32)
+        return value
+
+    upcast_inputs: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if _is_cache(value):
+            leaves, skeleton = flatten_cache(value)
+            if any(isinstance(leaf, torch.Tensor) and leaf.dtype == torch.bfloat16 for leaf in leaves):
+                value = unflatten_cache([upcast(leaf) for leaf in leaves], skeleton)
+            upcast_inputs[name] = value
+        else:
+            upcast_inputs[name] = torch.utils._pytree.tree_map(upcast, value)
+    return upcast_inputs
+
+
 def check_attention_implementation(model: torch.nn.Module) -> None:
     """Refuse, before tracing, an attention implementation that cannot be traced or switched."""
     for module in model.modules():
@@ -255,6 +308,9 @@ def capture(
                 "RuleSelection(disable=...) if the model exports without them"
             )
         _prepare_model(model, session, warnings_out)
+        upcast = _upcast_bfloat16_weights(model, session) if options.upcast_bfloat16 else {}
+        if options.upcast_bfloat16:
+            inputs = _upcast_bfloat16_inputs(inputs)
         # After the patches, so a patch of the top-level forward sits under the explicit signature.
         session.setattr(model, "forward", _flat_forward(model.forward, list(inputs)))
         # Inference export: under no_grad, modules that toggle grad mode internally (e.g. rotary
@@ -268,5 +324,6 @@ def capture(
                 strict=options.strict,
                 prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
             )
+        _own_upcast_weights(program, upcast)
     engine.apply("fx", program, context)
     return program

@@ -15,10 +15,22 @@ import torch
 
 from hfexport.naming import openvino_feed
 
-__all__ = ["F32_HINT", "OpenVINORunner", "openvino_feed"]
+__all__ = ["F32_HINT", "OpenVINORunner", "openvino_feed", "output_tensor"]
 
 # Validation compiles in f32: the CPU plugin's default is bf16/f16 compute on CPUs that have it.
 F32_HINT: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32"}
+
+
+def output_tensor(value: Any, element_type: Any) -> torch.Tensor:
+    """A compiled model's output as a torch tensor. numpy has no bfloat16: OpenVINO's Python API returns a bf16
+    output as a float16 array of the bf16 bits (`Type.bf16.to_dtype()` is float16), which read as float16 are
+    numbers off by up to their own size; they are viewed as the bfloat16 they are."""
+    import openvino as ov
+
+    array = np.array(value)
+    if element_type == ov.Type.bf16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 class OpenVINORunner:
@@ -43,6 +55,6 @@ class OpenVINORunner:
     def __call__(self, **inputs: Any) -> dict[str, torch.Tensor]:
         result = self.compiled(openvino_feed(inputs, self.compiled))
         return {
-            name: torch.from_numpy(np.array(result[port]))
+            name: output_tensor(result[port], port.get_element_type())
             for name, port in zip(self.output_names, self.compiled.outputs, strict=True)
         }
