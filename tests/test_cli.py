@@ -204,6 +204,11 @@ def test_export_generation_saves_prefill_and_decode_and_validates_greedy_tokens(
     }
     assert "greedy tokens vs model.generate: 100% of 8 x 2 agree" in result.stdout
     assert "[decode]" in result.stdout and "• saving 2 components (prefill, decode)" in result.stderr
+    # Third-party noise is filtered: torchao's kernel loads, torch's pytree notices.
+    assert "torchao" not in result.stderr and "register_constant" not in result.stderr, result.stderr[:2000]
+    # Loading the Dynamo components back prints nothing from torch's weights-only fallback.
+    checked = _hfexport("check", str(out), "--trust")
+    assert checked.returncode == 0 and "Logging error" not in checked.stderr and "Traceback" not in checked.stderr
 
 
 def test_export_generation_with_a_static_cache_and_multi_token_decode(tmp_path: Path) -> None:
