@@ -64,6 +64,9 @@ class ExportReport:
     parity: dict[str, float] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     quantization: QuantizationRecord | None = None
+    # What the export actually used where the config left a choice open (the opset written, the fusions that
+    # fired, the dtype the weights were traced in), so the report and manifest never say only `null`.
+    used: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_context(cls, context: RewriteContext, **kwargs: Any) -> ExportReport:
@@ -103,6 +106,7 @@ class ExportReport:
             "parity": self.parity,
             "versions": dict(self.versions),
             "quantization": self.quantization.to_dict() if self.quantization else None,
+            "used": dict(self.used),
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -146,6 +150,8 @@ class ExportReport:
             q = self.quantization
             counts = ", ".join(f"{k} {v}" for k, v in q.op_counts.items()) or "none"
             lines.append(f"quantization: {q.quantizer} at stage {q.stage!r} in {q.seconds:.2f}s, ops: {counts}")
+        if self.used:
+            lines.append("used: " + ", ".join(f"{k} {v}" for k, v in self.used.items()))
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.parity:

@@ -38,3 +38,20 @@ def test_progress_lines_give_elapsed_time_and_an_eta() -> None:
     assert [duration(s) for s in (4.6, 65, 3725)] == ["5s", "1m05s", "1h02m"]
     assert eta(2, 5, 60) == "elapsed 1m00s, ETA 1m30s"  # 30 s each, 3 left
     assert eta(0, 5, 10) == "elapsed 10s" and eta(5, 5, 100) == "elapsed 1m40s"
+
+
+def test_the_report_records_what_the_onnx_export_used() -> None:
+    import pytest
+
+    pytest.importorskip("onnxscript")
+    from hfexport import OnnxConfig, OnnxExporter
+    from hfexport.lowerings.onnx import newest_opset
+    from hfexport.tiny import TINY_MODELS
+
+    tiny = TINY_MODELS["tiny-llama"]
+    exporter = OnnxExporter()
+    exporter.export(tiny.build(), tiny.sample_inputs(), config=OnnxConfig(dynamic=True))  # no opset given
+    used = exporter.report.to_dict()["used"]
+    assert used["opset"] == newest_opset() and used["dtype"] == "float32" and used["weights"] == "float32"
+    assert "onnx/rms-norm-fusion" in used["fusions"] and used["contrib_ops"].startswith("com.microsoft")
+    assert "used: dtype float32, opset" in str(exporter.report)

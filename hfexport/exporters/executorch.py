@@ -40,6 +40,9 @@ class ExecutorchExporter(DynamoExporter):
         assert isinstance(config, ExecutorchConfig)
         return capture_options(model, sample_inputs, config, warnings)
 
+    def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
+        return {"backend": getattr(config, "backend", "xnnpack")}
+
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         from hfexport.lowerings.executorch import lower
 

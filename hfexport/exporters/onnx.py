@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,6 +54,22 @@ class OnnxExporter(DynamoExporter):
 
         assert isinstance(config, OnnxConfig)
         return lower(program, config, context)
+
+    def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
+        proto = result.model_proto
+        opsets = {entry.domain or "ai.onnx": entry.version for entry in proto.opset_import}
+        fused = sorted(
+            rule_id for rule_id, outcome in context.outcomes.items() if outcome.stage == "onnx" and outcome.hits
+        )
+        initializer_types = Counter(t.data_type for t in proto.graph.initializer)
+        used: dict[str, Any] = {"opset": opsets.get("ai.onnx"), "fusions": fused or "none"}
+        if "com.microsoft" in opsets:
+            used["contrib_ops"] = "com.microsoft (ONNX Runtime only; --portable for standard ops)"
+        if initializer_types:
+            import onnx
+
+            used["weights"] = onnx.helper.tensor_dtype_to_np_dtype(initializer_types.most_common(1)[0][0]).name
+        return used
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         assert isinstance(config, OnnxConfig)

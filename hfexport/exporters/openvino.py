@@ -34,6 +34,10 @@ class OpenVINOExporter(DynamoExporter):
         assert isinstance(config, OpenVINOConfig)
         return lower(program, config, context)
 
+    def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
+        saved = "float16" if getattr(config, "compress_to_fp16", False) else "as computed"
+        return {"saved_weights": saved if getattr(config, "output_path", None) else "not saved"}
+
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         import openvino as ov
 

@@ -68,6 +68,12 @@ def _input_behind(value: Any) -> bool:
     return False
 
 
+def _weights_dtype(model: torch.nn.Module) -> str:
+    """The dtype(s) of the model's floating-point parameters, e.g. `float32` or `bfloat16+float32`."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    return "+".join(dtypes) or "none"
+
+
 class CaptureExporter(HfExporter):
     """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report.
 
@@ -95,6 +101,10 @@ class CaptureExporter(HfExporter):
                 program = program.run_decompositions({})
         return program
 
+    def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
+        """What this backend's export used where the config left a choice (a backend adds its own)."""
+        return {}
+
     def _capture_and_lower(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None
     ) -> Any:
@@ -110,6 +120,7 @@ class CaptureExporter(HfExporter):
         context = RewriteContext(backend=self.export_format, selection=effective_selection(config, quantizer))
         warnings: list[str] = []
         quantization = None
+        result = None
         start = time.perf_counter()
         try:
             with exclusive():
@@ -156,6 +167,10 @@ class CaptureExporter(HfExporter):
                 notes=notes,
                 versions=versions,
                 quantization=quantization,
+                used={
+                    "dtype": _weights_dtype(model),
+                    **(self.used(result, config, context) if result is not None else {}),
+                },
             )
         return result
 
