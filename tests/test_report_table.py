@@ -55,3 +55,26 @@ def test_the_report_records_what_the_onnx_export_used() -> None:
     assert used["opset"] == newest_opset() and used["dtype"] == "float32" and used["weights"] == "float32"
     assert "onnx/rms-norm-fusion" in used["fusions"] and used["contrib_ops"].startswith("com.microsoft")
     assert "used: dtype float32, opset" in str(exporter.report)
+
+
+def test_validation_checks_other_shapes_and_reports_a_baked_one(tmp_path) -> None:
+    from hfexport import DynamoConfig, DynamoExporter
+    from hfexport.artifacts import save, validate
+    from hfexport.tiny import TINY_MODELS
+
+    tiny = TINY_MODELS["tiny-llama"]
+    model, inputs = tiny.build(), tiny.sample_inputs()
+    others = {"grown": tiny.sample_inputs(seed=1, length=11), "batch+1": tiny.sample_inputs(seed=1, batch=3)}
+    for dynamic in (True, False):
+        out = tmp_path / f"dynamic-{dynamic}"
+        save(DynamoExporter().export(model, inputs, config=DynamoConfig(dynamic=dynamic)), out)
+        validation = validate(out, model, inputs, trust=True, other_inputs=others)
+        assert [c.name for c in validation.checks] == ["grown", "batch+1"]
+        assert validation.outputs and all(o.ok for o in validation.outputs)  # the traced shape matches either way
+        if dynamic:
+            assert validation.ok and "ok   grown (input_ids [2, 11]" in str(validation)
+        else:
+            # The static program refuses the other shapes: each check fails with the runtime's reason.
+            assert not validation.ok and all(c.problem and not c.outputs for c in validation.checks)
+            assert "FAIL grown (input_ids [2, 11], attention_mask [2, 11]):" in str(validation)
+            assert validation.to_dict()["shapes"][0]["ok"] is False

@@ -35,17 +35,43 @@ class OutputDiff:
 
 
 @dataclass
+class ShapeCheck:
+    """The artifact against eager on inputs of another shape than the traced sample (grown, long, another batch)."""
+
+    name: str
+    shapes: dict[str, list[int]]
+    outputs: list[OutputDiff] = field(default_factory=list)
+    # Why the artifact could not run these inputs at all (a static axis, a bound), or "".
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem and bool(self.outputs) and all(o.ok for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shapes": self.shapes,
+            "ok": self.ok,
+            "problem": self.problem,
+            "outputs": [{**asdict(o), "shape": list(o.shape), "ok": o.ok} for o in self.outputs],
+        }
+
+
+@dataclass
 class Validation:
-    """The artifact run in its own runtime against the eager model on the same inputs."""
+    """The artifact run in its own runtime against the eager model on the same inputs (and on `checks`: the
+    same comparison on inputs of other shapes)."""
 
     export_format: str
     outputs: list[OutputDiff] = field(default_factory=list)
     atol: float = 0.0
     rtol: float = 0.0
+    checks: list[ShapeCheck] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return bool(self.outputs) and all(o.ok for o in self.outputs)
+        return bool(self.outputs) and all(o.ok for o in self.outputs) and all(c.ok for c in self.checks)
 
     @property
     def max_abs_diff(self) -> dict[str, float]:
@@ -57,6 +83,7 @@ class Validation:
             "atol": self.atol,
             "rtol": self.rtol,
             "outputs": [{**asdict(o), "shape": list(o.shape), "ok": o.ok} for o in self.outputs],
+            "shapes": [c.to_dict() for c in self.checks],
         }
 
     def __str__(self) -> str:
@@ -67,6 +94,14 @@ class Validation:
             lines.append(f"  {verdict:4s} {o.name} {list(o.shape)}: {detail}")
         if not self.outputs:
             lines.append("  FAIL no outputs to compare")
+        for check in self.checks:
+            shapes = ", ".join(f"{k} {v}" for k, v in check.shapes.items())
+            if check.problem:
+                lines.append(f"  FAIL {check.name} ({shapes}): {check.problem}")
+                continue
+            worst = max(check.outputs, key=lambda o: o.max_abs_diff / max(o.tolerance, 1e-30), default=None)
+            detail = f"max abs diff {worst.max_abs_diff:.3g} on {worst.name}" if worst else "no outputs"
+            lines.append(f"  {'ok' if check.ok else 'FAIL':4s} {check.name} ({shapes}): {detail}")
         return "\n".join(lines)
 
 
@@ -122,12 +157,26 @@ def validate(
     *,
     trust: bool = False,
     component: str | None = None,
+    other_inputs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Validation:
     """Load the saved artifact, run it in its own runtime and compare every output with eager `model(**inputs)`.
 
     `trust` is passed to `hfexport.load` (a `.pt2` needs it); `component` picks one of a multi-component export.
+    `other_inputs` (name -> forward kwargs of other shapes, e.g. a grown sequence or another batch) are compared
+    the same way, each a `ShapeCheck`: an artifact that refuses a shape (an axis the export made static) fails
+    that check with the runtime's reason instead of raising.
     """
     loaded = load(directory, trust=trust)
     expected = eager_outputs(model, inputs)
     actual = loaded.run(inputs, component)
-    return Validation(loaded.export_format, compare(expected, actual, atol, rtol), atol, rtol)
+    validation = Validation(loaded.export_format, compare(expected, actual, atol, rtol), atol, rtol)
+    for name, feed in (other_inputs or {}).items():
+        shapes = {k: list(v.shape) for k, v in feed.items() if hasattr(v, "shape")}
+        try:
+            got = loaded.run(feed, component)
+        except Exception as exc:  # the runtime refused the shape: that is the finding, not an error of ours
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            validation.checks.append(ShapeCheck(name, shapes, problem=f"{type(exc).__name__}: {first}"))
+            continue
+        validation.checks.append(ShapeCheck(name, shapes, compare(eager_outputs(model, feed), got, atol, rtol)))
+    return validation

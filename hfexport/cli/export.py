@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import ExitCode, UsageError
-from hfexport.cli.models import export_config, load_model
+from hfexport.cli.models import export_config, load_model, other_samples
 from hfexport.cli.progress import Progress
 from hfexport.formats import MAIN_FILE
 
@@ -38,6 +38,11 @@ def check_writable(output: Path) -> None:
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create a folder in {existing} ({exc.strerror})") from None
     os.rmdir(probe)
+
+
+def sample_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `other_samples` options the export flags give."""
+    return model_options(args)
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,8 +97,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.validate:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
             progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
+            # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
+            others = other_samples(args.model, args.task, inputs, **sample_options(args)) if config.dynamic else {}
+            if not config.dynamic:
+                progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.
-            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True)
+            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
             report.parity = validation.max_abs_diff
             update_manifest(output, validation=validation.to_dict())
             print(validation)

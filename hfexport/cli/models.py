@@ -145,6 +145,46 @@ def load_model(
     return model, {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
 
 
+def other_samples(
+    spec: str,
+    task: str,
+    inputs: dict[str, Any],
+    *,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Sample inputs of other shapes for `--validate`: a grown sequence (+3 tokens), a long one (4x + 1) and
+    another batch (+1), each drawn like the traced sample; those whose shapes equal the sample's are left out."""
+    from hfexport.tiny import TINY_MODELS
+
+    if spec in TINY_MODELS:
+        batch, length = (
+            batch_size or TINY_MODELS[spec].sample_shape[0],
+            sequence_length or TINY_MODELS[spec].sample_shape[1],
+        )
+    else:
+        ids = inputs.get("input_ids")
+        batch, length = (ids.shape[0], ids.shape[1]) if ids is not None else (2, 8)
+    options = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    variants = {"grown": (batch, length + 3), "long": (batch, 4 * length + 1), "batch+1": (batch + 1, length)}
+    sample_shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    others = {}
+    for name, (b, n) in variants.items():
+        if spec in TINY_MODELS:
+            import torch
+
+            feed = TINY_MODELS[spec].sample_inputs(seed=1, batch=b, length=n)
+            if dtype:
+                feed = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in feed.items()}
+        else:
+            _, feed = load_model(spec, task, batch_size=b, sequence_length=n, **options)
+        if {k: tuple(v.shape) for k, v in feed.items()} != sample_shapes:
+            others[name] = feed
+    return others
+
+
 def split(values: list[str] | None) -> tuple[str, ...]:
     """`--disable a,b --disable c` -> ("a", "b", "c")."""
     return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
