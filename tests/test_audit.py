@@ -117,13 +117,13 @@ def test_ablating_an_optimization_counts_the_runtime_nodes_it_saves_and_names_it
 
 
 @pytest.mark.slow
-def test_onnx_moe_needs_the_portable_grouped_mm_and_the_fusion_for_speed(capsys, tmp_path: Path) -> None:
+def test_onnx_moe_needs_the_grouped_mm_translation_and_the_fusion_for_speed(capsys, tmp_path: Path) -> None:
     out = tmp_path / "audit.json"
     args = ["audit", "--model", "tiny-qwen3-moe", "--format", "onnx", "--json", str(out)]
-    assert main([*args, "--ablate", "patch/moe-grouped-mm-portable,onnx/rms-norm-fusion"]) == 0
+    assert main([*args, "--ablate", "aten/grouped-mm-fallback,onnx/rms-norm-fusion"]) == 0
     rows = {r["id"]: r for r in json.loads(out.read_text())["rules"]}
-    portable = rows["patch/moe-grouped-mm-portable"]["ablation"]
-    assert portable["needed"] and not portable["exported"] and "translate" in portable["error"]
+    grouped = rows["aten/grouped-mm-fallback"]["ablation"]
+    assert grouped["needed"] and not grouped["exported"] and "translate" in grouped["error"]
     # An optimization keeps numerics: it is needed for the nodes it saves in ONNX Runtime's graph.
     fusion = rows["onnx/rms-norm-fusion"]["ablation"]
     assert fusion["matches"] and fusion["nodes_saved"] > 0 and fusion["needed"]

@@ -151,27 +151,28 @@ def test_rules_list_prints_every_rule_and_filters(capsys, monkeypatch) -> None:
 
 
 def test_rules_show_prints_metadata_and_the_patch_diff_against_the_original_source() -> None:
-    from transformers.integrations import moe
+    from transformers.models.longt5 import modeling_longt5
 
-    from hfexport.rewrites.rules.patch.moe_grouped_mm_portable import gathered_grouped_mm
+    from hfexport.rewrites.rules.patch.longt5_pad_blocks import split_into_blocks
 
-    result = _hfexport("rules", "show", "patch/moe-grouped-mm-portable")
+    result = _hfexport("rules", "show", "patch/longt5-pad-blocks")
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    assert out.startswith("patch/moe-grouped-mm-portable  (ModuleFunctionPatch, stage patch, kind fix)")
-    assert "upstream:" in out and "pytorch/pytorch/issues/172440" in out and "expires:   never" in out
+    assert out.startswith("patch/longt5-pad-blocks  (ModuleFunctionPatch, stage patch, kind fix)")
+    assert "upstream:" in out and "models/longt5/modeling_longt5.py" in out and "expires:   never" in out
     # The id names the file: `rules show` says where the rule is defined, relative to the checkout.
     defined = next(line for line in out.splitlines() if line.startswith("defined:"))
     path, line = defined.split()[1].rsplit(":", 1)
-    assert path == "hfexport/rewrites/rules/patch/moe_grouped_mm_portable.py"
+    assert path == "hfexport/rewrites/rules/patch/longt5_pad_blocks.py"
     source = (Path(__file__).resolve().parents[1] / path).read_text().splitlines()
-    assert source[int(line) - 1].startswith("moe_grouped_mm_portable = ")
+    assert source[int(line) - 1].startswith("longt5_pad_blocks = ")
     assert "(written against transformers 5.24.0; installed: " in out
-    assert "Match    a single token: most experts get no rows" in out and "NoMatch  qwen3_moe with batched_mm" in out
+    assert "Match    local attention, 7 tokens" in out and "NoMatch  LongT5's decoder" in out
     diff = out.split("diff (patched source -> replacement):\n", 1)[1].splitlines()
-    assert diff[0] == "--- transformers.integrations.moe._grouped_mm" and diff[1] == "+++ gathered_grouped_mm"
-    original = inspect.getsource(moe._grouped_mm).splitlines()
-    replacement = inspect.getsource(gathered_grouped_mm).splitlines()
+    assert diff[0] == "--- transformers.models.longt5.modeling_longt5._split_into_blocks"
+    assert diff[1] == "+++ split_into_blocks"
+    original = inspect.getsource(modeling_longt5._split_into_blocks).splitlines()
+    replacement = inspect.getsource(split_into_blocks).splitlines()
     removed = [line[1:] for line in diff[2:] if line.startswith("-")]
     added = [line[1:] for line in diff[2:] if line.startswith("+")]
     assert removed and all(line in original for line in removed)

@@ -34,7 +34,8 @@ from hfexport import (
 from hfexport.errors import ConfigError, InputError, MissingPackageError, OutputPathError
 from hfexport.rewrites.engine import fault_injection
 from hfexport.rewrites.rule import RuleSelection
-from tests.test_reliability_invariants import micro_llama, micro_moe, sample_inputs, untouched
+from hfexport.tiny import get_tiny_model
+from tests.test_reliability_invariants import micro_llama, sample_inputs, untouched
 
 Call = Callable[[torch.nn.Module, dict[str, Any], Path], Any]
 
@@ -177,11 +178,11 @@ CASES = [
     ),
     Case(
         "strict-with-a-gated-patch",
-        # ONNX: where the MoE experts patch is a gated module function (Dynamo keeps grouped_mm).
-        lambda m, x, t: OnnxExporter().export(m, x, OnnxConfig(strict=True)),
+        # Mamba's selective scan patch is a gated module function.
+        lambda m, x, t: DynamoExporter().export(m, x, DynamoConfig(strict=True)),
         InputError,
-        r"strict=True cannot trace the module-function patches \['patch/moe-grouped-mm-portable'\]",
-        model=micro_moe,
+        r"strict=True cannot trace the module-function patches \['patch/mamba-selective-scan-hop'\]",
+        model=lambda: get_tiny_model("tiny-mamba").build(),
     ),
     # -- sample inputs and shapes -------------------------------------------------------------------------------
     Case(

@@ -139,20 +139,23 @@ def _solo_hits(backend: str, model: torch.nn.Module) -> dict[str, int]:
 
 
 def test_an_eager_forward_in_another_thread_during_an_export_does_not_see_the_module_function_patch() -> None:
-    """patch/moe-grouped-mm-portable gates a transformers function: other threads run the original."""
-    exported, other, unrelated = micro_moe(seed=0), micro_moe(seed=1), micro_llama()
+    """patch/mamba-selective-scan-hop gates a transformers function: other threads run the original."""
+    from hfexport.tiny import get_tiny_model
+
+    mamba = get_tiny_model("tiny-mamba")
+    exported, other, unrelated = mamba.build(seed=0), mamba.build(seed=1), micro_llama()
     inputs = sample_inputs()
     expected = [eager_logits(other, inputs), eager_logits(unrelated, inputs)]
-    # ONNX, where the experts patch runs (Dynamo keeps grouped_mm); the export stops after the trace.
-    solo = _solo_hits("onnx", micro_moe(seed=0))
+    # Dynamo, where the scan patch runs; the export stops after the trace.
+    solo = _solo_hits("dynamo", mamba.build(seed=0))
     outputs, hits, gates = _forward_elsewhere_during(
-        "onnx", "patch/moe-grouped-mm-portable", [other, unrelated], exported
+        "dynamo", "patch/mamba-selective-scan-hop", [other, unrelated], exported
     )
     assert gates, "the gate was not installed while the other thread ran: nothing was tested"
-    # Bit-identical: the other thread ran the original code (the replacement reorders the expert sums).
+    # Bit-identical: the other thread ran the original code; and no call of it went through the replacement.
     for got, want in zip(outputs, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert hits["patch/moe-grouped-mm-portable"] == solo["patch/moe-grouped-mm-portable"] > 0
+    assert hits["patch/mamba-selective-scan-hop"] == solo["patch/mamba-selective-scan-hop"] > 0
 
 
 def test_an_eager_forward_in_another_thread_during_an_export_does_not_see_the_method_patch() -> None:

@@ -124,8 +124,11 @@ def _check_coverage(backend: str, points: list[Point]) -> None:
     rules = {rule for _, rule in points if rule}
     assert {"patch", "trace", "fx"} <= stages, stages
     assert any(r.startswith("patch/") for r in rules), "no patch install point"
-    # The experts patch runs during the ONNX trace only (Dynamo keeps grouped_mm; the other backends batch them).
-    assert ("trace", "patch/moe-grouped-mm-portable") in points or backend != "onnx", points
+    # A patch replacement runs inside the trace where the backend batches the experts (OpenVINO, ExecuTorch);
+    # ONNX translates transformers' grouped_mm op instead, and Dynamo keeps it.
+    batched = f"patch/{backend}-moe-batched-experts"
+    assert ("trace", batched) in points or backend not in ("openvino", "executorch"), points
+    assert ("aten", "aten/grouped-mm-fallback") in points or backend != "onnx", points
     if backend != "dynamo":
         assert any(r.startswith("fx/") for r in rules), "no FX rule point"
     expected = {"onnx": "aten/", "openvino": "openvino/", "executorch": "executorch/"}.get(backend)

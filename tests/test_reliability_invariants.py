@@ -55,8 +55,8 @@ def micro_llama(seed: int = 0) -> torch.nn.Module:
 
 
 def micro_moe(seed: int = 0) -> torch.nn.Module:
-    """A Qwen3-MoE: its experts make the `patch/moe-grouped-mm-portable` gate (and the backends' batched-expert
-    method patches) install, so there is something to restore."""
+    """A Qwen3-MoE: its experts make the backends' batched-expert method patches install, so there is something to
+    restore (and ONNX translate transformers' grouped_mm op)."""
     config = transformers.Qwen3MoeConfig(**_LLAMA, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
     config.head_dim = 8
     torch.manual_seed(seed)
@@ -359,8 +359,8 @@ def test_a_successful_export_leaves_model_inputs_and_process_untouched(backend: 
     with untouched(model, inputs):
         program, exporter = export(model, inputs, backend, dynamic=True)
     if backend == "dynamo":
-        # Dynamo keeps grouped_mm as it is (seed 000): the portable experts patch is for the other backends.
-        assert {o.id: o.status for o in exporter.report.rules}["patch/moe-grouped-mm-portable"] == "other-backend"
+        # Dynamo keeps grouped_mm as it is (seed 000): the batched experts are the other backends'.
+        assert {o.id: o.status for o in exporter.report.rules}["patch/openvino-moe-batched-experts"] == "other-backend"
     else:
         assert exporter.report.fired, "the MoE patch or a backend rule should have fired"
     assert torch.equal(eager_logits(model, inputs), expected), "eager outputs changed"

@@ -3,7 +3,7 @@
 hfexport export --model tiny-llama --format onnx --output out/ --validate
 hfexport audit --model tiny-qwen3-moe --format onnx [--json audit.json] [--explain] [--ablate [ID ...]]
 hfexport rules list [--stage fx] [--backend onnx]
-hfexport rules show patch/moe-grouped-mm-portable
+hfexport rules show patch/longt5-pad-blocks
 hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
 hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h.html] [--png h.png] [--csv F]
 hfexport check out/ [--trust]

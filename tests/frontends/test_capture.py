@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from hfexport import DynamoConfig, DynamoExporter, InputError, OnnxConfig, OnnxExporter
+from hfexport import DynamoConfig, DynamoExporter, InputError
 from hfexport.tiny import get_tiny_model
 
 
@@ -245,9 +245,9 @@ def test_size_one_sample_axis_is_reported() -> None:
 
 
 def test_strict_export_refuses_gated_patches_before_tracing() -> None:
-    tiny = get_tiny_model("tiny-qwen3-moe")
+    tiny = get_tiny_model("tiny-mamba")
     model = tiny.build()
-    # ONNX: the experts patch is gated there (Dynamo keeps grouped_mm and installs no patch for this model).
-    with pytest.raises(InputError, match="patch/moe-grouped-mm-portable"):
-        OnnxExporter().export(model, tiny.sample_inputs(), OnnxConfig(strict=True))
+    # Mamba's selective scan patch is a gated module function.
+    with pytest.raises(InputError, match="patch/mamba-selective-scan-hop"):
+        DynamoExporter().export(model, tiny.sample_inputs(), DynamoConfig(strict=True))
     assert "forward" not in vars(model)

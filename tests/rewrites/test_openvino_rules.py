@@ -123,9 +123,9 @@ def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> N
     assert failure.value.stage == "convert"
     outcomes = {o.id: o.status for o in exporter.report.rules}
     assert outcomes["patch/openvino-moe-batched-experts"] == "disabled"
-    # moe-grouped-mm-portable is not for OpenVINO (the batched experts replace grouped_mm there): grouped_mm ran
-    # as transformers has it, histc offsets and all.
-    assert outcomes["patch/moe-grouped-mm-portable"] == "other-backend"
+    # No other rule stood in (ExecuTorch's batched experts are for ExecuTorch): grouped_mm ran as transformers
+    # has it, histc offsets and all.
+    assert outcomes["patch/executorch-moe-batched-experts"] == "other-backend"
 
 
 def _mul_to_add_rule(examples_: tuple) -> OpenVINOFxNodeRule:

@@ -11,5 +11,6 @@ RULES: list[Rule] = load_rules(
         "aten/sdpa-fully-masked-rows",
         "aten/is-all-true",
         "aten/squeeze-dim-noop",
+        "aten/grouped-mm-fallback",
     ],
 )

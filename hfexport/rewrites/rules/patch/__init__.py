@@ -11,7 +11,6 @@ RULES: list[Rule] = load_rules(
         "patch/mamba-selective-scan-hop",
         "patch/mamba2-chunk-scan-symbolic",
         "patch/gated-delta-chunk-scan-hop",
-        "patch/moe-grouped-mm-portable",
         "patch/cpmant-mask-arange",
         "patch/mamba-selective-scan-onnx",
         "patch/fake-constant-layouts",
@@ -23,7 +22,6 @@ RULES: list[Rule] = load_rules(
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
         # Backend-scoped patches.
-        # Independent of patch/moe-grouped-mm-portable: experts run as batched_mm never call grouped_mm.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
         "patch/openvino-moe-batched-experts",

@@ -164,7 +164,7 @@ def csa_compressor_forward(
 # What the example model needs besides this rule: its MoE experts on ONNX (the grouped_mm custom op) and
 # OpenVINO (histc), and on OpenVINO the symbolic min and floor divisions of the windows.
 _NEEDS = (
-    "patch/moe-grouped-mm-portable",
+    "aten/grouped-mm-fallback",
     "patch/openvino-moe-batched-experts",
     "openvino/sym-min-max-to-floordiv",
     "openvino/exact-int-floor-divide",
