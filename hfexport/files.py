@@ -126,25 +126,28 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def replace_folder(tmp: Path, destination: Path) -> None:
+def replace_folder(tmp: Path, destination: Path) -> Path | None:
     """Publish the complete folder `tmp` as `destination`, replacing what is there in one step where it can.
 
     A non-empty `destination` is swapped with `tmp` (renameat2 RENAME_EXCHANGE), or, where the filesystem
     cannot, renamed away first; an absent or empty one is replaced by one `rename`, which fails on a
-    non-empty folder that appeared meanwhile. The caller decides whether `destination` may be replaced.
+    non-empty folder that appeared meanwhile. Returns the folder that now holds the previous contents (for
+    the caller to remove what it knows it may remove), or None. The caller decides whether `destination`
+    may be replaced.
     """
+    previous: Path | None = None
     if destination.is_dir() and any(destination.iterdir()):
         if exchange(tmp, destination):
-            shutil.rmtree(tmp, ignore_errors=True)  # now the previous contents
+            previous = tmp  # now the previous contents
         else:
             # Two renames: a kill between them leaves no destination (and the old contents in `old`).
-            old = temporary_beside(destination, "old-")
-            os.rename(destination, old)
+            previous = temporary_beside(destination, "old-")
+            os.rename(destination, previous)
             os.rename(tmp, destination)
-            shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, destination)
     fsync(destination.parent)
+    return previous
 
 
 def write_text_atomically(path: Path, text: str) -> None:
