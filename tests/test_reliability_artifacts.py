@@ -306,3 +306,38 @@ def test_pt2_without_trust_and_missing_pieces(artifacts: Callable[[str], Path], 
         load(folder, trust=True)
     with pytest.raises(ArtifactError, match="not a folder"):
         load(tmp_path / "nowhere")
+
+
+def _many_dotted_names(manifest: dict[str, Any]) -> None:
+    manifest["metadata"] = {"names": [f"mod{i}.attr" for i in range(100_000)]}
+
+
+def _many_files(manifest: dict[str, Any]) -> None:
+    for i in range(20_000):
+        manifest["files"].append(f"f{i}.bin")
+        manifest["checksums"][f"f{i}.bin"] = {"size": 0, "sha256": "0" * 64}
+
+
+def _padded(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest)[:-1] + ', "metadata": {"pad": "' + "x" * (9 * 1024 * 1024) + '"}}'
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        pytest.param(_many_dotted_names, "distinct names shaped like import paths", id="100k-dotted-names"),
+        pytest.param(_many_files, "lists 20", id="20k-files"),
+        pytest.param(_padded, "bytes; a manifest is at most", id="9MiB"),
+    ],
+)
+def test_a_hostile_manifest_is_refused_quickly(
+    artifacts: Callable[[str], Path], tmp_path: Path, mutate: Mutation, match: str
+) -> None:
+    # Sizes and counts are capped before any per-name work: the refusal costs well under a second.
+    import time
+
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, mutate)
+    start = time.perf_counter()
+    _assert_refused_untouched(folder, ManifestError, match)
+    assert time.perf_counter() - start < 1.5

@@ -28,9 +28,15 @@ MANIFEST = "manifest.json"
 REPORT = "report.json"
 MANIFEST_VERSION = 1
 SINGLE = "model"  # the component name of a single (not multi-component) export
-# A manifest is small (names, config, rule report); anything much larger is not one of ours.
-MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+# A manifest is small (names, config, rule report: tens of KiB); anything much larger is not one of ours.
+# Sizes and counts are capped before any per-name work, so a hostile manifest costs milliseconds to refuse.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
+MAX_VALUES = 200_000  # JSON values (objects, lists, strings, numbers) in the whole manifest
+MAX_FILES = 10_000
+MAX_COMPONENTS = 1_000
+# Distinct top-level names looked up on sys.path by the code-name check (each lookup reads folders).
+MAX_CODE_LOOKUPS = 256
 COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # `os.system`, `builtins:eval`, `subprocess.Popen`: the shape of a reference to a Python object.
@@ -90,6 +96,20 @@ _COMPONENT_KEYS: dict[str, tuple[type, ...]] = {
 _COMPONENT_REQUIRED = ("format", "main", "files", "inputs", "outputs")
 
 
+def _count_values(value: Any) -> int:
+    """The number of JSON values in `value`, stopping one past MAX_VALUES (no per-value work but counting)."""
+    count = 0
+    stack = [value]
+    while stack and count <= MAX_VALUES:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
 def _check_plain(value: Any, where: str, depth: int = 0) -> None:
     """Only JSON's own types, nested at most MAX_DEPTH deep, with no object-building keys."""
     if depth > MAX_DEPTH:
@@ -121,19 +141,37 @@ def _importable(top: str) -> bool:
         return False
 
 
-def _check_no_code(value: Any, where: str) -> None:
+class _Lookups:
+    """The code-name check's sys.path lookups of one manifest: each top-level name once, at most MAX_CODE_LOOKUPS."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, bool] = {}
+
+    def importable(self, top: str) -> bool:
+        if top not in self.found:
+            if len(self.found) >= MAX_CODE_LOOKUPS:
+                raise ManifestError(
+                    f"the manifest holds more than {MAX_CODE_LOOKUPS} distinct names shaped like import paths "
+                    "(`name.attr`); a manifest names files and fields, not code"
+                )
+            self.found[top] = _importable(top)
+        return self.found[top]
+
+
+def _check_no_code(value: Any, where: str, lookups: _Lookups | None = None) -> None:
     """Refuse strings shaped like an import path of an importable module (`os.system`, `builtins:eval`)."""
+    lookups = lookups if lookups is not None else _Lookups()
     if isinstance(value, dict):
         for key, item in value.items():
-            _check_no_code(item, f"{where}.{key}")
+            _check_no_code(item, f"{where}.{key}", lookups)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_no_code(item, f"{where}[{i}]")
+            _check_no_code(item, f"{where}[{i}]", lookups)
     elif isinstance(value, str) and ("." in value or ":" in value) and _IMPORT_PATH.match(value):
         if value.rsplit(".", 1)[-1] in _FILE_SUFFIXES:
             return  # `model.onnx` is a file name, even where a module `model` happens to be importable
         top = re.split(r"[.:]", value, maxsplit=1)[0]
-        if _importable(top):
+        if lookups.importable(top):
             raise ManifestError(
                 f"{where} is {value!r}, the name of Python code; a manifest holds data, and loading never "
                 "imports or calls what it names"
@@ -164,7 +202,7 @@ def _config_fields(export_format: str) -> set[str] | None:
     return {f.name for f in dataclasses.fields(cls)} | {"export_format"}
 
 
-def _check_config(config: dict[str, Any] | None, export_format: str, where: str) -> None:
+def _check_config(config: dict[str, Any] | None, export_format: str, where: str, lookups: _Lookups) -> None:
     if config is None:
         return
     fields = _config_fields(export_format)
@@ -177,7 +215,7 @@ def _check_config(config: dict[str, Any] | None, export_format: str, where: str)
         raise ManifestError(f"{where}.export_format is {found!r}, the artifact is {export_format}")
     # `quantizer` records which class quantized the export (its module and name, as a description for people):
     # configs never rebuild it from a dict (`from_dict` drops it), so it is plain data like the report.
-    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where)
+    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where, lookups)
 
 
 def _dataclass_keys(cls: Any, required: bool = False) -> set[str]:
@@ -198,7 +236,7 @@ def _check_keys(data: Any, cls: Any, where: str) -> None:
         raise ManifestError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown} (a {cls.__name__})")
 
 
-def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -> None:
+def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any], lookups: _Lookups) -> None:
     """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, plain values."""
     if spec is None:
         return
@@ -219,7 +257,7 @@ def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -
             raise ManifestError(f"{at}.cache_leaves must be a list")
         for i, leaf in enumerate(comp["cache_leaves"]):
             _check_keys(leaf, CacheLeaf, f"{at}.cache_leaves[{i}]")
-    _check_no_code(spec, where)
+    _check_no_code(spec, where, lookups)
 
 
 def check_manifest(manifest: Any) -> dict[str, Any]:
@@ -234,6 +272,13 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
         raise ManifestError(f"the manifest has unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
     for key, value in manifest.items():
         _check_type(value, _TOP_KEYS[key], f"manifest.{key}")
+    # Counts first: everything after this does work per value, per file or per component.
+    if _count_values(manifest) > MAX_VALUES:
+        raise ManifestError(f"the manifest holds more than {MAX_VALUES} values; a manifest is small plain data")
+    for key, cap in (("files", MAX_FILES), ("components", MAX_COMPONENTS)):
+        if len(manifest[key]) > cap:
+            raise ManifestError(f"manifest.{key} lists {len(manifest[key])} entries, more than the {cap} allowed")
+    lookups = _Lookups()
     _check_plain(manifest, "manifest")
     version = manifest["manifest_version"]
     if version != MANIFEST_VERSION:
@@ -298,8 +343,8 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
                 raise ManifestError(f"{where}: {what} {sibling} are not listed")
         _check_names(comp["inputs"], f"{where}.inputs")
         _check_names(comp["outputs"], f"{where}.outputs")
-        _check_config(comp.get("config"), export_format, f"{where}.config")
-    _check_config(manifest.get("config"), export_format, "manifest.config")
+        _check_config(comp.get("config"), export_format, f"{where}.config", lookups)
+    _check_config(manifest.get("config"), export_format, "manifest.config", lookups)
     for key in ("inputs", "outputs"):
         if key in manifest:
             _check_names(manifest[key], f"manifest.{key}")
@@ -308,8 +353,8 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
             if not isinstance(value, str):
                 raise ManifestError(f"manifest.{key}[{name!r}] must be a string")
     for key in ("model", "model_class", "model_type", "metadata"):
-        _check_no_code(manifest.get(key), f"manifest.{key}")
-    _check_generation(manifest.get("generation"), components)
+        _check_no_code(manifest.get(key), f"manifest.{key}", lookups)
+    _check_generation(manifest.get("generation"), components, lookups)
     return manifest
 
 
@@ -323,11 +368,14 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} has no {MANIFEST}: not an hfexport artifact (or an unfinished one)")
     if path.is_symlink() and not is_inside(path, directory):
         raise UnsafePathError(f"{path} is a symlink out of the artifact folder")
-    size = path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is {size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    if not path.stat().st_size <= MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file that grew since the stat is still read only this far
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is over {MAX_MANIFEST_BYTES} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
     try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
     return check_manifest(manifest)
