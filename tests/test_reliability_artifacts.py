@@ -341,3 +341,81 @@ def test_a_hostile_manifest_is_refused_quickly(
     start = time.perf_counter()
     _assert_refused_untouched(folder, ManifestError, match)
     assert time.perf_counter() - start < 1.5
+
+
+def _external(name: str, data: bytes, dims: list[int], location: str) -> Any:
+    import onnx
+
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=dims)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(len(data)))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _sparse_reading(folder: Path, where: str, location: str = "unlisted.data") -> None:
+    """Make model.onnx read one of its weights (a layer norm's) from `location` through a sparse tensor."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    graph = proto.graph
+    weight = next(t for t in graph.initializer if t.name == "model.layers.0.input_layernorm.weight")  # inline
+    values = numpy_helper.to_array(weight).astype(np.float32)
+    (folder / location.split("/")[-1]).write_bytes(values.tobytes())
+    indices = numpy_helper.from_array(np.arange(values.size, dtype=np.int64), weight.name + ".idx")
+    sparse = helper.make_sparse_tensor(
+        _external(weight.name, values.tobytes(), [values.size], location), indices, list(values.shape)
+    )
+    graph.initializer.remove(weight)
+    if where == "sparse-initializer":
+        graph.sparse_initializer.append(sparse)
+    elif where == "sparse-attribute":
+        graph.node.insert(0, helper.make_node("Constant", [], [weight.name], sparse_value=sparse))
+    else:  # a sparse constant inside an If's branches: a subgraph
+        branch = helper.make_graph(
+            [helper.make_node("Constant", [], ["branch_out"], sparse_value=sparse)],
+            "branch",
+            [],
+            [helper.make_tensor_value_info("branch_out", onnx.TensorProto.FLOAT, list(values.shape))],
+        )
+        graph.initializer.append(numpy_helper.from_array(np.array(True), "always"))
+        graph.node.insert(0, helper.make_node("If", ["always"], [weight.name], then_branch=branch, else_branch=branch))
+    onnx.save(proto, str(folder / "model.onnx"))
+    _refresh_checksum(folder, "model.onnx")
+
+
+@pytest.mark.parametrize("where", ["sparse-initializer", "sparse-attribute", "sparse-in-subgraph"])
+def test_onnx_external_data_in_sparse_tensors_must_be_listed(
+    artifacts: Callable[[str], Path], tmp_path: Path, where: str
+) -> None:
+    # ONNX Runtime reads a sparse tensor's external values like any other: a file the manifest does not list
+    # would hold weights whose changes no checksum sees.
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _sparse_reading(folder, where)
+    with pytest.raises(UnsafePathError, match=r"unlisted\.data.*does not list"):
+        load(folder)
+
+
+def test_onnx_external_data_out_of_its_file_or_through_a_hard_link_is_refused(
+    artifacts: Callable[[str], Path], tmp_path: Path
+) -> None:
+    import onnx
+
+    folder = _copy(artifacts, "onnx", tmp_path)
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    tensor = next(t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+    offset = next(e for e in tensor.external_data if e.key == "offset")
+    offset.value = str(10**9)
+    onnx.save(proto, str(folder / "model.onnx"))
+    _refresh_checksum(folder, "model.onnx")
+    with pytest.raises(ArtifactError, match="past the end of"):
+        load(folder)
+
+    folder = _copy(artifacts, "onnx", tmp_path / "linked")
+    outside = tmp_path / "outside.data"
+    (folder / "model.onnx.data").rename(outside)
+    (folder / "model.onnx.data").hardlink_to(outside)  # same bytes, same checksum, a name outside the folder
+    with pytest.raises(UnsafePathError, match="hard link"):
+        load(folder)

@@ -9,6 +9,8 @@ running a saved component is the runtime's table (`hfexport.runtime.drivers`).
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -65,10 +67,32 @@ def _onnx_signature(program: Any) -> Signature:
     return [str(v.name) for v in graph.inputs], [str(v.name) for v in graph.outputs]
 
 
-def _check_onnx_external_data(directory: Path, comp: dict[str, Any]) -> None:
-    """An ONNX file names its weight files itself: they must be listed files of the same component."""
+def _onnx_tensors(message: Any) -> Any:
+    """Every TensorProto anywhere in an ONNX message: initializers, sparse initializers (values and indices),
+    node attributes (tensors, sparse tensors), subgraphs, functions and training info, by walking every
+    message-typed field, so no place ONNX can keep a tensor is missed."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
+
+    stack = [message]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, onnx.TensorProto):
+            yield item
+        for descriptor, value in item.ListFields():
+            if descriptor.type != descriptor.TYPE_MESSAGE:
+                continue
+            # protobuf 6 has `is_repeated`; older ones only `label`.
+            repeated = getattr(descriptor, "is_repeated", None)
+            if repeated if repeated is not None else descriptor.label == descriptor.LABEL_REPEATED:
+                stack.extend(value)
+            else:
+                stack.append(value)
+
+
+def _check_onnx_external_data(directory: Path, comp: dict[str, Any]) -> None:
+    """An ONNX file names its weight files itself: each must be a listed regular file of the same component
+    (not a symlink, not a hard link: as `onnx.load` refuses them), and each tensor's bytes must lie inside it."""
+    import onnx
 
     main = directory / comp["main"]
     try:
@@ -76,14 +100,37 @@ def _check_onnx_external_data(directory: Path, comp: dict[str, Any]) -> None:
     except Exception as exc:
         raise ArtifactError(f"{comp['main']!r} is not a readable ONNX model: {type(exc).__name__}: {exc}") from None
     folder = PurePosixPath(comp["main"]).parent
-    for tensor in _get_all_tensors(proto):
+    sizes: dict[str, int] = {}
+    for tensor in _onnx_tensors(proto):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
         check_path(location, f"external data of {tensor.name!r} in {comp['main']!r}")
         rel = (folder / location).as_posix() if str(folder) != "." else location
         if rel not in comp["files"]:
             raise UnsafePathError(f"{comp['main']!r} reads weights from {location!r}, which the manifest does not list")
+        if rel not in sizes:
+            sizes[rel] = _single_regular_file(directory / rel, rel)
+        try:
+            offset, length = int(info.get("offset") or 0), int(info.get("length") or 0)
+        except ValueError:
+            raise ArtifactError(f"external data of {tensor.name!r}: offset/length are not integers") from None
+        if offset < 0 or length < 0 or offset + length > sizes[rel]:
+            raise ArtifactError(
+                f"external data of {tensor.name!r} (offset {offset}, length {length}) lies past the end of "
+                f"{rel!r} ({sizes[rel]} bytes)"
+            )
+
+
+def _single_regular_file(path: Path, rel: str) -> int:
+    """The size of `path`, a regular file with one name (no symlink, hard link, device or pipe)."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise UnsafePathError(f"{rel!r} is a symlink or a special file; weights are read from regular files only")
+    if info.st_nlink != 1:
+        raise UnsafePathError(f"{rel!r} is a hard link (it has {info.st_nlink} names); copy the file instead")
+    return info.st_size
 
 
 # -- executorch --------------------------------------------------------------------------------------------
