@@ -464,3 +464,67 @@ def test_a_model_file_of_random_bytes_or_cut_short_is_refused_never_an_abort(
     for job in jobs:
         if not job.id.startswith(("model.onnx.data", "model.bin")):
             assert "does not load in the" not in outcomes[job.id].detail, (job.id, outcomes[job.id].detail[:300])
+
+
+def _generation(**changes: Any) -> dict[str, Any]:
+    """A valid generation layout for the one component of a single export, with `changes` (a.b=... by path)."""
+    leaf = {"name": "past_key_values.layers_0_keys", "shape": [2, 2, 8, 8], "dtype": "float32"}
+    component = {"inputs": ["input_ids"], "constants": {}, "mask_rank": 2, "cache_leaves": [leaf], "layout": {}}
+    spec: dict[str, Any] = {
+        "components": {"model": component},
+        "cache_key": "past_key_values",
+        "static_cache": False,
+        "max_cache_len": None,
+        "multi_token_decode": False,
+        "sample_batch": 2,
+        "eos_token_id": [2],
+        "pad_token_id": 0,
+        "positions": None,
+    }
+    for path, value in changes.items():
+        target = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[keys[-1]] = value
+    return spec
+
+
+_POSITIONS = {"type_key": None, "token_ids": [5], "text_row": True, "blocks": [], "decode_rows": 3}
+_LEAF = "components.model.cache_leaves.0"
+GENERATION_VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("dtype-unknown", {f"{_LEAF}.dtype": "float33"}, "dtype"),
+    ("dtype-not-a-dtype", {f"{_LEAF}.dtype": "Tensor"}, "dtype"),
+    ("shape-negative", {f"{_LEAF}.shape": [2, -1, 8, 8]}, "shape"),
+    ("shape-not-ints", {f"{_LEAF}.shape": [2, 1.5]}, "shape"),
+    ("shape-absurd", {f"{_LEAF}.shape": [64, 64, 4096, 256]}, "elements"),
+    ("shape-rank", {f"{_LEAF}.shape": [1] * 20}, "shape"),
+    ("leaf-name", {f"{_LEAF}.name": 7}, "name"),
+    ("mask-rank", {"components.model.mask_rank": 99}, "mask_rank"),
+    ("inputs-not-names", {"components.model.inputs": [1]}, "inputs"),
+    ("layout-huge", {"components.model.layout": {"image_grid_thw": [[1, 2, 3]] * 100}}, "layout"),
+    ("sample-batch", {"sample_batch": 0}, "sample_batch"),
+    ("max-cache-len", {"max_cache_len": -5}, "max_cache_len"),
+    ("static-cache-flag", {"static_cache": "yes"}, "static_cache"),
+    ("cache-key", {"cache_key": 5}, "cache_key"),
+    ("eos-ids", {"eos_token_id": ["a"]}, "eos_token_id"),
+    ("positions-unknown-key", {"positions": {**_POSITIONS, "hook": 1}}, "positions"),
+    ("positions-block-key", {"positions": {**_POSITIONS, "blocks": [{"token_type": 1}]}}, "blocks"),
+    ("positions-rows", {"positions": {**_POSITIONS, "decode_rows": -2}}, "decode_rows"),
+]
+
+
+def test_a_valid_generation_layout_loads(artifacts: Callable[[str], Path], tmp_path: Path) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, _set(("generation",), _generation(positions=_POSITIONS)))
+    spec = load(folder, open_runtimes=False).generation
+    assert spec.components["model"].cache_leaves[0].shape == [2, 2, 8, 8] and spec.positions.decode_rows == 3
+
+
+@pytest.mark.parametrize(("changes", "match"), [pytest.param(c, m, id=i) for i, c, m in GENERATION_VALUE_CASES])
+def test_a_generation_layout_with_bad_values_is_refused_at_load(
+    artifacts: Callable[[str], Path], tmp_path: Path, changes: dict[str, Any], match: str
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, _set(("generation",), _generation(**changes)))
+    _assert_refused_untouched(folder, ManifestError, match)
