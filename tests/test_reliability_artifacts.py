@@ -528,3 +528,32 @@ def test_a_generation_layout_with_bad_values_is_refused_at_load(
     folder = _copy(artifacts, "onnx", tmp_path)
     _rewrite(folder, _set(("generation",), _generation(**changes)))
     _assert_refused_untouched(folder, ManifestError, match)
+
+
+NOT_CACHE_CLASSES = ["evilmod:Thing", "os:_wrap_close", "transformers.configuration_utils:PretrainedConfig"]
+
+
+@pytest.mark.parametrize("named", NOT_CACHE_CLASSES)
+def test_a_pt2_whose_cache_context_names_another_class_is_refused_even_with_trust(
+    artifacts: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    # The pytree context of a cache names its classes; the decoder resolves only transformers' cache classes,
+    # whatever the trust flag (trust is consent to pickle, not to importing what a file names).
+    import zipfile
+
+    from tests.test_save_load import tiny
+
+    marker = tmp_path / "ran"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\nclass Thing: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _copy(artifacts, "dynamo", tmp_path)
+    archive = folder / "model.pt2"
+    with zipfile.ZipFile(archive) as source:
+        members = {info: source.read(info) for info in source.infolist()}
+    with zipfile.ZipFile(archive, "w") as target:
+        for info, data in members.items():
+            target.writestr(info, data.replace(b"transformers.cache_utils:DynamicCache", named.encode()))
+    _refresh_checksum(folder, "model.pt2")
+    with pytest.raises(ArtifactError, match="not a transformers cache class"):
+        load(folder, trust=True).run(tiny("tiny-llama")[1])
+    assert not marker.exists() and "evilmod" not in sys.modules
