@@ -365,3 +365,51 @@ def test_replacing_an_artifact_removes_only_the_files_its_manifest_lists(tmp_pat
     assert not old.exists()
     (kept,) = tmp_path.glob("dest.hfexport-kept-*")
     assert [p.name for p in kept.iterdir()] == ["late.txt"]
+
+
+def _onnx_logits(path: Path, name: str) -> torch.Tensor:
+    import onnxruntime as ort
+
+    from hfexport.naming import onnx_feed
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    _, inputs = tiny(name)
+    return torch.from_numpy(session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0])
+
+
+def _save_onnx(program: Any, path: Path, external_data: bool = True) -> None:
+    # What OnnxExporter does with `output_path`.
+    from hfexport.files import save_atomically
+
+    save_atomically(path, lambda p: program.save(p, external_data=external_data), side_files_named_by_main=True)
+
+
+def test_replacing_an_onnx_pair_never_leaves_the_old_graph_with_new_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llama, _, _ = exported("onnx", "tiny-llama")
+    gpt2, _, _ = exported("onnx", "tiny-gpt2")
+    path = tmp_path / "model.onnx"
+    _save_onnx(llama, path)
+    before = _onnx_logits(path, "tiny-llama")
+
+    # Ctrl-C at the last step, the rename of the graph: everything else of the new pair is in place by then.
+    real_replace = os.replace
+
+    def interrupted(source: Any, target: Any) -> None:
+        if Path(target) == path:
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _save_onnx(gpt2, path)
+    monkeypatch.undo()
+    assert torch.equal(_onnx_logits(path, "tiny-llama"), before), "the old pair, whole"
+
+    _save_onnx(gpt2, path)  # the next save completes and clears what the interrupted one left
+    assert_matches_eager({"logits": _onnx_logits(path, "tiny-gpt2")}, "tiny-gpt2", tiny("tiny-gpt2")[1], "onnx")
+    assert len([p for p in tmp_path.iterdir() if p.name.endswith(".data")]) == 1
+    _save_onnx(llama, path, external_data=False)  # no .data now: the stale one goes
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
+    assert torch.equal(_onnx_logits(path, "tiny-llama"), before)
