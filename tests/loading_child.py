@@ -106,9 +106,8 @@ def load_in_child(jobs: list[Job], watch: Path, timeout: float = 180.0) -> dict[
             )
             lines: queue.Queue[str | None] = queue.Queue()
             threading.Thread(target=_pump, args=(child.stdout, lines), daemon=True).start()
-            started = _collect(lines, outcomes, timeout)
-            hung = child.poll() is None and started is not None
-            if child.poll() is None:
+            started, hung = _collect(lines, outcomes, timeout)
+            if hung:
                 child.kill()
             child.wait()
             os.unlink(f.name)
@@ -129,16 +128,17 @@ def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
-def _collect(lines: queue.Queue[str | None], outcomes: dict[str, Outcome], timeout: float) -> str | None:
-    """Read the child's answers until it ends or one job takes longer than `timeout`; the unfinished job's id."""
+def _collect(lines: queue.Queue[str | None], outcomes: dict[str, Outcome], timeout: float) -> tuple[str | None, bool]:
+    """Read the child's answers until it ends or one job takes longer than `timeout`: the unfinished job's id, and
+    whether it hung (else the child ended)."""
     started: str | None = None
     while True:
         try:
             line = lines.get(timeout=timeout)
         except queue.Empty:
-            return started
+            return started, True
         if line is None:
-            return started
+            return started, False
         if not line.startswith("{"):
             continue
         message = json.loads(line)
