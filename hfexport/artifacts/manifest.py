@@ -3,7 +3,9 @@
 The manifest is data, never code. `check_manifest` refuses, before any model file is opened: a manifest that
 is not a JSON object of the documented schema (unknown keys included), a file path that is absolute or has
 `..`, a config key that is not a field of the format's config, and a string in the config or metadata
-shaped like an import path of an importable module (`os.system`). `check_files` then refuses a listed file
+shaped like an import path of an importable module (`os.system`), and a generation layout whose values are not of
+their types and bounds. Sizes and counts (`MAX_MANIFEST_BYTES`, `MAX_VALUES`, `MAX_FILES`, `MAX_COMPONENTS`,
+`MAX_CODE_LOOKUPS`) are capped before any per-name work. `check_files` then refuses a listed file
 that escapes the folder through a symlink, is missing, or whose size or sha256 differs from the manifest.
 """
 
