@@ -10,8 +10,13 @@ serialises to JSON so that `torch.export.load` can rebuild a `StaticCache` input
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import json
+import re
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,12 +30,73 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _load_class(path: str) -> type:
-    module, qualname = path.split(":")
-    obj: Any = importlib.import_module(module)
+class CacheContextError(ValueError):
+    """A cache pytree context (from a saved program) that is malformed or names a class that is not a cache's."""
+
+
+# The only modules a context may make us import: transformers' cache module and its models' modeling modules.
+_IMPORTABLE = re.compile(r"^transformers\.(cache_utils|models\.\w+\.modeling_\w+)$")
+
+
+@functools.cache
+def _cache_roots() -> tuple[type, ...]:
+    """The base classes of every cache and cache layer: the abstract classes `transformers.cache_utils` defines."""
+    import inspect
+
+    import transformers.cache_utils as cache_utils
+
+    return tuple(
+        cls
+        for _, cls in inspect.getmembers(cache_utils, inspect.isclass)
+        if cls.__module__ == cache_utils.__name__ and (cls is cache_utils.Cache or inspect.isabstract(cls))
+    )
+
+
+def _load_class(path: Any) -> type:
+    if not isinstance(path, str):
+        raise CacheContextError(f"a cache context names {path!r}, not a class path (module:Class)")
+    return _resolve_class(path)
+
+
+@functools.lru_cache(maxsize=1024)  # the decoder runs at every call of a program; a refusal raises, so is not kept
+def _resolve_class(path: str) -> type:
+    """The class a context names, only if it is a transformers cache or cache-layer class (an allow-list built
+    from the installed transformers: subclasses of the abstract classes of `transformers.cache_utils`).
+
+    A module is imported only when it is transformers' own cache module or a modeling module of the installed
+    transformers package; nothing else a saved file names is ever imported, whatever the trust flag.
+    """
+    if path.count(":") != 1:
+        raise CacheContextError(f"a cache context names {path!r}, not a class path (module:Class)")
+    module_name, qualname = path.split(":")
+    if module_name not in sys.modules:
+        if not _IMPORTABLE.match(module_name) or not _in_transformers(module_name):
+            raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
+        importlib.import_module(module_name)
+    obj: Any = sys.modules[module_name]
     for part in qualname.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part, None) if part.isidentifier() and not part.startswith("__") else None
+    roots = _cache_roots()
+    if (
+        not isinstance(obj, type)
+        or not module_name.startswith("transformers.")
+        or _class_path(obj) != path
+        or not issubclass(obj, roots)
+    ):
+        raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
     return obj
+
+
+def _in_transformers(module_name: str) -> bool:
+    """Whether `module_name` is a module file of the installed transformers package (found, not run)."""
+    import transformers
+
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    root = Path(transformers.__file__).resolve().parent
+    return spec is not None and spec.origin is not None and Path(spec.origin).resolve().is_relative_to(root)
 
 
 def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) -> Skeleton:
@@ -160,10 +226,64 @@ def _to_jsonable(skeleton: Any) -> Any:
     return skeleton
 
 
-def _from_jsonable(data: Any) -> Any:
+def _from_jsonable(data: Any, depth: int = 0) -> Any:
+    if depth > _MAX_CONTEXT_DEPTH:
+        raise CacheContextError(f"a cache context is nested deeper than {_MAX_CONTEXT_DEPTH} levels")
     if isinstance(data, dict):
-        return tuple(_from_jsonable(s) for s in data["t"])
+        if set(data) != {"t"} or not isinstance(data["t"], list):
+            raise CacheContextError(f"a cache context has the object {sorted(data)!r}, not a node")
+        return tuple(_from_jsonable(s, depth + 1) for s in data["t"])
+    if isinstance(data, list):
+        raise CacheContextError("a cache context has a bare list")
     return data
+
+
+_MAX_CONTEXT_DEPTH = 64
+# tag: (number of fields after the tag, what they are)
+_ARITY = {"T": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2}
+
+
+def _check_skeleton(skeleton: Any) -> None:
+    """A skeleton read from a file: known tags of the right arity, dtypes and devices torch knows, and classes
+    that are transformers cache classes (resolved now, so a bad program is refused when it is loaded)."""
+    if not isinstance(skeleton, tuple) or not skeleton or _ARITY.get(skeleton[0]) != len(skeleton) - 1:
+        raise CacheContextError(f"a cache context has the node {str(skeleton)[:80]}, which is not one of ours")
+    tag = skeleton[0]
+    if tag == "V" and not isinstance(skeleton[1], _SIMPLE):
+        raise CacheContextError("a cache context holds a value that is not a plain scalar")
+    elif tag == "D":
+        try:
+            torch.device(skeleton[1])
+        except (RuntimeError, TypeError) as exc:
+            raise CacheContextError(f"a cache context names the device {skeleton[1]!r}: {exc}") from None
+    elif tag == "Y" and not isinstance(getattr(torch, str(skeleton[1]), None), torch.dtype):
+        raise CacheContextError(f"a cache context names the dtype {skeleton[1]!r}, which torch does not have")
+    elif tag == "C":
+        _load_class(skeleton[1])
+    elif tag in ("L", "U"):
+        for item in _items(skeleton[1]):
+            _check_skeleton(item)
+    elif tag == "M":
+        for pair in _items(skeleton[1]):
+            if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], _SIMPLE):
+                raise CacheContextError("a cache context has a malformed mapping entry")
+            _check_skeleton(pair[1])
+    elif tag == "O":
+        _load_class(skeleton[1])
+        for pair in _items(skeleton[2]):
+            if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
+                raise CacheContextError("a cache context has a malformed attribute")
+            if not pair[0].isidentifier() or pair[0].startswith("__"):
+                raise CacheContextError(f"a cache context sets the attribute {pair[0]!r}")
+            _check_skeleton(pair[1])
+    elif tag == "S" and (not isinstance(skeleton[1], str) or not isinstance(skeleton[2], int)):
+        raise CacheContextError("a cache context has a malformed size reference")
+
+
+def _items(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, tuple):
+        raise CacheContextError("a cache context has a malformed node")
+    return value
 
 
 def _dump_context(skeleton: Skeleton) -> str:
@@ -171,7 +291,10 @@ def _dump_context(skeleton: Skeleton) -> str:
 
 
 def _load_context(text: str) -> Skeleton:
-    return _from_jsonable(json.loads(text))
+    """A context read back from a saved program: checked before anything is built from it."""
+    skeleton = _from_jsonable(json.loads(text))
+    _check_skeleton(skeleton)
+    return skeleton
 
 
 def register_pytree_node(cls: type) -> bool:

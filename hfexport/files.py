@@ -16,6 +16,7 @@ import ctypes
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -126,25 +127,28 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def replace_folder(tmp: Path, destination: Path) -> None:
+def replace_folder(tmp: Path, destination: Path) -> Path | None:
     """Publish the complete folder `tmp` as `destination`, replacing what is there in one step where it can.
 
     A non-empty `destination` is swapped with `tmp` (renameat2 RENAME_EXCHANGE), or, where the filesystem
     cannot, renamed away first; an absent or empty one is replaced by one `rename`, which fails on a
-    non-empty folder that appeared meanwhile. The caller decides whether `destination` may be replaced.
+    non-empty folder that appeared meanwhile. Returns the folder that now holds the previous contents (for
+    the caller to remove what it knows it may remove), or None. The caller decides whether `destination`
+    may be replaced.
     """
+    previous: Path | None = None
     if destination.is_dir() and any(destination.iterdir()):
         if exchange(tmp, destination):
-            shutil.rmtree(tmp, ignore_errors=True)  # now the previous contents
+            previous = tmp  # now the previous contents
         else:
             # Two renames: a kill between them leaves no destination (and the old contents in `old`).
-            old = temporary_beside(destination, "old-")
-            os.rename(destination, old)
+            previous = temporary_beside(destination, "old-")
+            os.rename(destination, previous)
             os.rename(tmp, destination)
-            shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, destination)
     fsync(destination.parent)
+    return previous
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -160,24 +164,36 @@ def write_text_atomically(path: Path, text: str) -> None:
     fsync(path.parent)
 
 
-def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
+def save_atomically(
+    destination: Path, write: Callable[[Path], None], *, side_files_named_by_main: bool = False
+) -> None:
     """Run `write(path)` into a staging folder beside `destination`, then move its files into place.
 
     The model file itself (`destination`) moves last, after its side files (`.onnx.data`, `.bin`), so whoever
     sees it sees it complete; on any failure nothing is left: no staged files, no folders this call created.
+
+    `side_files_named_by_main` (ONNX: the graph names its `.data` file, and the writer names that file after
+    the path it writes to): an existing pair is replaced so that a reader sees the old pair or the new one,
+    never the old graph with new weights. The new side files get names no file has (`model.onnx.data`, or
+    `model.hfexport-<random>.onnx.data` while that one exists), the one rename of the model file publishes the
+    new pair, and only then are the old pair's side files removed, as is a stale `.data` when the new export
+    has none. Without it (OpenVINO finds its `.bin` by name) the side files are replaced in place first.
     """
     created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
     destination.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temporaries(destination)
     staging = temporary_beside(destination)
+    main_name = destination.name
+    if side_files_named_by_main and (destination.parent / f"{destination.name}.data").exists():
+        main_name = f"{destination.stem}.hfexport-{secrets.token_hex(4)}{destination.suffix}"
     try:
         staging.mkdir()
-        write(staging / destination.name)
-        produced = sorted(staging.iterdir(), key=lambda p: p.name == destination.name)
+        write(staging / main_name)
+        produced = sorted(staging.iterdir(), key=lambda p: p.name == main_name)
         for path in produced:
             fsync(path)
         for path in produced:
-            os.replace(path, destination.parent / path.name)
+            os.replace(path, destination if path.name == main_name else destination.parent / path.name)
         fsync(destination.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -188,3 +204,19 @@ def save_atomically(destination: Path, write: Callable[[Path], None]) -> None:
                 break
         raise
     shutil.rmtree(staging, ignore_errors=True)
+    if side_files_named_by_main:
+        kept = {p.name for p in produced}
+        for stale in _side_family(destination):
+            if stale.name not in kept:
+                stale.unlink(missing_ok=True)
+
+
+def _side_family(destination: Path) -> list[Path]:
+    """The side files an earlier `save_atomically(..., side_files_named_by_main=True)` of `destination` wrote:
+    `model.onnx.data`, or `model.hfexport-<8 hex>.onnx.data`."""
+    pattern = re.compile(
+        rf"^(?:{re.escape(destination.name)}|{re.escape(destination.stem)}\.hfexport-[0-9a-f]{{8}}"
+        rf"{re.escape(destination.suffix)})\.data$"
+    )
+    parent = destination.parent
+    return [p for p in parent.iterdir() if pattern.match(p.name) and p.is_file()] if parent.is_dir() else []

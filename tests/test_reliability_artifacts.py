@@ -281,7 +281,7 @@ def test_a_truncated_model_file_is_refused(
         load(folder)
     # Re-hashed to match (a manifest written after the damage): the runtime's refusal, as an ArtifactError.
     _refresh_checksum(folder, file)
-    with pytest.raises(ArtifactError, match=r"not a readable ONNX model|does not load in the executorch runtime"):
+    with pytest.raises(ArtifactError, match=r"not a readable ONNX model|a truncated program"):
         load(folder)
 
 
@@ -306,3 +306,254 @@ def test_pt2_without_trust_and_missing_pieces(artifacts: Callable[[str], Path], 
         load(folder, trust=True)
     with pytest.raises(ArtifactError, match="not a folder"):
         load(tmp_path / "nowhere")
+
+
+def _many_dotted_names(manifest: dict[str, Any]) -> None:
+    manifest["metadata"] = {"names": [f"mod{i}.attr" for i in range(100_000)]}
+
+
+def _many_files(manifest: dict[str, Any]) -> None:
+    for i in range(20_000):
+        manifest["files"].append(f"f{i}.bin")
+        manifest["checksums"][f"f{i}.bin"] = {"size": 0, "sha256": "0" * 64}
+
+
+def _padded(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest)[:-1] + ', "metadata": {"pad": "' + "x" * (9 * 1024 * 1024) + '"}}'
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        pytest.param(_many_dotted_names, "distinct names shaped like import paths", id="100k-dotted-names"),
+        pytest.param(_many_files, "lists 20", id="20k-files"),
+        pytest.param(_padded, "bytes; a manifest is at most", id="9MiB"),
+    ],
+)
+def test_a_hostile_manifest_is_refused_quickly(
+    artifacts: Callable[[str], Path], tmp_path: Path, mutate: Mutation, match: str
+) -> None:
+    # Sizes and counts are capped before any per-name work: the refusal costs well under a second.
+    import time
+
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, mutate)
+    start = time.perf_counter()
+    _assert_refused_untouched(folder, ManifestError, match)
+    assert time.perf_counter() - start < 1.5
+
+
+def _external(name: str, data: bytes, dims: list[int], location: str) -> Any:
+    import onnx
+
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=dims)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(len(data)))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _sparse_reading(folder: Path, where: str, location: str = "unlisted.data") -> None:
+    """Make model.onnx read one of its weights (a layer norm's) from `location` through a sparse tensor."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    graph = proto.graph
+    weight = next(t for t in graph.initializer if t.name == "model.layers.0.input_layernorm.weight")  # inline
+    values = numpy_helper.to_array(weight).astype(np.float32)
+    (folder / location.split("/")[-1]).write_bytes(values.tobytes())
+    indices = numpy_helper.from_array(np.arange(values.size, dtype=np.int64), weight.name + ".idx")
+    sparse = helper.make_sparse_tensor(
+        _external(weight.name, values.tobytes(), [values.size], location), indices, list(values.shape)
+    )
+    graph.initializer.remove(weight)
+    if where == "sparse-initializer":
+        graph.sparse_initializer.append(sparse)
+    elif where == "sparse-attribute":
+        graph.node.insert(0, helper.make_node("Constant", [], [weight.name], sparse_value=sparse))
+    else:  # a sparse constant inside an If's branches: a subgraph
+        branch = helper.make_graph(
+            [helper.make_node("Constant", [], ["branch_out"], sparse_value=sparse)],
+            "branch",
+            [],
+            [helper.make_tensor_value_info("branch_out", onnx.TensorProto.FLOAT, list(values.shape))],
+        )
+        graph.initializer.append(numpy_helper.from_array(np.array(True), "always"))
+        graph.node.insert(0, helper.make_node("If", ["always"], [weight.name], then_branch=branch, else_branch=branch))
+    onnx.save(proto, str(folder / "model.onnx"))
+    _refresh_checksum(folder, "model.onnx")
+
+
+@pytest.mark.parametrize("where", ["sparse-initializer", "sparse-attribute", "sparse-in-subgraph"])
+def test_onnx_external_data_in_sparse_tensors_must_be_listed(
+    artifacts: Callable[[str], Path], tmp_path: Path, where: str
+) -> None:
+    # ONNX Runtime reads a sparse tensor's external values like any other: a file the manifest does not list
+    # would hold weights whose changes no checksum sees.
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _sparse_reading(folder, where)
+    with pytest.raises(UnsafePathError, match=r"unlisted\.data.*does not list"):
+        load(folder)
+
+
+def test_onnx_external_data_out_of_its_file_or_through_a_hard_link_is_refused(
+    artifacts: Callable[[str], Path], tmp_path: Path
+) -> None:
+    import onnx
+
+    folder = _copy(artifacts, "onnx", tmp_path)
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    tensor = next(t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+    offset = next(e for e in tensor.external_data if e.key == "offset")
+    offset.value = str(10**9)
+    onnx.save(proto, str(folder / "model.onnx"))
+    _refresh_checksum(folder, "model.onnx")
+    with pytest.raises(ArtifactError, match="past the end of"):
+        load(folder)
+
+    folder = _copy(artifacts, "onnx", tmp_path / "linked")
+    outside = tmp_path / "outside.data"
+    (folder / "model.onnx.data").rename(outside)
+    (folder / "model.onnx.data").hardlink_to(outside)  # same bytes, same checksum, a name outside the folder
+    with pytest.raises(UnsafePathError, match="hard link"):
+        load(folder)
+
+
+# Every model file of every format, replaced by random bytes or cut short, with the manifest re-hashed to match:
+# a refusal in `load` (checked before the runtime sees the file), never an abort of the process.
+DAMAGED_FILES = [
+    ("dynamo", "model.pt2"),
+    ("onnx", "model.onnx"),
+    ("onnx", "model.onnx.data"),
+    ("executorch", "model.pte"),
+    ("openvino", "model.xml"),
+    ("openvino", "model.bin"),
+]
+
+
+def test_a_model_file_of_random_bytes_or_cut_short_is_refused_never_an_abort(
+    artifacts: Callable[[str], Path], tmp_path: Path
+) -> None:
+    import random
+
+    from tests.loading_child import Job, load_in_child
+
+    jobs = []
+    for backend, file in DAMAGED_FILES:
+        for damage in ("random", "truncated", "empty"):
+            folder = _copy(artifacts, backend, tmp_path / f"{file}-{damage}")
+            data = (folder / file).read_bytes()
+            rng = random.Random(f"{file}-{damage}")
+            damaged = {
+                "random": bytes(rng.getrandbits(8) for _ in range(len(data))),
+                "truncated": data[: len(data) // 2],
+                "empty": b"",
+            }[damage]
+            (folder / file).write_bytes(damaged)
+            _refresh_checksum(folder, file)
+            jobs.append(Job(f"{file}-{damage}", folder, trust=backend == "dynamo"))
+    outcomes = load_in_child(jobs, watch=tmp_path)
+    # Random bytes of the right size in a weight file are weights: such an artifact may load (and run).
+    weights = ("model.onnx.data-random", "model.bin-random")
+    expected = {job.id: {"refused", "loaded"} if job.id in weights else {"refused"} for job in jobs}
+    found = {job.id: outcomes[job.id].kind for job in jobs}
+    assert all(found[k] in expected[k] for k in found), {k: (v.kind, v.detail[:300]) for k, v in outcomes.items()}
+    # A damaged model file is refused by hfexport's own check of its format, not by a runtime's error text.
+    for job in jobs:
+        if not job.id.startswith(("model.onnx.data", "model.bin")):
+            assert "does not load in the" not in outcomes[job.id].detail, (job.id, outcomes[job.id].detail[:300])
+
+
+def _generation(**changes: Any) -> dict[str, Any]:
+    """A valid generation layout for the one component of a single export, with `changes` (a.b=... by path)."""
+    leaf = {"name": "past_key_values.layers_0_keys", "shape": [2, 2, 8, 8], "dtype": "float32"}
+    component = {"inputs": ["input_ids"], "constants": {}, "mask_rank": 2, "cache_leaves": [leaf], "layout": {}}
+    spec: dict[str, Any] = {
+        "components": {"model": component},
+        "cache_key": "past_key_values",
+        "static_cache": False,
+        "max_cache_len": None,
+        "multi_token_decode": False,
+        "sample_batch": 2,
+        "eos_token_id": [2],
+        "pad_token_id": 0,
+        "positions": None,
+    }
+    for path, value in changes.items():
+        target = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[keys[-1]] = value
+    return spec
+
+
+_POSITIONS = {"type_key": None, "token_ids": [5], "text_row": True, "blocks": [], "decode_rows": 3}
+_LEAF = "components.model.cache_leaves.0"
+GENERATION_VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("dtype-unknown", {f"{_LEAF}.dtype": "float33"}, "dtype"),
+    ("dtype-not-a-dtype", {f"{_LEAF}.dtype": "Tensor"}, "dtype"),
+    ("shape-negative", {f"{_LEAF}.shape": [2, -1, 8, 8]}, "shape"),
+    ("shape-not-ints", {f"{_LEAF}.shape": [2, 1.5]}, "shape"),
+    ("shape-absurd", {f"{_LEAF}.shape": [64, 64, 4096, 256]}, "elements"),
+    ("shape-rank", {f"{_LEAF}.shape": [1] * 20}, "shape"),
+    ("leaf-name", {f"{_LEAF}.name": 7}, "name"),
+    ("mask-rank", {"components.model.mask_rank": 99}, "mask_rank"),
+    ("inputs-not-names", {"components.model.inputs": [1]}, "inputs"),
+    ("layout-huge", {"components.model.layout": {"image_grid_thw": [[1, 2, 3]] * 100}}, "layout"),
+    ("sample-batch", {"sample_batch": 0}, "sample_batch"),
+    ("max-cache-len", {"max_cache_len": -5}, "max_cache_len"),
+    ("static-cache-flag", {"static_cache": "yes"}, "static_cache"),
+    ("cache-key", {"cache_key": 5}, "cache_key"),
+    ("eos-ids", {"eos_token_id": ["a"]}, "eos_token_id"),
+    ("positions-unknown-key", {"positions": {**_POSITIONS, "hook": 1}}, "positions"),
+    ("positions-block-key", {"positions": {**_POSITIONS, "blocks": [{"token_type": 1}]}}, "blocks"),
+    ("positions-rows", {"positions": {**_POSITIONS, "decode_rows": -2}}, "decode_rows"),
+]
+
+
+def test_a_valid_generation_layout_loads(artifacts: Callable[[str], Path], tmp_path: Path) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, _set(("generation",), _generation(positions=_POSITIONS)))
+    spec = load(folder, open_runtimes=False).generation
+    assert spec.components["model"].cache_leaves[0].shape == [2, 2, 8, 8] and spec.positions.decode_rows == 3
+
+
+@pytest.mark.parametrize(("changes", "match"), [pytest.param(c, m, id=i) for i, c, m in GENERATION_VALUE_CASES])
+def test_a_generation_layout_with_bad_values_is_refused_at_load(
+    artifacts: Callable[[str], Path], tmp_path: Path, changes: dict[str, Any], match: str
+) -> None:
+    folder = _copy(artifacts, "onnx", tmp_path)
+    _rewrite(folder, _set(("generation",), _generation(**changes)))
+    _assert_refused_untouched(folder, ManifestError, match)
+
+
+NOT_CACHE_CLASSES = ["evilmod:Thing", "os:_wrap_close", "transformers.configuration_utils:PretrainedConfig"]
+
+
+@pytest.mark.parametrize("named", NOT_CACHE_CLASSES)
+def test_a_pt2_whose_cache_context_names_another_class_is_refused_even_with_trust(
+    artifacts: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    # The pytree context of a cache names its classes; the decoder resolves only transformers' cache classes,
+    # whatever the trust flag (trust is consent to pickle, not to importing what a file names).
+    import zipfile
+
+    from tests.test_save_load import tiny
+
+    marker = tmp_path / "ran"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\nclass Thing: pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = _copy(artifacts, "dynamo", tmp_path)
+    archive = folder / "model.pt2"
+    with zipfile.ZipFile(archive) as source:
+        members = {info: source.read(info) for info in source.infolist()}
+    with zipfile.ZipFile(archive, "w") as target:
+        for info, data in members.items():
+            target.writestr(info, data.replace(b"transformers.cache_utils:DynamicCache", named.encode()))
+    _refresh_checksum(folder, "model.pt2")
+    with pytest.raises(ArtifactError, match="not a transformers cache class"):
+        load(folder, trust=True).run(tiny("tiny-llama")[1])
+    assert not marker.exists() and "evilmod" not in sys.modules

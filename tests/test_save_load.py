@@ -192,6 +192,39 @@ def test_save_refuses_an_existing_folder_without_overwrite_and_leaves_it_intact(
     assert (tmp_path / "empty" / MANIFEST).is_file()
 
 
+def _not_ours(tmp_path: Path, kind: str) -> Path:
+    """A folder that has a `manifest.json` but is not (provably) an hfexport artifact."""
+    folder = tmp_path / kind
+    if kind == "browser-extension":
+        (folder / "scripts").mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"manifest_version": 3, "name": "ext", "version": "1"}))
+        (folder / "scripts" / "content.js").write_text("console.log('hi')")
+    elif kind == "manifest-not-json":
+        folder.mkdir()
+        (folder / "manifest.json").write_text("not json at all")
+        (folder / "notes.txt").write_text("keep me")
+    else:  # an hfexport artifact with a file its manifest does not list
+        program, config, _ = exported("dynamo")
+        save(program, folder, config=config)
+        (folder / kind).mkdir()
+        (folder / kind / "mine.txt").write_text("keep me")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["browser-extension", "manifest-not-json", "unlisted-file"])
+def test_overwrite_refuses_a_folder_that_is_not_provably_an_artifact_and_leaves_it_intact(
+    tmp_path: Path, kind: str
+) -> None:
+    program, config, _ = exported("dynamo")
+    folder = _not_ours(tmp_path, kind)
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    match = "not listed" if kind == "unlisted-file" else "not an hfexport artifact"
+    with pytest.raises(ArtifactExistsError, match=match):
+        save(program, folder, overwrite=True, config=config)
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == [kind], "nothing is left beside it"
+
+
 def test_overwrite_without_an_atomic_exchange_falls_back_to_two_renames(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,3 +352,64 @@ def test_every_format_has_one_artifact_entry_and_one_runtime_backend() -> None:
 
     assert list(ARTIFACT_FORMATS) == list(FORMATS) == list(BACKEND_MODULES)
     assert all(ARTIFACT_FORMATS[name].name == backend(name).name == name for name in FORMATS)
+
+
+def test_replacing_an_artifact_removes_only_the_files_its_manifest_lists(tmp_path: Path) -> None:
+    # The replaced folder is checked before the swap; a file that appears in it after the check is kept.
+    from hfexport.artifacts.publish import _discard_previous
+
+    program, config, _ = exported("dynamo")
+    old = save(program, tmp_path / "old", config=config)
+    (old / "late.txt").write_text("written after the check")
+    _discard_previous(old, tmp_path / "dest")
+    assert not old.exists()
+    (kept,) = tmp_path.glob("dest.hfexport-kept-*")
+    assert [p.name for p in kept.iterdir()] == ["late.txt"]
+
+
+def _onnx_logits(path: Path, name: str) -> torch.Tensor:
+    import onnxruntime as ort
+
+    from hfexport.naming import onnx_feed
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    _, inputs = tiny(name)
+    return torch.from_numpy(session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0])
+
+
+def _save_onnx(program: Any, path: Path, external_data: bool = True) -> None:
+    # What OnnxExporter does with `output_path`.
+    from hfexport.files import save_atomically
+
+    save_atomically(path, lambda p: program.save(p, external_data=external_data), side_files_named_by_main=True)
+
+
+def test_replacing_an_onnx_pair_never_leaves_the_old_graph_with_new_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llama, _, _ = exported("onnx", "tiny-llama")
+    gpt2, _, _ = exported("onnx", "tiny-gpt2")
+    path = tmp_path / "model.onnx"
+    _save_onnx(llama, path)
+    before = _onnx_logits(path, "tiny-llama")
+
+    # Ctrl-C at the last step, the rename of the graph: everything else of the new pair is in place by then.
+    real_replace = os.replace
+
+    def interrupted(source: Any, target: Any) -> None:
+        if Path(target) == path:
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _save_onnx(gpt2, path)
+    monkeypatch.undo()
+    assert torch.equal(_onnx_logits(path, "tiny-llama"), before), "the old pair, whole"
+
+    _save_onnx(gpt2, path)  # the next save completes and clears what the interrupted one left
+    assert_matches_eager({"logits": _onnx_logits(path, "tiny-gpt2")}, "tiny-gpt2", tiny("tiny-gpt2")[1], "onnx")
+    assert len([p for p in tmp_path.iterdir() if p.name.endswith(".data")]) == 1
+    _save_onnx(llama, path, external_data=False)  # no .data now: the stale one goes
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
+    assert torch.equal(_onnx_logits(path, "tiny-llama"), before)

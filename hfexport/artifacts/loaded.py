@@ -6,8 +6,10 @@
 Loading picks the runtime from a fixed table keyed by the manifest's `format` (`hfexport.runtime.drivers`);
 it never imports or calls anything the manifest names. Before it opens any model file it checks the manifest
 (`hfexport.artifacts.manifest.read_manifest`), every listed file (`check_files`: inside the folder, sizes,
-sha256) and what the format's files name themselves (ONNX external data). A `.pt2` is a zip with pickled
-parts: it loads only with `trust=True`.
+sha256) and each format's files (`ARTIFACT_FORMATS[...].check_saved`: the `.pte` header, the ONNX protobuf and
+every external-data location it names, the OpenVINO IR's XML and constants, the `.pt2` zip), so a damaged file is
+a refusal and never reaches a runtime that would abort on it. A `.pt2` is a zip with pickled parts: it loads only
+with `trust=True`, and its cache pytree contexts resolve only transformers cache classes.
 
 A `LoadedExport` is also what `hfexport.runtime.generate` takes for a saved `export_for_generation` artifact:
 it offers `export_format`, `generation` and `components` (each with `path` and `open()`), which the runtime

@@ -3,7 +3,9 @@
 The manifest is data, never code. `check_manifest` refuses, before any model file is opened: a manifest that
 is not a JSON object of the documented schema (unknown keys included), a file path that is absolute or has
 `..`, a config key that is not a field of the format's config, and a string in the config or metadata
-shaped like an import path of an importable module (`os.system`). `check_files` then refuses a listed file
+shaped like an import path of an importable module (`os.system`), and a generation layout whose values are not of
+their types and bounds. Sizes and counts (`MAX_MANIFEST_BYTES`, `MAX_VALUES`, `MAX_FILES`, `MAX_COMPONENTS`,
+`MAX_CODE_LOOKUPS`) are capped before any per-name work. `check_files` then refuses a listed file
 that escapes the folder through a symlink, is missing, or whose size or sha256 differs from the manifest.
 """
 
@@ -28,9 +30,15 @@ MANIFEST = "manifest.json"
 REPORT = "report.json"
 MANIFEST_VERSION = 1
 SINGLE = "model"  # the component name of a single (not multi-component) export
-# A manifest is small (names, config, rule report); anything much larger is not one of ours.
-MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+# A manifest is small (names, config, rule report: tens of KiB); anything much larger is not one of ours.
+# Sizes and counts are capped before any per-name work, so a hostile manifest costs milliseconds to refuse.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
+MAX_VALUES = 200_000  # JSON values (objects, lists, strings, numbers) in the whole manifest
+MAX_FILES = 10_000
+MAX_COMPONENTS = 1_000
+# Distinct top-level names looked up on sys.path by the code-name check (each lookup reads folders).
+MAX_CODE_LOOKUPS = 256
 COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # `os.system`, `builtins:eval`, `subprocess.Popen`: the shape of a reference to a Python object.
@@ -90,6 +98,20 @@ _COMPONENT_KEYS: dict[str, tuple[type, ...]] = {
 _COMPONENT_REQUIRED = ("format", "main", "files", "inputs", "outputs")
 
 
+def _count_values(value: Any) -> int:
+    """The number of JSON values in `value`, stopping one past MAX_VALUES (no per-value work but counting)."""
+    count = 0
+    stack = [value]
+    while stack and count <= MAX_VALUES:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
 def _check_plain(value: Any, where: str, depth: int = 0) -> None:
     """Only JSON's own types, nested at most MAX_DEPTH deep, with no object-building keys."""
     if depth > MAX_DEPTH:
@@ -121,19 +143,37 @@ def _importable(top: str) -> bool:
         return False
 
 
-def _check_no_code(value: Any, where: str) -> None:
+class _Lookups:
+    """The code-name check's sys.path lookups of one manifest: each top-level name once, at most MAX_CODE_LOOKUPS."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, bool] = {}
+
+    def importable(self, top: str) -> bool:
+        if top not in self.found:
+            if len(self.found) >= MAX_CODE_LOOKUPS:
+                raise ManifestError(
+                    f"the manifest holds more than {MAX_CODE_LOOKUPS} distinct names shaped like import paths "
+                    "(`name.attr`); a manifest names files and fields, not code"
+                )
+            self.found[top] = _importable(top)
+        return self.found[top]
+
+
+def _check_no_code(value: Any, where: str, lookups: _Lookups | None = None) -> None:
     """Refuse strings shaped like an import path of an importable module (`os.system`, `builtins:eval`)."""
+    lookups = lookups if lookups is not None else _Lookups()
     if isinstance(value, dict):
         for key, item in value.items():
-            _check_no_code(item, f"{where}.{key}")
+            _check_no_code(item, f"{where}.{key}", lookups)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_no_code(item, f"{where}[{i}]")
+            _check_no_code(item, f"{where}[{i}]", lookups)
     elif isinstance(value, str) and ("." in value or ":" in value) and _IMPORT_PATH.match(value):
         if value.rsplit(".", 1)[-1] in _FILE_SUFFIXES:
             return  # `model.onnx` is a file name, even where a module `model` happens to be importable
         top = re.split(r"[.:]", value, maxsplit=1)[0]
-        if _importable(top):
+        if lookups.importable(top):
             raise ManifestError(
                 f"{where} is {value!r}, the name of Python code; a manifest holds data, and loading never "
                 "imports or calls what it names"
@@ -164,7 +204,7 @@ def _config_fields(export_format: str) -> set[str] | None:
     return {f.name for f in dataclasses.fields(cls)} | {"export_format"}
 
 
-def _check_config(config: dict[str, Any] | None, export_format: str, where: str) -> None:
+def _check_config(config: dict[str, Any] | None, export_format: str, where: str, lookups: _Lookups) -> None:
     if config is None:
         return
     fields = _config_fields(export_format)
@@ -177,7 +217,7 @@ def _check_config(config: dict[str, Any] | None, export_format: str, where: str)
         raise ManifestError(f"{where}.export_format is {found!r}, the artifact is {export_format}")
     # `quantizer` records which class quantized the export (its module and name, as a description for people):
     # configs never rebuild it from a dict (`from_dict` drops it), so it is plain data like the report.
-    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where)
+    _check_no_code({k: v for k, v in config.items() if k != "quantizer"}, where, lookups)
 
 
 def _dataclass_keys(cls: Any, required: bool = False) -> set[str]:
@@ -198,11 +238,93 @@ def _check_keys(data: Any, cls: Any, where: str) -> None:
         raise ManifestError(f"{where}: missing key(s) {missing}, unknown key(s) {unknown} (a {cls.__name__})")
 
 
-def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -> None:
-    """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, plain values."""
+# dtype names a cache leaf may have: `torch.<name>` is a dtype (never any other attribute of torch).
+_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"})
+_MAX_RANK = 8
+_MAX_DIM = 1 << 31
+_MAX_IDS = 1 << 20  # token id lists (suppress_tokens can be a large part of a vocabulary)
+
+
+def _int(value: Any, where: str, low: int, high: int = _MAX_DIM, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        null = " or null" if optional else ""
+        raise ManifestError(f"{where} must be an integer in [{low}, {high}]{null}, got {value!r}")
+
+
+def _bool(value: Any, where: str) -> None:
+    if not isinstance(value, bool):
+        raise ManifestError(f"{where} must be true or false, got {value!r}")
+
+
+def _int_list(value: Any, where: str, low: int = 0, cap: int = _MAX_IDS) -> None:
+    if not isinstance(value, list) or len(value) > cap:
+        raise ManifestError(f"{where} must be a list of at most {cap} integers")
+    for i, item in enumerate(value):
+        _int(item, f"{where}[{i}]", low)
+
+
+def _str_list(value: Any, where: str) -> None:
+    if not isinstance(value, list) or len(value) > MAX_FILES or not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"{where} must be a list of names (strings)")
+
+
+def _check_leaf(leaf: dict[str, Any], at: str, budget: int) -> None:
+    """A cache leaf: a name, a torch dtype name, and a shape of at most `budget` elements (what the files hold)."""
+    if not isinstance(leaf["name"], str):
+        raise ManifestError(f"{at}.name must be a string")
+    if leaf["dtype"] not in _DTYPES:
+        raise ManifestError(f"{at}.dtype {leaf['dtype']!r} is not one of {sorted(_DTYPES)}")
+    shape = leaf["shape"]
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK:
+        raise ManifestError(f"{at}.shape must be a list of at most {_MAX_RANK} sizes")
+    for i, size in enumerate(shape):
+        _int(size, f"{at}.shape[{i}]", 0)
+    if math.prod(shape) > budget:
+        raise ManifestError(
+            f"{at}.shape {shape} has {math.prod(shape)} elements, more than the artifact's files hold ({budget} "
+            "bytes): a sample cache is never larger than the model"
+        )
+
+
+def _check_positions(positions: Any, where: str) -> None:
+    """`MultimodalPositions.to_dict()`: exactly its keys and its blocks' keys, with values of their types."""
+    if positions is None:
+        return
+    from hfexport.positions import MultimodalPositions, PositionBlock
+
+    _check_keys(positions, MultimodalPositions, where)
+    if positions["type_key"] is not None and not isinstance(positions["type_key"], str):
+        raise ManifestError(f"{where}.type_key must be a string or null")
+    _int_list(positions["token_ids"], f"{where}.token_ids")
+    _bool(positions["text_row"], f"{where}.text_row")
+    _int(positions.get("decode_rows"), f"{where}.decode_rows", 1, _MAX_RANK, optional=True)
+    blocks = positions.get("blocks", [])
+    if not isinstance(blocks, list) or len(blocks) > MAX_FILES:
+        raise ManifestError(f"{where}.blocks must be a list")
+    for i, block in enumerate(blocks):
+        at = f"{where}.blocks[{i}]"
+        _check_keys(block, PositionBlock, at)
+        _int(block["token_type"], f"{at}.token_type", 0)
+        _int(block["advance"], f"{at}.advance", -_MAX_DIM, optional=True)
+        for key, kind in (("offsets", int), ("absolute", bool)):
+            rows = block.get(key, [])
+            if not isinstance(rows, list) or not all(
+                isinstance(row, list) and all(type(v) is kind for v in row) for row in rows
+            ):
+                raise ManifestError(f"{at}.{key} must be a list of lists of {kind.__name__}")
+
+
+def _check_generation(
+    spec: dict[str, Any] | None, components: dict[str, Any], lookups: _Lookups, budget: int = _MAX_DIM
+) -> None:
+    """The generation layout (`GenerationSpec.to_dict()`): exactly the keys of its dataclasses, and every value
+    of its type and within bounds (a cache leaf no larger than `budget` elements), so that `load` refuses what
+    would otherwise fail, or allocate without bound, inside `generate()`."""
     if spec is None:
         return
-    from hfexport.generation_spec import CacheLeaf, ComponentSpec, GenerationSpec
+    from hfexport.generation_spec import LAYOUT_MAX_NUMEL, CacheLeaf, ComponentSpec, GenerationSpec
 
     where = "manifest.generation"
     _check_keys(spec, GenerationSpec, where)
@@ -213,13 +335,33 @@ def _check_generation(spec: dict[str, Any] | None, components: dict[str, Any]) -
         _check_keys(comp, ComponentSpec, at)
         if not isinstance(comp["inputs"], list) or not isinstance(comp["constants"], dict):
             raise ManifestError(f"{at}: inputs is a list, constants an object")
+        _str_list(comp["inputs"], f"{at}.inputs")
         if any(isinstance(v, (dict, list)) for v in comp["constants"].values()):
             raise ManifestError(f"{at}.constants holds scalars only")
-        if not isinstance(comp["cache_leaves"], list):
+        _int(comp["mask_rank"], f"{at}.mask_rank", 0, _MAX_RANK, optional=True)
+        layout = comp.get("layout", {})
+        if not isinstance(layout, dict) or any(_count_values(v) > LAYOUT_MAX_NUMEL * 3 for v in layout.values()):
+            raise ManifestError(f"{at}.layout holds small integer tensors (at most {LAYOUT_MAX_NUMEL} values each)")
+        if not isinstance(comp["cache_leaves"], list) or len(comp["cache_leaves"]) > MAX_FILES:
             raise ManifestError(f"{at}.cache_leaves must be a list")
         for i, leaf in enumerate(comp["cache_leaves"]):
             _check_keys(leaf, CacheLeaf, f"{at}.cache_leaves[{i}]")
-    _check_no_code(spec, where)
+            _check_leaf(leaf, f"{at}.cache_leaves[{i}]", budget)
+    if spec["cache_key"] is not None and not isinstance(spec["cache_key"], str):
+        raise ManifestError(f"{where}.cache_key must be a string or null")
+    flags = ("static_cache", "multi_token_decode", "is_encoder_decoder", "mask_current_only", "decode_full_sequence")
+    for key in flags:
+        if key in spec:
+            _bool(spec[key], f"{where}.{key}")
+    _int(spec["max_cache_len"], f"{where}.max_cache_len", 1, optional=True)
+    _int(spec["sample_batch"], f"{where}.sample_batch", 1)
+    for key in ("pad_token_id", "decoder_start_token_id", "forced_bos_token_id"):
+        _int(spec.get(key), f"{where}.{key}", 0, optional=True)
+    for key in ("eos_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens"):
+        _int_list(spec.get(key, []), f"{where}.{key}")
+    _str_list(spec.get("encoder_output_fields", []), f"{where}.encoder_output_fields")
+    _check_positions(spec.get("positions"), f"{where}.positions")
+    _check_no_code(spec, where, lookups)
 
 
 def check_manifest(manifest: Any) -> dict[str, Any]:
@@ -234,6 +376,13 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
         raise ManifestError(f"the manifest has unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
     for key, value in manifest.items():
         _check_type(value, _TOP_KEYS[key], f"manifest.{key}")
+    # Counts first: everything after this does work per value, per file or per component.
+    if _count_values(manifest) > MAX_VALUES:
+        raise ManifestError(f"the manifest holds more than {MAX_VALUES} values; a manifest is small plain data")
+    for key, cap in (("files", MAX_FILES), ("components", MAX_COMPONENTS)):
+        if len(manifest[key]) > cap:
+            raise ManifestError(f"manifest.{key} lists {len(manifest[key])} entries, more than the {cap} allowed")
+    lookups = _Lookups()
     _check_plain(manifest, "manifest")
     version = manifest["manifest_version"]
     if version != MANIFEST_VERSION:
@@ -298,8 +447,8 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
                 raise ManifestError(f"{where}: {what} {sibling} are not listed")
         _check_names(comp["inputs"], f"{where}.inputs")
         _check_names(comp["outputs"], f"{where}.outputs")
-        _check_config(comp.get("config"), export_format, f"{where}.config")
-    _check_config(manifest.get("config"), export_format, "manifest.config")
+        _check_config(comp.get("config"), export_format, f"{where}.config", lookups)
+    _check_config(manifest.get("config"), export_format, "manifest.config", lookups)
     for key in ("inputs", "outputs"):
         if key in manifest:
             _check_names(manifest[key], f"manifest.{key}")
@@ -308,8 +457,10 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
             if not isinstance(value, str):
                 raise ManifestError(f"manifest.{key}[{name!r}] must be a string")
     for key in ("model", "model_class", "model_type", "metadata"):
-        _check_no_code(manifest.get(key), f"manifest.{key}")
-    _check_generation(manifest.get("generation"), components)
+        _check_no_code(manifest.get(key), f"manifest.{key}", lookups)
+    # A sample cache is never larger than the model: its elements are bounded by the bytes the files hold.
+    budget = sum(entry["size"] for entry in checksums.values())
+    _check_generation(manifest.get("generation"), components, lookups, budget)
     return manifest
 
 
@@ -323,11 +474,14 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} has no {MANIFEST}: not an hfexport artifact (or an unfinished one)")
     if path.is_symlink() and not is_inside(path, directory):
         raise UnsafePathError(f"{path} is a symlink out of the artifact folder")
-    size = path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is {size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    if not path.stat().st_size <= MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file that grew since the stat is still read only this far
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is over {MAX_MANIFEST_BYTES} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
     try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
     return check_manifest(manifest)

@@ -14,15 +14,19 @@ the same place removes the dead save's temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import logging
+import os
+import secrets
 import shutil
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hfexport._version import __version__
-from hfexport.artifacts.errors import ArtifactExistsError
+from hfexport.artifacts.errors import ArtifactError, ArtifactExistsError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
 from hfexport.artifacts.manifest import (
     COMPONENT_NAME,
@@ -31,12 +35,14 @@ from hfexport.artifacts.manifest import (
     REPORT,
     SINGLE,
     check_manifest,
+    read_manifest,
     to_plain,
 )
-from hfexport.files import digest, fsync, remove_dead_temporaries, replace_folder, temporary_beside
+from hfexport.files import digest, fsync, is_inside, remove_dead_temporaries, replace_folder, temporary_beside
 from hfexport.formats import MAIN_FILE, format_of
 
 Progress = Callable[[str], None]
+logger = logging.getLogger("hfexport")
 
 
 def export_format_of(program: Any) -> str:
@@ -60,15 +66,48 @@ def _write_component(program: Any, export_format: str, folder: Path, config: Any
     return [main, *side]
 
 
-def _is_artifact(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file()
+def _not_ours(folder: Path) -> str | None:
+    """Why `folder` is not provably an hfexport artifact, or None when it is.
+
+    Provably ours: its manifest parses and validates as an hfexport manifest, and every entry under the
+    folder is the manifest, a file the manifest lists, or a folder that holds listed files. A symlink or a
+    special file is never one of ours.
+    """
+    try:
+        manifest = read_manifest(folder)
+    except ArtifactError as exc:
+        return f"its {MANIFEST} is not an hfexport manifest ({' '.join(str(exc).split())[:200]})"
+    listed = {*manifest["files"], MANIFEST}
+    folders = {str(parent) for path in listed for parent in PurePosixPath(path).parents if str(parent) != "."}
+    for entry in _walk(folder, len(listed) + len(folders)):
+        rel = entry.relative_to(folder).as_posix()
+        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            return f"{rel!r} is a symlink or a special file, which hfexport never writes"
+        if rel not in (folders if entry.is_dir() else listed):
+            return f"{rel!r} is not listed in its {MANIFEST}"
+    return None
+
+
+def _walk(folder: Path, limit: int) -> Any:
+    """Every entry under `folder` (symlinks not followed); stops one past `limit` entries."""
+    seen = 0
+    stack = [folder]
+    while stack:
+        for entry in stack.pop().iterdir():
+            seen += 1
+            yield entry
+            if seen > limit:
+                return
+            if entry.is_dir() and not entry.is_symlink():
+                stack.append(entry)
 
 
 def check_destination(destination: str | Path, overwrite: bool = False) -> Path:
     """Refuse a destination `save` would refuse, before any work: raises `ArtifactExistsError`.
 
-    An absent or empty folder is fine; a non-empty one needs `overwrite=True` and must be an earlier
-    artifact (it has a manifest), so that a typo never replaces an unrelated folder.
+    An absent or empty folder is fine; a non-empty one needs `overwrite=True` and must be provably an
+    earlier artifact (a valid hfexport manifest that lists every file there), so that a typo never replaces
+    an unrelated folder, and no file the manifest does not list is ever removed.
     """
     destination = Path(destination)
     if destination.is_symlink():
@@ -81,18 +120,46 @@ def check_destination(destination: str | Path, overwrite: bool = False) -> Path:
                 f"{destination} exists and is not empty; pass overwrite=True (--overwrite) to replace the "
                 "artifact there"
             )
-        if not _is_artifact(destination):
+        problem = _not_ours(destination)
+        if problem is not None:
             raise ArtifactExistsError(
-                f"{destination} is not an hfexport artifact (no {MANIFEST}); refusing to replace it even with "
-                "overwrite: choose a new or empty folder"
+                f"{destination} is not an hfexport artifact: {problem}. Refusing to replace it even with "
+                "overwrite: choose a new or empty folder (or move the files that are not the artifact's)"
             )
     return destination
 
 
-def _publish(tmp: Path, destination: Path, overwrite: bool) -> None:
+def _discard_previous(previous: Path, destination: Path) -> None:
+    """Remove the replaced artifact: only its manifest and the files it lists, then its empty folders.
+
+    Whatever else is there (a file written into the old folder after it was checked) is kept, in a folder
+    beside the destination named `<name>.hfexport-kept-*`, and a warning names it.
+    """
+    try:
+        manifest = read_manifest(previous)
+        listed = [*manifest["files"], MANIFEST]
+    except ArtifactError:
+        listed = []
+    for rel in listed:
+        path = previous / rel
+        # Never through a symlinked folder: only files that are really inside the old folder go.
+        if path.is_file() and not path.is_symlink() and is_inside(path, previous):
+            path.unlink()
+    for folder in sorted((p for p in previous.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        previous.rmdir()
+    if previous.exists():
+        kept = destination.parent / f"{destination.name}.hfexport-kept-{secrets.token_hex(4)}"
+        os.rename(previous, kept)
+        logger.warning("%s: files not listed by the replaced artifact's manifest were kept in %s", destination, kept)
+
+
+def _publish(tmp: Path, destination: Path, overwrite: bool) -> Path | None:
     # Checked again at the end: the destination may have been filled while the export was being written.
     check_destination(destination, overwrite)
-    replace_folder(tmp, destination)
+    return replace_folder(tmp, destination)
 
 
 def _per_component(value: Any, names: list[str], what: str) -> dict[str, Any]:
@@ -147,6 +214,7 @@ def save(
     remove_dead_temporaries(destination)
     tmp = temporary_beside(destination)
     tmp.mkdir()
+    previous: Path | None = None
     try:
         components: dict[str, Any] = {}
         files: list[str] = []
@@ -198,10 +266,13 @@ def save(
         fsync(tmp / MANIFEST)
         fsync(tmp)
         say(f"publishing {destination}")
-        _publish(tmp, destination, overwrite)
+        previous = _publish(tmp, destination, overwrite)
     finally:
-        if tmp.exists():
+        # Before the publish `tmp` is this save's own staging; after an exchange it holds the previous artifact.
+        if previous is None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    if previous is not None:
+        _discard_previous(previous, destination)
     return destination
 
 

@@ -73,4 +73,9 @@ class OnnxExporter(DynamoExporter):
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         assert isinstance(config, OnnxConfig)
-        save_atomically(Path(config.output_path), lambda path: result.save(path, external_data=config.external_data))
+        # The graph names its .data file: the pair is replaced as one (never the old graph with new weights).
+        save_atomically(
+            Path(config.output_path),
+            lambda path: result.save(path, external_data=config.external_data),
+            side_files_named_by_main=True,
+        )
