@@ -9,7 +9,7 @@ No per-model glue: the components are found through transformers' own accessors.
 |---|---|---|
 | decoder-only, MoE, state-space | `prefill`, `decode` | |
 | encoder-decoder (T5, BART, Whisper) | `encoder`, `prefill`, `decode` | |
-| LLaVA | `image_encoder`, `multi_modal_projector`, `language_model`, `lm_head`, `decode` | `image_features`, `prefill` |
+| LLaVA | `image_encoder`, `multi_modal_projector`, `language_model`, `lm_head`, `decode` | `image_features`,`prefill` |
 | Qwen2-VL (its projector is in the tower) | `image_encoder`, `language_model`, `lm_head`, `decode` | the same |
 
 The returned dict holds the documented components only (the seed's contract), each a submodule called as
