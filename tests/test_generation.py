@@ -176,10 +176,9 @@ def test_vision_model_without_projector() -> None:
     components = decompose_for_generation(model, inputs)
     assert list(components) == ["image_encoder", "language_model", "lm_head", "decode"]
     assert list(components.runtime) == ["image_features", "prefill"]
-    assert sorted(k for k, v in components["image_encoder"][1].items() if torch.is_tensor(v)) == [
-        "grid_thw",
-        "hidden_states",
-    ]
+    # The grid is a layout, baked into the tower: the pixels are the encoder's only input.
+    assert sorted(k for k, v in components["image_encoder"][1].items() if torch.is_tensor(v)) == ["hidden_states"]
+    assert components.layouts["image_encoder"] == {"grid_thw": [[1, 4, 4]]}
 
 
 def test_config_dict_must_name_every_component(llama: torch.nn.Module) -> None:

@@ -144,7 +144,6 @@ class HfExporter(ABC):
             decompose_for_generation,
             describe,
             runtime_configs,
-            specialise_layouts,
             split_config,
         )
 
@@ -158,7 +157,7 @@ class HfExporter(ABC):
             configs.update(runtime_configs(configs, extra, per_component=isinstance(config, Mapping)))
         components = decomposition.all() if runtime_components else dict(decomposition)
         configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
-        components, layouts = specialise_layouts(components)
+        layouts = {name: layout for name, layout in decomposition.layouts.items() if name in components}
         results = GenerationComponents()
         results.spec = describe(components, generation_config, model, multi_token_decode, generate_kwargs)
         results.spec.runtime_components = extra

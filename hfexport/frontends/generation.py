@@ -78,10 +78,15 @@ class Decomposition(dict):
     `<modality>_features` and `prefill`), in the same form. `all()` is both, in export order."""
 
     runtime: Components
+    # The layout inputs baked into modality components (`specialise_layouts`), by component and input name.
+    layouts: dict[str, dict[str, list[Any]]]
 
-    def __init__(self, components: Components, runtime: Components) -> None:
+    def __init__(
+        self, components: Components, runtime: Components, layouts: dict[str, dict[str, list[Any]]] | None = None
+    ) -> None:
         super().__init__(components)
         self.runtime = dict(runtime)
+        self.layouts = dict(layouts or {})
 
     def all(self) -> Components:
         return {**self, **self.runtime}
@@ -139,7 +144,9 @@ def decompose_for_generation(
     """Run `model.generate` once (2 new tokens, 3 with `multi_token_decode`) and return its components.
 
     Returns `{name: (submodule, forward_kwargs)}` (a `Decomposition`: the runtime components on `.runtime`);
-    see the module docstring for the names. The kwargs are
+    see the module docstring for the names. Each pair exports as it is (`exporter.export(submodule, kwargs)`):
+    a modality component's layout inputs (`image_grid_thw`...) are baked into it (`specialise_layouts`; the
+    values on `.layouts`), so its kwargs hold the other inputs only. The kwargs are
     snapshots of real calls, so `submodule(**forward_kwargs)` reproduces that step. They hold tensors and the
     cache only, in graph order (`input_ids`, `attention_mask`, `position_ids`, other tensors, then the cache
     as `past_key_values`); the call's Python arguments (`use_cache`, `return_dict`...) are fixed in the
@@ -234,10 +241,9 @@ def decompose_for_generation(
         components["prefill"] = (model, _plain_inputs(prefill))
     components["decode"] = (model, _plain_inputs(decode))
     # Every graph takes tensors and the cache only, in one order; generate's Python arguments are fixed inside.
-    return Decomposition(
-        {name: graph_call(module, call) for name, (module, call) in components.items()},
-        {name: graph_call(module, call) for name, (module, call) in runtime.items()},
-    )
+    documented, layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in components.items()})
+    extra, extra_layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in runtime.items()})
+    return Decomposition(documented, extra, {**layouts, **extra_layouts})
 
 
 def split_config(config: Any, names: list[str]) -> dict[str, Any]:
