@@ -28,10 +28,6 @@ class GenerationComponents(dict):
     samples: dict[str, dict[str, Any]]
     runtime_components: dict[str, Any]
 
-    def programs(self) -> dict[str, Any]:
-        """The documented and the runtime components together: every program of the export."""
-        return {**self, **getattr(self, "runtime_components", {})}
-
 
 def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     from hfexport.cache_pytree import register_cache_pytrees
