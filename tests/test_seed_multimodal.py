@@ -421,6 +421,11 @@ def test_saved_and_loaded_export_generates_on_every_backend(name: str, backend: 
         pytest.importorskip("executorch")
     if backend == "openvino":
         pytest.importorskip("openvino")
+    if (name, backend) == ("qwen2_vl", "dynamo"):
+        # torch.export.load (torch 2.13) cannot read back the vision tower's program: a dead `aten.item` on the
+        # baked grid serialises with a bool output ("'bool' object has no attribute 'as_name'"). Its in-memory
+        # generate works (test_seed_components_run_in_the_callers_loop); the saved one is a known gap.
+        pytest.xfail("torch.export serde: a dead aten.item on a baked layout does not deserialise")
     case = CASES[name]()
     config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
     exporter = AutoHfExporter.from_config(config)
