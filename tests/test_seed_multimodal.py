@@ -410,9 +410,22 @@ def test_without_runtime_components_the_dict_is_the_same_and_generate_says_what_
 BACKENDS = ["dynamo", "onnx", "openvino", "executorch"]
 
 
+def _saved_cases() -> list[Any]:
+    from hfexport.artifacts.errors import ArtifactError
+
+    # torch.export.load (torch 2.13) cannot read back Qwen2-VL's vision tower program: a dead `aten.item` on the
+    # baked grid serialises with a bool output ("'bool' object has no attribute 'as_name'"). Its in-memory
+    # generate works (test_seed_components_run_in_the_callers_loop); the saved one is a known gap.
+    serde = pytest.mark.xfail(raises=ArtifactError, strict=True, reason="torch.export serde of a dead aten.item")
+    return [
+        pytest.param(name, backend, marks=[serde] if (name, backend) == ("qwen2_vl", "dynamo") else [])
+        for name in CASES
+        for backend in BACKENDS
+    ]
+
+
 @pytest.mark.slow  # one export per backend and model, executorch's the longest (minutes on 2 cores)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(("name", "backend"), _saved_cases())
 def test_saved_and_loaded_export_generates_on_every_backend(name: str, backend: str, tmp_path: Path) -> None:
     from hfexport import AutoExportConfig, AutoHfExporter, load, save
     from hfexport.runtime.generation import generate
@@ -421,11 +434,6 @@ def test_saved_and_loaded_export_generates_on_every_backend(name: str, backend: 
         pytest.importorskip("executorch")
     if backend == "openvino":
         pytest.importorskip("openvino")
-    if (name, backend) == ("qwen2_vl", "dynamo"):
-        # torch.export.load (torch 2.13) cannot read back the vision tower's program: a dead `aten.item` on the
-        # baked grid serialises with a bool output ("'bool' object has no attribute 'as_name'"). Its in-memory
-        # generate works (test_seed_components_run_in_the_callers_loop); the saved one is a known gap.
-        pytest.xfail("torch.export serde: a dead aten.item on a baked layout does not deserialise")
     case = CASES[name]()
     config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
     exporter = AutoHfExporter.from_config(config)
