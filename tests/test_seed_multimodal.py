@@ -416,9 +416,14 @@ def _saved_cases() -> list[Any]:
     # torch.export.load (torch 2.13) cannot read back Qwen2-VL's vision tower program: a dead `aten.item` on the
     # baked grid serialises with a bool output ("'bool' object has no attribute 'as_name'"). Its in-memory
     # generate works (test_seed_components_run_in_the_callers_loop); the saved one is a known gap.
-    serde = pytest.mark.xfail(raises=ArtifactError, strict=True, reason="torch.export serde of a dead aten.item")
+    # ExecuTorch's portable convolution takes 3-D or 4-D inputs: Qwen2-VL's Conv3d patch embedding fails at run
+    # time ("Expect input tensor to be 3-D or 4-D, but got, 5").
+    known = {
+        ("qwen2_vl", "dynamo"): pytest.mark.xfail(raises=ArtifactError, strict=True, reason="torch.export serde"),
+        ("qwen2_vl", "executorch"): pytest.mark.xfail(raises=RuntimeError, strict=True, reason="ExecuTorch Conv3d"),
+    }
     return [
-        pytest.param(name, backend, marks=[serde] if (name, backend) == ("qwen2_vl", "dynamo") else [])
+        pytest.param(name, backend, marks=[known[name, backend]] if (name, backend) in known else [])
         for name in CASES
         for backend in BACKENDS
     ]
@@ -428,6 +433,7 @@ def _saved_cases() -> list[Any]:
 @pytest.mark.parametrize(("name", "backend"), _saved_cases())
 def test_saved_and_loaded_export_generates_on_every_backend(name: str, backend: str, tmp_path: Path) -> None:
     from hfexport import AutoExportConfig, AutoHfExporter, load, save
+    from hfexport.errors import InputError
     from hfexport.runtime.generation import generate
 
     if backend == "executorch":
@@ -445,7 +451,13 @@ def test_saved_and_loaded_export_generates_on_every_backend(name: str, backend: 
     assert loaded.generation.runtime_components == ["image_features", "prefill"]
     prompt = case.prompt
     expected, _ = _reference(case)
-    for source in (components, loaded):
+    sources: list[Any] = [components, loaded]
+    if backend == "executorch":
+        # Documented: a loaded ExecuTorch artifact cannot generate yet (the input order comes from the export).
+        with pytest.raises(InputError, match="loaded ExecuTorch artifact"):
+            generate(loaded, prompt["input_ids"], max_new_tokens=2, encoder_inputs=case.others)
+        sources = [components]
+    for source in sources:
         got = generate(
             source,
             prompt["input_ids"],
