@@ -99,6 +99,10 @@ class GenerationSpec:
     decode_full_sequence: bool = False
     # Multimodal rotary positions the runtime rebuilds for the prefill and the decode steps (Qwen2-VL style).
     positions: MultimodalPositions | None = None
+    # The components `hfexport.runtime.generate` runs beyond the documented ones (a multimodal model's
+    # `<modality>_features` and `prefill`), which `export_for_generation` keeps outside its dict. Listed even
+    # when exported with `runtime_components=False`, so that generate can say what is missing.
+    runtime_components: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         import dataclasses

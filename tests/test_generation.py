@@ -118,21 +118,18 @@ def test_multi_token_decode_merges_two_steps(llama: torch.nn.Module) -> None:
         ("tiny-whisper", ["encoder", "prefill", "decode"]),
         (
             "tiny-llava",
-            [
-                "image_encoder",
-                "multi_modal_projector",
-                "language_model",
-                "lm_head",
-                "image_features",
-                "prefill",
-                "decode",
-            ],
+            ["image_encoder", "multi_modal_projector", "language_model", "lm_head", "decode"],
         ),
     ],
 )
 def test_component_names(model_name: str, expected: list[str]) -> None:
+    # The documented components only; what hfexport's own generate() runs besides is on `.runtime`.
     names = _names(model_name)
     assert list(names) == expected
+    tiny = get_tiny_model(model_name)
+    inputs = {k: v for k, v in tiny.sample_inputs().items() if k != "decoder_input_ids"}
+    runtime = decompose_for_generation(tiny.build(), inputs).runtime
+    assert list(runtime) == (["image_features", "prefill"] if "language_model" in names else [])
     if "encoder" in names:
         assert names["prefill"][1].count("encoder_outputs") == 1
     if "language_model" in names:
@@ -177,11 +174,11 @@ def test_vision_model_without_projector() -> None:
     ids = torch.cat([torch.tensor([[5, 153]]), torch.full((1, 4), 151), torch.tensor([[154, 7, 8]])], 1)
     inputs = {"input_ids": ids, "pixel_values": torch.randn(16, 96), "image_grid_thw": torch.tensor([[1, 4, 4]])}
     components = decompose_for_generation(model, inputs)
-    assert list(components) == ["image_encoder", "language_model", "lm_head", "image_features", "prefill", "decode"]
-    assert sorted(k for k, v in components["image_encoder"][1].items() if torch.is_tensor(v)) == [
-        "grid_thw",
-        "hidden_states",
-    ]
+    assert list(components) == ["image_encoder", "language_model", "lm_head", "decode"]
+    assert list(components.runtime) == ["image_features", "prefill"]
+    # The grid is a layout, baked into the tower: the pixels are the encoder's only input.
+    assert sorted(k for k, v in components["image_encoder"][1].items() if torch.is_tensor(v)) == ["hidden_states"]
+    assert components.layouts["image_encoder"] == {"grid_thw": [[1, 4, 4]]}
 
 
 def test_config_dict_must_name_every_component(llama: torch.nn.Module) -> None:

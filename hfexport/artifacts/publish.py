@@ -195,6 +195,11 @@ def save(
     say = progress or (lambda _message: None)
     single = not isinstance(result, Mapping)
     programs: dict[str, Any] = {SINGLE: result} if single else dict(result)
+    # export_for_generation keeps the programs its runtime needs beyond the documented components beside the
+    # dict: saved as components too, so a loaded artifact generates (the manifest's generation layout names them).
+    runtime = {} if single else dict(getattr(result, "runtime_components", None) or {})
+    documented = list(programs)
+    programs.update(runtime)
     if not programs:
         raise ValueError("nothing to save: the dict of components is empty")
     for name in programs:
@@ -206,6 +211,13 @@ def save(
     export_format = next(iter(formats.values()))
     names = list(programs)
     configs = _per_component(config, names, "config")
+    if runtime:
+        from hfexport.frontends.generation import runtime_config_source
+
+        # A config dict names the documented components; a runtime component was exported with its source's.
+        for name in runtime:
+            if configs[name] is None:
+                configs[name] = configs.get(runtime_config_source(name, documented))
     # A dict of configs (one per component) goes into each component; one config is recorded once, at the top.
     config_per_component = isinstance(config, Mapping) and not hasattr(config, "to_dict")
     reports = _per_component(report, names, "report")

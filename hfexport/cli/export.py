@@ -164,7 +164,9 @@ def _export_generation(
     reports = exporter.reports
     for name, report in reports.items():
         progress.step(f"{name}: exported in {report.total_seconds:.1f}s; {len(report.fired)} rule(s) fired")
-    t0 = progress.step(f"saving {len(programs)} components ({', '.join(programs)}) to {args.output}/")
+    # The programs generate() runs besides the documented components (a VLM's features and prefill) are saved too.
+    names = [*programs, *getattr(programs, "runtime_components", {})]
+    t0 = progress.step(f"saving {len(names)} components ({', '.join(names)}) to {args.output}/")
     save(programs, args.output, overwrite=args.overwrite, config=config, report=reports, model=args.model)
     progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
     status = 0

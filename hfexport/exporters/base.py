@@ -107,10 +107,15 @@ class HfExporter(ABC):
         *,
         generation_config: Any = None,
         multi_token_decode: bool = False,
+        runtime_components: bool = True,
     ) -> dict[str, Any]:
-        """Export every component `generate` runs (see `decompose_for_generation`): `{name: native object}`.
+        """Export the components of `decompose_for_generation`: `{name: native object}`, the documented ones.
 
-        `config` is one config for all components or a dict keyed by component name that names every one.
+        `config` is one config for all components or a dict keyed by component name that names every
+        documented one. The programs `hfexport.runtime.generate` runs beyond those (a multimodal model's
+        `<modality>_features` and `prefill`) are exported too and kept on `.runtime_components`, each with the
+        config of the documented component it derives from (`runtime_config_source`); `runtime_components=False`
+        leaves them out (the result then holds what the caller's own loop runs, and `generate` refuses it).
         `self.reports` holds each component's report (`self.report` is the last one's).
         """
         if isinstance(config, Mapping):
@@ -121,7 +126,9 @@ class HfExporter(ABC):
         check_generation_call(model, generate_kwargs, generation_config)
         self.validate_environment()
         with exclusive():
-            return self._export_components(model, generate_kwargs, config, generation_config, multi_token_decode)
+            return self._export_components(
+                model, generate_kwargs, config, generation_config, multi_token_decode, runtime_components
+            )
 
     def _export_components(
         self,
@@ -130,32 +137,41 @@ class HfExporter(ABC):
         config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None,
         generation_config: Any,
         multi_token_decode: bool,
+        runtime_components: bool = True,
     ) -> dict[str, Any]:
         from hfexport.frontends.generation import (
             GenerationComponents,
             decompose_for_generation,
             describe,
-            specialise_layouts,
+            runtime_configs,
             split_config,
         )
 
-        components = decompose_for_generation(
+        decomposition = decompose_for_generation(
             model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
-        configs = split_config(config, list(components))
+        documented = list(decomposition)
+        extra = list(decomposition.runtime)
+        configs = split_config(config, documented)
+        if runtime_components:
+            configs.update(runtime_configs(configs, extra, per_component=isinstance(config, Mapping)))
+        components = decomposition.all() if runtime_components else dict(decomposition)
         configs = self._calibrate_components(model, config, configs, generation_config, multi_token_decode)
-        components, layouts = specialise_layouts(components)
+        layouts = {name: layout for name, layout in decomposition.layouts.items() if name in components}
         results = GenerationComponents()
         results.spec = describe(components, generation_config, model, multi_token_decode, generate_kwargs)
+        results.spec.runtime_components = extra
         for name, layout in layouts.items():
             results.spec.components[name].layout = layout
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
+        results.runtime_components = {}
         self.reports: dict[str, ExportReport] = {}
         for name, (submodule, kwargs) in components.items():
             logger.info("exporting component %s (%s)", name, type(submodule).__name__)
             self.report = None
+            held = results.runtime_components if name in extra else results
             try:
-                results[name] = self.export(submodule, kwargs, configs[name])
+                held[name] = self.export(submodule, kwargs, configs[name])
             except Exception as exc:
                 raise HfExportError(
                     f"{type(exc).__name__}: {exc}",

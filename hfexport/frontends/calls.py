@@ -71,6 +71,12 @@ class FixedArguments(torch.nn.Module):
     def forward(self, **kwargs: Any) -> Any:
         if self.cache_key is not None and CACHE_INPUT in kwargs:
             kwargs[self.cache_key] = kwargs.pop(CACHE_INPUT)
+        cache = kwargs.get(self.cache_key) if self.cache_key is not None else None
+        if cache is not None and not _is_static(cache) and not _tracing():
+            # The exported program of a growing cache returns the grown cache and leaves its input as it was; an
+            # eager call does the same. Otherwise the seed's "sanity-check the eager forward before exporting"
+            # would grow the recorded sample in place, and the export after it would trace a later step.
+            kwargs[self.cache_key] = copy.deepcopy(cache)
         return self.inner(**kwargs, **self.fixed)
 
     def __getattr__(self, name: str) -> Any:
@@ -117,7 +123,8 @@ def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torc
     order += [k for k in inputs if k not in _LEADING_INPUTS and k != key]
     order += [key] if key is not None else []
     ordered = {(CACHE_INPUT if k == key else k): inputs[k] for k in order}
-    if not fixed and key in (None, CACHE_INPUT):
+    # A growing cache is always wrapped: the wrapper's eager call leaves it as it was (`FixedArguments.forward`).
+    if not fixed and (key is None or (key == CACHE_INPUT and _is_static(inputs[key]))):
         return module, ordered
     return fixed_arguments(module, fixed, key), ordered
 
@@ -185,6 +192,10 @@ def _empty_like_static(cache: Any) -> Any:
 def _linear_only(cache: Any) -> bool:
     linear = getattr(cache, "is_linear", None)
     return bool(linear) and all(linear)
+
+
+def _tracing() -> bool:
+    return bool(torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
 
 def _is_static(cache: Any) -> bool:

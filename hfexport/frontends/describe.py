@@ -18,12 +18,15 @@ from hfexport.positions import derive as derive_positions
 class GenerationComponents(dict):
     """`{component name: native program}`, as `export_for_generation` returns it, plus how to run them.
 
-    `spec` (a `GenerationSpec`) and `samples` (the captured forward kwargs) let `hfexport.runtime.generate`
-    drive the components without the source model.
+    The dict holds the documented components only. `runtime_components` holds the programs
+    `hfexport.runtime.generate` runs beyond them (a multimodal model's `<modality>_features` and `prefill`;
+    empty for the others). `spec` (a `GenerationSpec`, describing both) and `samples` (the captured forward
+    kwargs of both) let `hfexport.runtime.generate` drive them without the source model.
     """
 
     spec: GenerationSpec
     samples: dict[str, dict[str, Any]]
+    runtime_components: dict[str, Any]
 
 
 def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:

@@ -5,11 +5,19 @@ model and on the submodules generation drives, and snapshots (deep-copies) the k
 cache a step receives is mutated in place by later steps, so a reference would show the final state.
 No per-model glue: the components are found through transformers' own accessors.
 
-| model | components |
-|---|---|
-| decoder-only, MoE, state-space | `prefill`, `decode` |
-| encoder-decoder (T5, BART, Whisper) | `encoder`, `prefill`, `decode` |
-| multimodal (LLaVA, Qwen2-VL) | `<modality>_encoder`, `multi_modal_projector`, `language_model`, `lm_head`, `decode` |
+| model | components | on `.runtime` |
+|---|---|---|
+| decoder-only, MoE, state-space | `prefill`, `decode` | |
+| encoder-decoder (T5, BART, Whisper) | `encoder`, `prefill`, `decode` | |
+| LLaVA | `image_encoder`, `multi_modal_projector`, `language_model`, `lm_head`, `decode` | `image_features`,`prefill` |
+| Qwen2-VL (its projector is in the tower) | `image_encoder`, `language_model`, `lm_head`, `decode` | the same |
+
+The returned dict holds the documented components only (the seed's contract), each a submodule called as
+`generate` calls it. `hfexport.runtime.generate` drives a multimodal model through two more programs, kept
+outside the dict on `.runtime`: `<modality>_features` (`get_<modality>_features`: the encoder, the
+feature-layer choice and the projector, as transformers runs them before the loop) and `prefill` (the first
+forward, which merges those features at the image tokens); the seams between the documented components
+(feature layer, merge, multimodal positions) are model code that the caller of the documented components owns.
 
 `multi_token_decode=True` records two decode steps and merges them into one call with two query tokens,
 so a dynamic export keeps the query axis symbolic: one graph then serves a 1-token step, a block of
@@ -19,6 +27,7 @@ speculative tokens, and a prefill on an empty cache. The projector is a componen
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +55,7 @@ from hfexport.frontends.multimodal import ModalityFeatures, _modality_features, 
 
 __all__ = [
     "CACHE_INPUT",
+    "Decomposition",
     "FixedArguments",
     "GenerationComponents",
     "ModalityFeatures",
@@ -54,10 +64,32 @@ __all__ = [
     "merge_decode_calls",
     "multimodal_parts",
     "restore_attention_mask",
+    "runtime_config_source",
+    "runtime_configs",
     "specialise_layouts",
     "split_config",
     "tensor_fields",
 ]
+
+
+class Decomposition(dict):
+    """`{name: (submodule, forward_kwargs)}` of the documented components, as `decompose_for_generation`
+    returns them; `runtime` holds the pairs `hfexport.runtime.generate` runs beyond them (a multimodal model's
+    `<modality>_features` and `prefill`), in the same form. `all()` is both, in export order."""
+
+    runtime: Components
+    # The layout inputs baked into modality components (`specialise_layouts`), by component and input name.
+    layouts: dict[str, dict[str, list[Any]]]
+
+    def __init__(
+        self, components: Components, runtime: Components, layouts: dict[str, dict[str, list[Any]]] | None = None
+    ) -> None:
+        super().__init__(components)
+        self.runtime = dict(runtime)
+        self.layouts = dict(layouts or {})
+
+    def all(self) -> Components:
+        return {**self, **self.runtime}
 
 
 @dataclass
@@ -108,10 +140,13 @@ def decompose_for_generation(
     generate_kwargs: Mapping[str, Any],
     generation_config: Any = None,
     multi_token_decode: bool = False,
-) -> Components:
+) -> Decomposition:
     """Run `model.generate` once (2 new tokens, 3 with `multi_token_decode`) and return its components.
 
-    Returns `{name: (submodule, forward_kwargs)}`; see the module docstring for the names. The kwargs are
+    Returns `{name: (submodule, forward_kwargs)}` (a `Decomposition`: the runtime components on `.runtime`);
+    see the module docstring for the names. Each pair exports as it is (`exporter.export(submodule, kwargs)`):
+    a modality component's layout inputs (`image_grid_thw`...) are baked into it (`specialise_layouts`; the
+    values on `.layouts`), so its kwargs hold the other inputs only. The kwargs are
     snapshots of real calls, so `submodule(**forward_kwargs)` reproduces that step. They hold tensors and the
     cache only, in graph order (`input_ids`, `attention_mask`, `position_ids`, other tensors, then the cache
     as `past_key_values`); the call's Python arguments (`use_cache`, `return_dict`...) are fixed in the
@@ -172,6 +207,7 @@ def decompose_for_generation(
         decode = merge_decode_calls(decode, after)
 
     components: Components = {}
+    runtime: Components = {}
     if parts:
         for name in parts:
             if not calls.get(name):
@@ -186,13 +222,13 @@ def decompose_for_generation(
         # transformers 5.24's generate runs `base_model.get_<modality>_features` before the loop and hands
         # the result to the first forward as `mm_encoder_outputs`: that function (encoder, feature-layer
         # choice, projector) and the first forward (the merge at the image tokens, multimodal positions) are
-        # exported as they are, so `hfexport.runtime.generate` needs no per-model glue.
-        features = _modality_features(model, kwargs, prefill)
-        for modality, (module, call) in features.items():
-            components[f"{modality}_features"] = (module, call)
+        # exported as they are, so `hfexport.runtime.generate` needs no per-model glue. Neither is one of the
+        # documented components: they are runtime components.
+        for modality, (module, call) in _modality_features(model, kwargs, prefill).items():
+            runtime[f"{modality}_features"] = (module, call)
         # Without `get_<modality>_features` (Qwen2-Audio), the first forward takes the modality inputs itself
         # (input_features): it is the prefill all the same.
-        components["prefill"] = (model, _plain_inputs(prefill))
+        runtime["prefill"] = (model, _plain_inputs(prefill))
     else:
         if is_encoder_decoder:
             if not calls.get("encoder"):
@@ -201,11 +237,13 @@ def decompose_for_generation(
         # A model whose modality encoder `get_encoder(modality=...)` does not name (Emu3's VQ-VAE) still gets
         # its features from `get_<modality>_features` before the loop.
         for modality, (module, call) in _modality_features(model, kwargs, prefill).items():
-            components[f"{modality}_features"] = (module, call)
+            runtime[f"{modality}_features"] = (module, call)
         components["prefill"] = (model, _plain_inputs(prefill))
     components["decode"] = (model, _plain_inputs(decode))
     # Every graph takes tensors and the cache only, in one order; generate's Python arguments are fixed inside.
-    return {name: graph_call(module, call) for name, (module, call) in components.items()}
+    documented, layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in components.items()})
+    extra, extra_layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in runtime.items()})
+    return Decomposition(documented, extra, {**layouts, **extra_layouts})
 
 
 def split_config(config: Any, names: list[str]) -> dict[str, Any]:
@@ -222,3 +260,30 @@ def split_config(config: Any, names: list[str]) -> dict[str, Any]:
             )
         return {n: config[n] for n in names}
     return dict.fromkeys(names, config)
+
+
+def runtime_config_source(name: str, names: list[str]) -> str:
+    """The documented component whose config the runtime component `name` is exported with: a modality's
+    features take its encoder's (else the prefill's), the multimodal `prefill` the decode step's (the same
+    forward), so a per-component config dict names the documented components only."""
+    if name.endswith("_features"):
+        encoder = name.removesuffix("_features") + "_encoder"
+        if encoder in names:
+            return encoder
+    return "prefill" if "prefill" in names and name != "prefill" else "decode"
+
+
+def runtime_configs(configs: Mapping[str, Any], names: list[str], per_component: bool) -> dict[str, Any]:
+    """The config each runtime component in `names` is exported with: its source's (`runtime_config_source`)
+    among the documented `configs`. In a per-component dict a quantizer's `calibration_dataset` holds the
+    source's forward kwargs, which are not this component's: the copy calibrates on its own sample instead."""
+    out: dict[str, Any] = {}
+    for name in names:
+        each = configs[runtime_config_source(name, list(configs))]
+        quantizer = getattr(each, "quantizer", None)
+        if per_component and getattr(quantizer, "calibration_dataset", None) is not None:
+            quantizer = copy.copy(quantizer)
+            quantizer.calibration_dataset = None
+            each = dataclasses.replace(each, quantizer=quantizer)
+        out[name] = each
+    return out

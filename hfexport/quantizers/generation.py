@@ -40,7 +40,7 @@ def calibrate_components(
         parts = decompose_for_generation(
             model, sample, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
-        for name, (_, kwargs) in parts.items():
+        for name, (_, kwargs) in parts.all().items():  # the runtime components calibrate too
             if name in per_component:
                 per_component[name].append(kwargs)
     result = {}

@@ -112,8 +112,10 @@ def _source(components: Any, spec: GenerationSpec | None) -> tuple[dict[str, Any
     samples = getattr(components, "samples", None)
     if spec is None or samples is None:
         raise InputError("components carry no generation spec: pass the result of export_for_generation")
+    # The runtime components (a multimodal model's features and prefill) are carried beside the dict.
+    programs = {**components, **(getattr(components, "runtime_components", None) or {})}
     backends = set()
-    for program in components.values():
+    for program in programs.values():
         try:
             backends.add(format_of(program))
         except TypeError:
@@ -121,7 +123,16 @@ def _source(components: Any, spec: GenerationSpec | None) -> tuple[dict[str, Any
             raise InputError(f"no generation runtime for {kind}") from None
     if len(backends) != 1:
         raise InputError(f"components come from several backends: {sorted(backends)}")
-    return dict(components), samples, backends.pop(), spec
+    return programs, samples, backends.pop(), spec
+
+
+def _check_runtime_components(natives: Mapping[str, Any], spec: GenerationSpec) -> None:
+    missing = [name for name in spec.runtime_components if name not in natives]
+    if missing:
+        raise InputError(
+            f"this export has no {missing}, which generate() runs besides the documented components: export "
+            "with runtime_components=True (the default), or run the documented components in your own loop"
+        )
 
 
 def _session(components: Any, spec: GenerationSpec | None) -> tuple[Driver, dict[str, Any], GenerationSpec]:
@@ -136,6 +147,7 @@ def _session(components: Any, spec: GenerationSpec | None) -> tuple[Driver, dict
     if session is not None and session.spec is spec:
         return session.driver, session.driver.samples, spec
     natives, samples, name, spec = _source(components, spec)
+    _check_runtime_components(natives, spec)
     driver = backend(name).driver(natives, spec, samples)
     _SESSIONS.set(components, _Session(spec, driver))
     return driver, samples, spec
