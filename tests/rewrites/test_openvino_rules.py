@@ -54,6 +54,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/drop-constant-inputs",
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
+        "openvino/sym-ceil-to-int",
         "openvino/distinct-repeated-outputs",
         "openvino/exact-int-floor-divide",
         "openvino/quant-right-shift-as-floor-scale",
@@ -68,6 +69,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/sdpa-fully-masked-rows",
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
+        "openvino/sym-ceil-to-int",
         "openvino/distinct-repeated-outputs",
         "openvino/quant-right-shift-as-floor-scale",
     ]
