@@ -61,7 +61,8 @@ def _load_class(path: Any) -> type:
 @functools.lru_cache(maxsize=1024)  # the decoder runs at every call of a program; a refusal raises, so is not kept
 def _resolve_class(path: str) -> type:
     """The class a context names, only if it is a transformers cache or cache-layer class (an allow-list built
-    from the installed transformers: subclasses of the abstract classes of `transformers.cache_utils`).
+    from the installed transformers: the classes of `transformers.cache_utils` and subclasses of its abstract
+    classes).
 
     A module is imported only when it is transformers' own cache module or a modeling module of the installed
     transformers package; nothing else a saved file names is ever imported, whatever the trust flag.
@@ -81,7 +82,9 @@ def _resolve_class(path: str) -> type:
         not isinstance(obj, type)
         or not module_name.startswith("transformers.")
         or _class_path(obj) != path
-        or not issubclass(obj, roots)
+        # A class of transformers' cache module itself, or a cache (layer) subclass elsewhere in transformers.
+        # Not every layer class derives from the abstract ones: NemotronH's cache holds `DummyLayer`s.
+        or not (obj.__module__ == "transformers.cache_utils" or issubclass(obj, roots))
     ):
         raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
     return obj

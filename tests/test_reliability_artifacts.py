@@ -557,3 +557,15 @@ def test_a_pt2_whose_cache_context_names_another_class_is_refused_even_with_trus
     with pytest.raises(ArtifactError, match="not a transformers cache class"):
         load(folder, trust=True).run(tiny("tiny-llama")[1])
     assert not marker.exists() and "evilmod" not in sys.modules
+
+
+def test_the_cache_allow_list_takes_every_class_of_transformers_cache_module() -> None:
+    # NemotronH's cache holds `DummyLayer`s, which derive from no abstract cache class: refusing them broke its
+    # export (the generation sweep's one regression after the allow-list).
+    import transformers.cache_utils as cache_utils
+
+    from hfexport.cache_pytree import CacheContextError, _resolve_class
+
+    assert _resolve_class("transformers.cache_utils:DummyLayer") is cache_utils.DummyLayer
+    with pytest.raises(CacheContextError):
+        _resolve_class("transformers.configuration_utils:PretrainedConfig")
