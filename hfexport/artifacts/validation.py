@@ -33,6 +33,9 @@ class OutputDiff:
     def ok(self) -> bool:
         return not self.problem and self.max_abs_diff <= self.tolerance
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "shape": list(self.shape), "ok": self.ok}
+
 
 @dataclass
 class ShapeCheck:
@@ -54,7 +57,7 @@ class ShapeCheck:
             "shapes": self.shapes,
             "ok": self.ok,
             "problem": self.problem,
-            "outputs": [{**asdict(o), "shape": list(o.shape), "ok": o.ok} for o in self.outputs],
+            "outputs": [o.to_dict() for o in self.outputs],
         }
 
 
@@ -82,7 +85,7 @@ class Validation:
             "ok": self.ok,
             "atol": self.atol,
             "rtol": self.rtol,
-            "outputs": [{**asdict(o), "shape": list(o.shape), "ok": o.ok} for o in self.outputs],
+            "outputs": [o.to_dict() for o in self.outputs],
             "shapes": [c.to_dict() for c in self.checks],
         }
 
