@@ -39,17 +39,25 @@ _IMPORTABLE = re.compile(r"^transformers\.(cache_utils|models\.\w+\.modeling_\w+
 
 
 @functools.cache
+def cache_module_classes() -> tuple[type, ...]:
+    """The classes `transformers.cache_utils` defines: its caches, cache layers and their bases."""
+    import inspect
+
+    import transformers.cache_utils as cache_utils
+
+    return tuple(
+        cls for _, cls in inspect.getmembers(cache_utils, inspect.isclass) if cls.__module__ == cache_utils.__name__
+    )
+
+
+@functools.cache
 def _cache_roots() -> tuple[type, ...]:
     """The base classes of every cache and cache layer: the abstract classes `transformers.cache_utils` defines."""
     import inspect
 
     import transformers.cache_utils as cache_utils
 
-    return tuple(
-        cls
-        for _, cls in inspect.getmembers(cache_utils, inspect.isclass)
-        if cls.__module__ == cache_utils.__name__ and (cls is cache_utils.Cache or inspect.isabstract(cls))
-    )
+    return tuple(cls for cls in cache_module_classes() if cls is cache_utils.Cache or inspect.isabstract(cls))
 
 
 def _load_class(path: Any) -> type:
@@ -84,7 +92,7 @@ def _resolve_class(path: str) -> type:
         or _class_path(obj) != path
         # A class of transformers' cache module itself, or a cache (layer) subclass elsewhere in transformers.
         # Not every layer class derives from the abstract ones: NemotronH's cache holds `DummyLayer`s.
-        or not (obj.__module__ == "transformers.cache_utils" or issubclass(obj, roots))
+        or not (obj in cache_module_classes() or issubclass(obj, roots))
     ):
         raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
     return obj

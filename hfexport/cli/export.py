@@ -40,11 +40,6 @@ def check_writable(output: Path) -> None:
     os.rmdir(probe)
 
 
-def sample_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The `other_samples` options the export flags give."""
-    return model_options(args)
-
-
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `load_model` options the export flags give."""
     return {
@@ -98,7 +93,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
             progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
             # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
-            others = other_samples(args.model, args.task, inputs, **sample_options(args)) if config.dynamic else {}
+            others = other_samples(args.model, inputs, **model_options(args)) if config.dynamic else {}
             if not config.dynamic:
                 progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.

@@ -113,41 +113,62 @@ def load_model(
 
     from hfexport.tiny import TINY_MODELS
 
-    torch_dtype = getattr(torch, dtype) if dtype else None
     if spec in TINY_MODELS:
-        tiny = TINY_MODELS[spec]
-        model = tiny.build()
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
-        inputs = tiny.sample_inputs(batch=batch_size, length=sequence_length)
-        if torch_dtype is not None:
-            inputs = {k: v.to(torch_dtype) if v.is_floating_point() else v for k, v in inputs.items()}
-        return model, inputs
+        model = TINY_MODELS[spec].build()
+        if dtype:
+            model = model.to(getattr(torch, dtype))
+        return model, sample_inputs(spec, dtype=dtype, batch_size=batch_size, sequence_length=sequence_length)
     check_model_spec(spec, task)
     path = Path(spec)
     task = _folder_task(path, canonical_task(task))
     if task not in _FOLDER_SAMPLE_TASKS:
         raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
     import transformers
-    from transformers import AutoTokenizer
 
     options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
-    if torch_dtype is not None:
-        options["dtype"] = torch_dtype
+    if dtype:
+        options["dtype"] = getattr(torch, dtype)
     model = getattr(transformers, TASKS[task]).from_pretrained(path, **options).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    texts = ["Hello, world!", "Export me"]
-    texts = (texts * (batch_size or 2))[: batch_size or 2]
+    inputs = sample_inputs(
+        spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
+    )
+    return model, inputs
+
+
+def sample_inputs(
+    spec: str,
+    seed: int = 0,
+    *,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Sample inputs for the model `--model` names, without loading its weights: a built-in's own (drawn from
+    `seed`, float inputs cast to `dtype`), or a folder tokenizer's on fixed texts (padded or truncated)."""
+    import torch
+
+    from hfexport.tiny import TINY_MODELS
+
+    if spec in TINY_MODELS:
+        inputs = TINY_MODELS[spec].sample_inputs(seed=seed, batch=batch_size, length=sequence_length)
+        if dtype:
+            inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
+        return inputs
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=trust_remote_code)
+    batch = batch_size or 2
+    texts = (["Hello, world!", "Export me"] * batch)[:batch]
     shape: dict[str, Any] = {"padding": True}
     if sequence_length:
         shape = {"padding": "max_length", "max_length": sequence_length, "truncation": True}
-    inputs = tokenizer(texts, return_tensors="pt", **shape)
-    return model, {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    encoded = tokenizer(texts, return_tensors="pt", **shape)
+    return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
 
 
 def other_samples(
     spec: str,
-    task: str,
     inputs: dict[str, Any],
     *,
     dtype: str | None = None,
@@ -156,30 +177,22 @@ def other_samples(
     trust_remote_code: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Sample inputs of other shapes for `--validate`: a grown sequence (+3 tokens), a long one (4x + 1) and
-    another batch (+1), each drawn like the traced sample; those whose shapes equal the sample's are left out."""
+    another batch (+1) around the traced sample `inputs`, each drawn like it (`sample_inputs`, without loading
+    weights again); those whose shapes equal the sample's are left out."""
     from hfexport.tiny import TINY_MODELS
 
-    if spec in TINY_MODELS:
-        batch, length = (
-            batch_size or TINY_MODELS[spec].sample_shape[0],
-            sequence_length or TINY_MODELS[spec].sample_shape[1],
-        )
+    if spec in TINY_MODELS:  # its `length` counts text tokens (a VLM's ids also hold the image tokens)
+        default_batch, default_length = TINY_MODELS[spec].sample_shape
+        batch, length = batch_size or default_batch, sequence_length or default_length
     else:
-        ids = inputs.get("input_ids")
-        batch, length = (ids.shape[0], ids.shape[1]) if ids is not None else (2, 8)
-    options = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        batch, length = inputs["input_ids"].shape
     variants = {"grown": (batch, length + 3), "long": (batch, 4 * length + 1), "batch+1": (batch + 1, length)}
     sample_shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     others = {}
     for name, (b, n) in variants.items():
-        if spec in TINY_MODELS:
-            import torch
-
-            feed = TINY_MODELS[spec].sample_inputs(seed=1, batch=b, length=n)
-            if dtype:
-                feed = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in feed.items()}
-        else:
-            _, feed = load_model(spec, task, batch_size=b, sequence_length=n, **options)
+        feed = sample_inputs(
+            spec, seed=1, dtype=dtype, batch_size=b, sequence_length=n, trust_remote_code=trust_remote_code
+        )
         if {k: tuple(v.shape) for k, v in feed.items()} != sample_shapes:
             others[name] = feed
     return others

@@ -13,21 +13,12 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     A program's pytree specs name transformers classes (model outputs, caches); a fresh process knows
     them only once they are imported and, for caches, registered as pytree nodes.
     """
-    from hfexport.cache_pytree import register_program_types
+    from hfexport.cache_pytree import cache_module_classes, register_program_types
 
     register_program_types()
     # The example inputs saved in the archive hold transformers' cache objects. torch loads them with the
     # weights-only unpickler first; without these classes on its allow-list that fails, torch falls back to
     # the full unpickler and logs the failure with a broken format string ("--- Logging error ---"). With
     # them the weights-only load succeeds: no fallback, no noise, nothing else allowed.
-    with torch.serialization.safe_globals(_cache_classes()):
+    with torch.serialization.safe_globals(list(cache_module_classes())):
         return torch.export.load(str(path))
-
-
-def _cache_classes() -> list[type]:
-    """The classes `transformers.cache_utils` defines (caches and their layers)."""
-    import inspect
-
-    import transformers.cache_utils as cache_utils
-
-    return [c for _, c in inspect.getmembers(cache_utils, inspect.isclass) if c.__module__ == cache_utils.__name__]
