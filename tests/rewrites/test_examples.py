@@ -38,10 +38,6 @@ _XNNPACK_RESHAPE = (
     "dynamic dimension'), and the example's batch and length are both dynamic: an ExecuTorch coverage gap of the "
     "architecture (#17), not of the rule"
 )
-_DEEPSEEK_V4_LONG = (
-    "DeepSeek-V4 differs from eager above 16 tokens on ONNX Runtime and OpenVINO with or without the rule, in a "
-    "static export too (0.096 at 17 tokens, 0.144 at 22): a translation defect of the architecture (#17)"
-)
 KNOWN_FAILURES = {
     ("patch/longt5-pad-blocks", 0, "executorch"): _XNNPACK_RESHAPE,
     ("patch/moonshine-conv-lengths", 0, "executorch"): _XNNPACK_RESHAPE,
@@ -51,8 +47,6 @@ KNOWN_FAILURES = {
     ("patch/deepseek-v4-overlap-windows", 0, "executorch"): "to_edge refuses the DeepSeek-V4 program "
     "(SpecViolationError in the edge verifier): an ExecuTorch coverage gap of the architecture (#17)",
     ("patch/deepseek-v4-overlap-windows", 1, "executorch"): "as Match 0 on ExecuTorch (edge verifier)",
-    ("patch/deepseek-v4-overlap-windows", 1, "onnx"): _DEEPSEEK_V4_LONG,
-    ("patch/deepseek-v4-overlap-windows", 1, "openvino"): _DEEPSEEK_V4_LONG,
 }
 
 

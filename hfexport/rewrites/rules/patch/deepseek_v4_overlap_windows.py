@@ -193,7 +193,11 @@ def _deepseek_v4(tokens: int, layer: str = "compressed_sparse_attention") -> Bui
         sliding_window=8,
         o_groups=2,
         o_lora_rank=8,
-        index_n_heads=2,
+        # The indexer scores an entry as a sum of per-head ReLUs, exactly 0 whenever every head is negative, and
+        # keeps the top `index_topk` of them. With 2 heads a quarter of the entries tie at 0, and the order of
+        # tied values in topk is unspecified: eager torch picks one set, ONNX Runtime and OpenVINO (lowest index
+        # first) another, so longer inputs differed by ~0.1. With 8 heads a tie needs 1/256 odds twice over.
+        index_n_heads=8,
         index_head_dim=16,
         index_topk=2,
         qk_rope_head_dim=8,
