@@ -20,7 +20,7 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +35,7 @@ PACKAGE = Path(__file__).resolve().parent
 # How long a named address may take to accept a connection: ray.init itself retries an unreachable GCS for
 # minutes before it gives up.
 CONNECT_TIMEOUT_S = 5.0
+STARTED = "hfexport-sweep-case-started"  # a case task's first item
 
 
 class RayUnavailableError(ConnectionError):
@@ -80,9 +81,10 @@ class RayRunner:
     """Runs the sweep's cases as Ray tasks, `jobs` in flight at once; a context manager around the connection.
 
     `address=None` starts a local cluster of `jobs` CPUs (default 1) without the dashboard; `"auto"` or an
-    address connects to a running one, and `jobs` defaults to its CPU count. Each case's timeout counts from
-    its submission (at most `jobs` are submitted, so a case does not wait in a queue); past it the task is
-    cancelled, its worker killed, and the case is a `timeout` row. A worker that dies is a `crash` row.
+    address connects to a running one, and `jobs` defaults to its CPU count. At most `jobs` cases are in
+    flight. A case's timeout counts from its start in its worker (a task first yields `STARTED`); past it, or
+    past as long waiting for a worker, the task is cancelled, its worker killed, and the case is a `timeout`
+    row. A worker that dies, or a task that raises, is a `crash` row.
     `task` is the function a case runs (`run_case`; the fault tests give one that dies or hangs).
     """
 
@@ -129,7 +131,7 @@ class RayRunner:
             self.jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
         # One CPU per case; max_calls=1: a fresh worker process per case; max_retries=0: a case that kills
         # its worker is a crash row, not run again (a segfault would repeat).
-        self._remote = ray.remote(num_cpus=1, max_calls=1, max_retries=0)(self.task)
+        self._remote = ray.remote(num_cpus=1, max_calls=1, max_retries=0, num_returns="streaming")(_stream)
 
     def close(self) -> None:
         """Disconnect; a local cluster started by `connect` is shut down with its processes."""
@@ -151,47 +153,81 @@ class RayRunner:
     ) -> list[SweepRow]:
         if not self._connected:
             raise RuntimeError("RayRunner.run before connect(): use `with RayRunner(...) as runner:`")
-        ray, config_json = self._ray, json.dumps(config)
+        config_json = json.dumps(config)
         rows: list[SweepRow | None] = [None] * len(paths)
         waiting = list(enumerate(paths))
-        running: dict[Any, tuple[int, Path, float]] = {}  # task ref -> (index, path, submitted at)
+        running: dict[Any, _Case] = {}  # the task's stream -> its case
+
+        def finish(stream: Any, row: SweepRow) -> None:
+            rows[running.pop(stream).index] = row
+            progress.case_done(row)
+
         try:
             while waiting or running:
                 while waiting and len(running) < max(1, self.jobs or 1):
                     index, path = waiting.pop(0)
-                    progress.case_started(path)
                     text = path.read_bytes().decode("utf-8", errors="replace")
-                    ref = self._remote.remote(path.stem, text, export_format, config_json)
-                    running[ref] = (index, path, time.perf_counter())
-                first_deadline = min(start + timeout for _, _, start in running.values())
-                ready, _ = ray.wait(
-                    list(running), num_returns=1, timeout=max(0.0, first_deadline - time.perf_counter())
-                )
-                for ref in ready:
-                    index, path, start = running.pop(ref)
-                    rows[index] = self._collect(ref, path, start)
-                    progress.case_done(rows[index])
+                    stream = self._remote.remote(self.task, path.stem, text, export_format, config_json)
+                    running[stream] = _Case(index, path, time.perf_counter())
+                wait = min(case.deadline(timeout) for case in running.values()) - time.perf_counter()
+                ready, _ = self._ray.wait(list(running), num_returns=1, timeout=max(0.0, wait))
+                for stream in ready:
+                    case = running[stream]
+                    row = self._next(stream, case)
+                    if row is None:  # the case began in its worker: its timeout counts from now
+                        case.started = time.perf_counter()
+                        progress.case_started(case.path)
+                    else:
+                        finish(stream, row)
                 now = time.perf_counter()
-                for ref, (index, path, start) in list(running.items()):
-                    if now - start >= timeout:
-                        ray.cancel(ref, force=True)  # kills the worker: the export stops now, not at the end
-                        del running[ref]
-                        rows[index] = timeout_row(path, timeout)
-                        progress.case_done(rows[index])
+                for stream, case in list(running.items()):
+                    if now >= case.deadline(timeout):
+                        self._ray.cancel(stream, force=True)  # kills the worker: the export stops now
+                        row = timeout_row(case.path, timeout)
+                        if case.started is None:
+                            row.error = f"waited over {timeout:.0f}s for a worker (no free CPU on the cluster?)"
+                        finish(stream, row)
         finally:
-            for ref in running:  # interrupted: leave no case running on a cluster that outlives the sweep
-                ray.cancel(ref, force=True)
+            for stream in running:  # interrupted: leave no case running on a cluster that outlives the sweep
+                self._ray.cancel(stream, force=True)
         return [row for row in rows if row is not None]
 
-    def _collect(self, ref: Any, path: Path, start: float) -> SweepRow:
-        """The row a finished task returned, or a crash row when its worker died or the task raised."""
+    def _next(self, stream: Any, case: _Case) -> SweepRow | None:
+        """The task's next item: None for its start, then its row; a crash row if its worker died or it
+        raised."""
+        since = case.submitted if case.started is None else case.started
         try:
-            found = self._ray.get(ref)
+            found = self._ray.get(next(stream))
+        except StopIteration:
+            return crash_row(case.path, "the task ended without a row", time.perf_counter() - since)
         except Exception as exc:  # ray.exceptions.RayError: WorkerCrashedError, RayTaskError, ...
-            return crash_row(path, _one_line(exc), time.perf_counter() - start)
+            return crash_row(case.path, _one_line(exc), time.perf_counter() - since)
+        if found == STARTED:
+            return None
         row = SweepRow(**found)
-        row.wall_s = round(time.perf_counter() - start, 1)
+        row.wall_s = round(time.perf_counter() - since, 1)
         return row
+
+
+@dataclass
+class _Case:
+    """A case submitted as a task: where its row goes, and when it was submitted and began in its worker."""
+
+    index: int
+    path: Path
+    submitted: float
+    started: float | None = None
+
+    def deadline(self, timeout: float) -> float:
+        # Waiting for a worker and running each get `timeout`: a busy cluster's queue is not the case's hang.
+        return (self.submitted if self.started is None else self.started) + timeout
+
+
+def _stream(task: CaseTask, *args: str) -> Iterator[Any]:
+    """A case task as Ray runs it: first `STARTED` (so the driver's timeout counts from the case's start in
+    its worker, not from its submission), then the row."""
+    yield STARTED
+    yield task(*args)
 
 
 def _one_line(exc: BaseException) -> str:
