@@ -3,8 +3,9 @@
     hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx --html heatmap.html --csv hits.csv
 
 Each config is a corpus entry (the JSON format of `tests/fixtures/corpus`, read by
-`hfexport.testing.corpus`). Each model runs in its own subprocess, so a crash or hang costs one row, not
-the sweep: build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
+`hfexport.testing.corpus`). Each model runs in its own process, so a crash or hang costs one row, not
+the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.sweep_ray.RayRunner`,
+Ray tasks): build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
 load with `hfexport.load` and run in the format's runtime on the sample input and on a longer one, and
 compare the entry's main output with eager (|diff| <= tolerance * max(1, max|eager|)).
 
