@@ -61,19 +61,37 @@ def _import_ray() -> Any:
     return ray
 
 
+def _auto_address() -> str | None:
+    """The address `auto` means (RAY_ADDRESS, else the last `ray start`'s, else a running cluster's), so that a
+    stale one is probed too; None where this Ray resolves it differently (then ray.init does)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return None
+    try:
+        return canonicalize_bootstrap_address("auto")
+    except ConnectionError as exc:  # no cluster found: Ray's message says where it looked
+        raise RayUnavailableError(f"--ray auto: {' '.join(str(exc).split())}") from None
+    except Exception:
+        return None
+
+
 def _probe(address: str) -> None:
     """Refuse an address nothing listens on in seconds, not after ray.init's minutes of retries."""
+    target, shown = address, address
     if address == "auto":
-        return  # ray.init finds the running cluster itself, and says at once when there is none
-    hostport = address.removeprefix("ray://")
-    host, sep, port = hostport.rpartition(":")
+        resolved = _auto_address()
+        if resolved is None:
+            return
+        target, shown = resolved, f"auto ({resolved})"
+    host, sep, port = target.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
-        raise RayUnavailableError(f"--ray {address}: expected auto, HOST:PORT or ray://HOST:PORT")
+        raise RayUnavailableError(f"--ray {shown}: expected auto, HOST:PORT or ray://HOST:PORT")
     try:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise RayUnavailableError(f"--ray {address}: cannot reach a Ray cluster there ({exc})") from None
+        raise RayUnavailableError(f"--ray {shown}: cannot reach a Ray cluster there ({exc})") from None
 
 
 @dataclass

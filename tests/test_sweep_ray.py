@@ -74,13 +74,24 @@ def test_ray_not_installed_is_one_line_and_exit_2(
     assert "sweeping" not in err
 
 
-def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     pytest.importorskip("ray")
     with socket.socket() as probe:  # a port nothing listens on once this socket is closed
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # `auto` finds the address of the last `ray start` in RAY_TMPDIR/ray: here one of a cluster long gone.
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
     entry = str(default_root() / "causal_lm" / "llama.json")
-    for address, says in ((f"127.0.0.1:{port}", "cannot reach a Ray cluster there"), ("nowhere", "expected auto")):
+    for address, says in (
+        (f"127.0.0.1:{port}", f"--ray 127.0.0.1:{port}: cannot reach a Ray cluster there"),
+        ("auto", f":{port}): cannot reach a Ray cluster there"),  # `--ray auto (IP:PORT): ...`
+        ("nowhere", "expected auto, HOST:PORT or ray://HOST:PORT"),
+    ):
         code = main(["sweep", "--configs", entry, "--ray", address])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and says in err, err
