@@ -74,6 +74,12 @@ def test_ray_not_installed_is_one_line_and_exit_2(
     assert "sweeping" not in err
 
 
+def test_jobs_below_one_is_refused_before_ray_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["sweep", "--configs", str(default_root() / "causal_lm" / "llama.json"), "--ray", "--jobs", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "error: --jobs must be at least 1, not 0\n"
+
+
 def test_an_unreachable_ray_address_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
