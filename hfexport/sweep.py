@@ -3,8 +3,9 @@
     hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx --html heatmap.html --csv hits.csv
 
 Each config is a corpus entry (the JSON format of `tests/fixtures/corpus`, read by
-`hfexport.testing.corpus`). Each model runs in its own subprocess, so a crash or hang costs one row, not
-the sweep: build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
+`hfexport.testing.corpus`). Each model runs in its own process, so a crash or hang costs one row, not
+the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.sweep_ray.RayRunner`,
+Ray tasks): build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
 load with `hfexport.load` and run in the format's runtime on the sample input and on a longer one, and
 compare the entry's main output with eager (|diff| <= tolerance * max(1, max|eager|)).
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hfexport.timing import eta
 
@@ -257,6 +258,16 @@ def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
     return [r.id for r in rules], expired
 
 
+def timeout_row(path: Path, timeout: float) -> SweepRow:
+    """The row of a case still running after `timeout` seconds (its process was killed)."""
+    return SweepRow(path.stem, status="timeout", error=f"over {timeout:.0f}s", wall_s=round(timeout, 1))
+
+
+def crash_row(path: Path, error: str, wall_s: float) -> SweepRow:
+    """The row of a case whose process died without reporting one (a segfault, out of memory, a kill)."""
+    return SweepRow(path.stem, status="crash", error=error[-400:], wall_s=round(wall_s, 1))
+
+
 def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:
     """Run one corpus entry in a child process (`python -m hfexport.sweep --child ...`); return its row."""
     start = time.perf_counter()
@@ -264,15 +275,87 @@ def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: flo
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return SweepRow(path.stem, status="timeout", error=f"over {timeout:.0f}s", wall_s=round(timeout, 1))
+        return timeout_row(path, timeout)
     found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-    if found:
-        row = SweepRow(**json.loads(found[-1]))
-    else:
+    if not found:
         tail = proc.stderr.strip().splitlines()[-3:] if proc.stderr else [f"exit code {proc.returncode}"]
-        row = SweepRow(path.stem, status="crash", error=" | ".join(tail)[-400:])
+        return crash_row(path, " | ".join(tail), time.perf_counter() - start)
+    row = SweepRow(**json.loads(found[-1]))
     row.wall_s = round(time.perf_counter() - start, 1)
     return row
+
+
+@dataclass
+class SweepProgress:
+    """The progress lines of a sweep, the same whichever runner runs it: one when a case starts, and one when
+    it ends with its status, time, the sweep's elapsed time and an ETA. Thread-safe (runners call it from
+    worker threads)."""
+
+    total: int
+    export_format: str
+    say: Progress
+    started: int = 0
+    done: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def case_started(self, path: Path) -> None:
+        with self.lock:
+            self.started += 1
+            self.say(f"[{self.started}/{self.total}] {path.stem}: exporting to {self.export_format}")
+
+    def case_done(self, row: SweepRow) -> None:
+        with self.lock:
+            self.done += 1
+            diff = "" if row.max_abs_diff is None else f", max diff {row.max_abs_diff:.2g}"
+            left = eta(self.done, self.total, time.perf_counter() - self.start)
+            self.say(f"[{self.done}/{self.total} done] {row.model}: {row.status}{diff} ({row.wall_s:.0f}s); {left}")
+
+
+class CaseRunner(Protocol):
+    """Runs the cases of a sweep, each in a process of its own, and returns their rows in the order of
+    `paths`. A case that crashes or outlives `timeout` becomes a row (`crash_row`, `timeout_row`), never an
+    exception. It calls `progress.case_started` and `progress.case_done` once per case."""
+
+    def describe(self) -> str:
+        """How the cases run, for the sweep's first progress line ("with 2 job(s)")."""
+        ...
+
+    def run(
+        self,
+        paths: Sequence[Path],
+        export_format: str,
+        config: dict[str, Any],
+        timeout: float,
+        progress: SweepProgress,
+    ) -> list[SweepRow]: ...
+
+
+@dataclass
+class LocalRunner:
+    """Cases as child processes of this one (`run_one`), `jobs` at a time."""
+
+    jobs: int = 1
+
+    def describe(self) -> str:
+        return f"with {self.jobs} job(s)"
+
+    def run(
+        self,
+        paths: Sequence[Path],
+        export_format: str,
+        config: dict[str, Any],
+        timeout: float,
+        progress: SweepProgress,
+    ) -> list[SweepRow]:
+        def one(path: Path) -> SweepRow:
+            progress.case_started(path)
+            row = run_one(path, export_format, config, timeout)
+            progress.case_done(row)
+            return row
+
+        with ThreadPoolExecutor(max(1, self.jobs)) as pool:
+            return list(pool.map(one, paths))
 
 
 def run_sweep(
@@ -283,32 +366,21 @@ def run_sweep(
     jobs: int = 1,
     timeout: float = 600.0,
     progress: Progress | None = None,
+    runner: CaseRunner | None = None,
 ) -> Sweep:
-    """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix."""
+    """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix.
+
+    The cases run on `runner` (default: `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray
+    tasks): the rows are the same records whichever runs them.
+    """
     from hfexport.auto import AutoExportConfig
 
     merged = {**DEFAULT_CONFIG.get(export_format, {}), **(config or {})}
     # A bad format or config field fails here, once, not in every child.
     AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
     rules, expired = _rule_columns(export_format)
-    say = progress or (lambda _message: None)
-    done, started, lock, start = 0, 0, threading.Lock(), time.perf_counter()
-
-    def one(path: Path) -> SweepRow:
-        nonlocal done, started
-        with lock:
-            started += 1
-            say(f"[{started}/{len(paths)}] {path.stem}: exporting to {export_format}")
-        row = run_one(path, export_format, merged, timeout)
-        with lock:
-            done += 1
-            diff = "" if row.max_abs_diff is None else f", max diff {row.max_abs_diff:.2g}"
-            left = eta(done, len(paths), time.perf_counter() - start)
-            say(f"[{done}/{len(paths)} done] {row.model}: {row.status}{diff} ({row.wall_s:.0f}s); {left}")
-        return row
-
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        rows = list(pool.map(one, paths))
+    counter = SweepProgress(len(paths), export_format, progress or (lambda _message: None))
+    rows = (runner or LocalRunner(jobs)).run(paths, export_format, merged, timeout, counter)
     return Sweep(export_format, rows, rules, expired)
 
 
@@ -378,13 +450,18 @@ def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
     return row
 
 
+def quiet_child() -> None:
+    """A case's process prints nothing but its row: third-party warnings and logs would bury it."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        import logging
-        import warnings
-
-        warnings.filterwarnings("ignore")
-        logging.disable(logging.WARNING)
+        quiet_child()
         print("ROW " + json.dumps(child(sys.argv[2], sys.argv[3], sys.argv[4])), flush=True)
         raise SystemExit(0)
     raise SystemExit("usage: python -m hfexport.sweep --child ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")

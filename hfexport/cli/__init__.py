@@ -6,6 +6,7 @@ hfexport rules list [--stage fx] [--backend onnx]
 hfexport rules show patch/longt5-pad-blocks
 hfexport scan [--models llama,qwen2] [--path file_or_folder] [--json scan.json]
 hfexport sweep --configs tests/fixtures/corpus/causal_lm --format onnx [--html h.html] [--png h.png] [--csv F]
+    [--jobs N] [--ray [auto|HOST:PORT]]
 hfexport check out/ [--trust]
 
 Progress goes to stderr (live per stage with rich on a terminal, plain lines otherwise), results to stdout.

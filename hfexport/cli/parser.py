@@ -17,7 +17,7 @@ from hfexport.cli.models import DTYPES, QUANTIZE_RECIPES, TASK_CHOICES, check_mo
 from hfexport.cli.noise import quiet_third_party
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
 from hfexport.cli.scan import cmd_scan
-from hfexport.cli.sweep import cmd_sweep
+from hfexport.cli.sweep import LOCAL_RAY, cmd_sweep
 from hfexport.formats import FORMATS
 from hfexport.rewrites.rule import BACKENDS, STAGES
 
@@ -157,7 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--format", default="dynamo", choices=FORMATS)
     sweep.add_argument("--only", action="append", help="only these entries (file stems, comma-separated)")
     sweep.add_argument("--config", help="extra config fields as JSON (or @file.json) for every export")
-    sweep.add_argument("--jobs", type=int, default=1, help="models exported at once, one process each (default 1)")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        help="models exported at once, one process each (default 1; with --ray at an address: the cluster's CPUs)",
+    )
+    sweep.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL_RAY,
+        metavar="ADDRESS",
+        help="run the models as Ray tasks (pip install 'hfexport[ray]'): alone, on a local cluster of --jobs CPUs; "
+        "with `auto`, HOST:PORT or ray://HOST:PORT, on that running cluster",
+    )
     sweep.add_argument("--timeout", type=float, default=600, help="seconds per model before it counts as a hang")
     sweep.add_argument("--csv", help="write the hit matrix (one column per rule of the format) as CSV")
     sweep.add_argument("--json", help="write rows, dead and expired rules as JSON")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ from hfexport.cli.exits import UsageError
 from hfexport.cli.models import config_json
 from hfexport.cli.models import split as _split
 from hfexport.cli.progress import step as _step
+
+LOCAL_RAY = "local"  # `--ray` alone: start a local cluster
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -29,10 +32,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         paths = find_configs(args.configs, _split(args.only) or None)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
-    _step(f"sweeping {len(paths)} model(s) to {args.format} with {args.jobs} job(s)")
-    sweep = run_sweep(
-        paths, args.format, config=extra, jobs=args.jobs, timeout=args.timeout, progress=lambda m: _step(m)
-    )
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    with _runner(args) as runner:
+        _step(f"sweeping {len(paths)} model(s) to {args.format} {runner.describe()}")
+        sweep = run_sweep(paths, args.format, config=extra, timeout=args.timeout, progress=_step, runner=runner)
     print(sweep.table())
     for path, text in ((args.csv, sweep.to_csv()), (args.json, sweep.to_json()), (args.html, sweep.to_html())):
         if path:
@@ -42,3 +46,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweep.save_png(args.png)
         _step(f"wrote {args.png}")
     return 0
+
+
+def _runner(args: argparse.Namespace) -> Any:
+    """The local runner, or the Ray one connected before any case runs (a missing ray or an unreachable
+    cluster is refused as a usage error, exit 2)."""
+    from hfexport.sweep import LocalRunner
+
+    if args.ray is None:
+        return nullcontext(LocalRunner(args.jobs or 1))
+    from hfexport.sweep_ray import RayRunner, RayUnavailableError
+
+    runner = RayRunner(address=None if args.ray == LOCAL_RAY else args.ray, jobs=args.jobs)
+    try:
+        runner.connect()
+    except RayUnavailableError as exc:
+        raise UsageError(str(exc)) from None
+    return closing(runner)  # shut down however the sweep ends (Ctrl-C included)
