@@ -107,7 +107,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
             progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
             # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
-            others = other_samples(args.model, inputs, **model_options(args)) if config.dynamic else {}
+            others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
             if not config.dynamic:
                 progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.
