@@ -67,8 +67,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from hfexport.auto import AutoHfExporter
     from hfexport.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
+    from hfexport.runtime.devices import resolve_device, use_device
 
     output = Path(args.output)
+    device = resolve_device(args.format, args.device) if args.device else None
     try:
         # Before minutes of export: a destination the save would refuse is refused now.
         check_destination(output, args.overwrite)
@@ -105,15 +107,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         validation = None
         if args.validate:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
-            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
+            where = f" on {device.name}" if device else ""
+            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime{where} against eager")
             # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
             others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
             if not config.dynamic:
                 progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.
-            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
+            with use_device(device):
+                validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
             report.parity = validation.max_abs_diff
-            update_manifest(output, validation=validation.to_dict())
+            update_manifest(output, validation={**validation.to_dict(), "device": device.name if device else "cpu"})
             print(validation)
             if not validation.ok:
                 print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)

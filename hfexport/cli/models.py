@@ -247,6 +247,17 @@ def export_config(args: argparse.Namespace) -> Any:
         if args.format != "onnx":
             raise UsageError(f"--portable applies to --format onnx, not {args.format}")
         data["fusions"] = None
+    device = getattr(args, "device", None)
+    if device and args.format == "executorch":
+        # An ExecuTorch program's device is its delegate, chosen when lowering: the CUDA backend or XNNPACK.
+        from hfexport.runtime.devices import resolve_device
+
+        backend = resolve_device("executorch", device).executorch_backend
+        if data.get("backend", backend) != backend:
+            raise UsageError(
+                f"--device {device} means backend {backend!r}, --config says {data['backend']!r}: drop one"
+            )
+        data["backend"] = backend
     if args.enable or args.disable:
         data["rules"] = {"enable": list(split(args.enable)), "disable": list(split(args.disable))}
     try:

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
     export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
     export.add_argument(
+        "--device",
+        help="where the artifact runs: cpu (default), cuda[:N] (dynamo, onnx; executorch: the CUDA backend), "
+        "gpu[.N] (openvino); refused with exit 2 when this machine has no such device",
+    )
+    export.add_argument(
         "--all", action="store_true", help="list every rule in the printed table, not only those that ran"
     )
     export.add_argument("--report-html", metavar="FILE", help="also write the report (and validation) as static HTML")
@@ -188,6 +193,15 @@ def _check_combinations(args: argparse.Namespace) -> None:
         if args.command in ("export", "audit") and getattr(args, flag, None):
             output = Path(args.output) if args.command == "export" else None
             check_file_target(f"--{flag.replace('_', '-')}", Path(getattr(args, flag)), output)
+    if args.command == "export" and args.device is not None:
+        from hfexport.runtime.devices import resolve_device
+
+        device = resolve_device(args.format, args.device)  # a device this machine lacks: exit 2 now
+        if args.generation and not device.is_cpu and args.format != "executorch":
+            raise UsageError(
+                f"--device {args.device} with --generation: the generation runtime runs {args.format} on the CPU; "
+                "drop --device"
+            )
     if args.command == "export" and not args.generation:
         given = [
             flag
