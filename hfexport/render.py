@@ -270,16 +270,19 @@ def to_markdown(doc: Document) -> str:
 _CSS = """
 body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1.5em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 0.5em 0; }
+table { border-collapse: collapse; margin: 0.5em 0; max-width: 100%; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-td { max-width: 38em; overflow-wrap: break-word; }
-td:first-child { white-space: nowrap; }
+td { max-width: 38em; overflow-wrap: anywhere; }
+td.n { white-space: nowrap; overflow-wrap: normal; }
 tr.fired td { background: #e3f1ff; }
 tr.ok td { background: #e2f4e2; }
 tr.fail td { background: #f8d7d7; }
 ul.summary { font-size: 1.05em; }
 """
+
+
+_NOWRAP = {"rule", "stage", "kind", "hits", "seconds", "output", "shape", "setting", "package"}
 
 
 def to_html(doc: Document) -> str:
@@ -302,10 +305,12 @@ def to_html(doc: Document) -> str:
             table = section.table
             parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in table.headers) + "</tr></thead>")
             parts.append("<tbody>")
+            # Short columns (ids, counts, verdicts) never wrap; prose columns wrap anywhere so the table fits.
+            cell = ['<td class="n">' if h in _NOWRAP else "<td>" for h in table.headers]
             for i, row in enumerate(table.rows):
                 css = table.row_classes[i] if i < len(table.row_classes) else ""
                 attr = f' class="{css}"' if css else ""
-                parts.append(f"<tr{attr}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
+                parts.append(f"<tr{attr}>" + "".join(f"{cell[j]}{e(c)}</td>" for j, c in enumerate(row)) + "</tr>")
             parts.append("</tbody></table>")
         parts.append("</section>")
     parts.append("</body></html>")

@@ -48,9 +48,9 @@ def _dom(page: Path) -> str:
 
 def _cells(dom: str, rule_id: str) -> list[str]:
     """The cells of the table row whose first cell is `rule_id` (as the browser parsed them)."""
-    row = re.search(r"<tr[^>]*>\s*<td>" + re.escape(rule_id) + r"</td>(.*?)</tr>", dom, re.S)
+    row = re.search(r"<tr[^>]*>\s*<td[^>]*>" + re.escape(rule_id) + r"</td>(.*?)</tr>", dom, re.S)
     assert row, f"no row for {rule_id}"
-    return [rule_id, *re.findall(r"<td>(.*?)</td>", row.group(1), re.S)]
+    return [rule_id, *re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
 
 
 @needs_chromium
@@ -76,7 +76,7 @@ def test_export_report_html_and_markdown(tmp_path: Path) -> None:
         assert heading in dom and heading in markdown
     # Validation per shape: the traced sample and the three other shapes, every output ok.
     for label in ("sample", "grown (", "long (", "batch+1 ("):
-        assert re.search(r"<tr class=\"ok\">\s*<td>" + re.escape(label), dom), label
+        assert re.search(r"<tr class=\"ok\">\s*<td[^>]*>" + re.escape(label), dom), label
     assert '<tr class="fail">' not in dom
     # The render itself: a page a browser lays out (a screenshot of real pixels, not an empty canvas).
     shot = tmp_path / "report.png"
@@ -127,7 +127,7 @@ def test_audit_html_and_markdown(tmp_path: Path) -> None:
     fired = [line.split()[1] for line in result.stdout.splitlines()[1:] if re.search(r"\s\d+\s+fired", line)]
     assert fired, result.stdout
     for rule_id in fired:
-        assert re.search(r"<tr class=\"fired\">\s*<td>[a-z_]+</td>\s*<td>" + re.escape(rule_id), dom), rule_id
+        assert re.search(r"<tr class=\"fired\">\s*<td[^>]*>[a-z_]+</td>\s*<td[^>]*>" + re.escape(rule_id), dom), rule_id
         assert rule_id in markdown
     assert "Validation: matches eager" in dom
 
@@ -138,3 +138,18 @@ def test_report_file_in_a_missing_folder_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.splitlines()[0] == "error: --report-html nowhere/r.html: the folder nowhere does not exist"
+
+
+def test_generation_report_has_a_section_set_per_component() -> None:
+    def report(hits: int) -> ExportReport:
+        rules = [RuleOutcome("fx/complex-to-real", "fx", "fix", hits=hits, status="fired" if hits else "no-match")]
+        return ExportReport(export_format="dynamo", model_class="LlamaForCausalLM", rules=rules)
+
+    validation = {"ok": True, "components_run": {"prefill": True, "decode": True}, "new_tokens": 8, "agreement": 1.0}
+    markdown = to_markdown(export_document({"prefill": report(3), "decode": report(0)}, validation, model="tiny"))
+    assert markdown.startswith("# hfexport: tiny -> dynamo\n")
+    assert "- LlamaForCausalLM -> dynamo [prefill]: 1 rule(s) fired, 3 hit(s)" in markdown
+    assert "- LlamaForCausalLM -> dynamo [decode]: 0 rule(s) fired, 0 hit(s)" in markdown
+    assert "## prefill: Rules at stage fx" in markdown and "## decode: Rules at stage fx" in markdown
+    assert "| fx/complex-to-real | fix | 3 | fired |" in markdown
+    assert "| components_run | prefill: True, decode: True |" in markdown and "## Validation: matches eager" in markdown
