@@ -13,8 +13,9 @@ Exit codes (`exits.ExitCode`, docs/cli.md): 0 success; 1 the artifact differs fr
 refused before any work; 3 the export failed; 4 `check` refused the artifact; 130 interrupted.
 
 One module per command group (`export`, `audit`, `rules`, `scan`, `check`, `sweep`), the parser and `main`
-(`parser`), and what they share: `progress` (stderr progress), `models` (model and config from arguments; `folder_inputs` for a folder's image, speech and vision-language inputs),
-`exits` (exit codes, one-line errors) and `noise` (third-party messages hidden unless `--debug`).
+(`parser`), and what they share: `progress` (stderr progress), `models` (model and config from arguments),
+`folder_inputs` (sample inputs of a folder's image, speech and vision-language models), `exits` (exit codes,
+one-line errors) and `noise` (third-party messages hidden unless `--debug`).
 """
 
 from __future__ import annotations
