@@ -68,19 +68,22 @@ def _rules_sections(report: ExportReport, prefix: str) -> list[Section]:
             by_stage.setdefault(outcome.stage, []).append(outcome)
     for stage, outcomes in by_stage.items():
         rows, classes = [], []
+        # Sites a rule's pattern matched and it left alone, with the reason: a column only where there are some.
+        declined = any(o.declined for o in outcomes)
         for o in outcomes:
             why, upstream = _rule_meta(o.id)
-            status = "fired" if o.hits else "matched nothing"
-            if o.declined:
-                status += " (declined: " + ", ".join(f"{r} x{n}" for r, n in o.declined.items()) + ")"
-            rows.append([o.id, o.kind, str(o.hits), status, why, upstream])
+            row = [o.id, o.kind, str(o.hits), "fired" if o.hits else "matched nothing", why, upstream]
+            if declined:
+                row.append(", ".join(f"{reason} x{n}" for reason, n in o.declined.items()))
+            rows.append(row)
             classes.append("fired" if o.hits else "")
         fired = sum(1 for o in outcomes if o.hits)
+        headers = ["rule", "kind", "hits", "status", "why", "upstream"] + (["declined"] if declined else [])
         sections.append(
             Section(
                 f"{prefix}Rules at stage {stage}",
                 paragraphs=[f"{fired} of {len(outcomes)} rule(s) that ran at this stage fired."],
-                table=Table(["rule", "kind", "hits", "status", "why", "upstream"], rows, classes),
+                table=Table(headers, rows, classes),
             )
         )
     others = [o for o in report.rules if o.status not in _RAN]
@@ -282,7 +285,7 @@ ul.summary { font-size: 1.05em; }
 """
 
 
-_NOWRAP = {"rule", "stage", "kind", "hits", "seconds", "output", "shape", "setting", "package"}
+_NOWRAP = {"rule", "stage", "kind", "hits", "status", "seconds", "output", "shape", "setting", "package"}
 
 
 def to_html(doc: Document) -> str:
