@@ -38,7 +38,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.exporters", "hfexport.auto"),
     ("hfexport.runtime",),
     ("hfexport.artifacts",),
-    ("hfexport.tiny", "hfexport.testing", "hfexport.audit", "hfexport.scan", "hfexport.sweep", "hfexport.sweep_ray"),
+    (
+        "hfexport.tiny",
+        "hfexport.testing",
+        "hfexport.audit",
+        "hfexport.scan",
+        "hfexport.sweep",
+        "hfexport.sweep_ray",
+        "hfexport.render",
+    ),
     ("hfexport.cli", "hfexport.__main__", "hfexport"),
 ]
 

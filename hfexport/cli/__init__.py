@@ -1,6 +1,6 @@
 """The `hfexport` command (also `python -m hfexport`).
 
-hfexport export --model tiny-llama --format onnx --output out/ --validate
+hfexport export --model tiny-llama --format onnx --output out/ --validate [--device cpu] [--report-html r.html]
 hfexport audit --model tiny-qwen3-moe --format onnx [--json audit.json] [--explain] [--ablate [ID ...]]
 hfexport rules list [--stage fx] [--backend onnx]
 hfexport rules show patch/longt5-pad-blocks
@@ -15,7 +15,8 @@ refused before any work; 3 the export failed; 4 `check` refused the artifact; 13
 
 One module per command group (`export`, `audit`, `rules`, `scan`, `check`, `sweep`), the parser and `main`
 (`parser`), and what they share: `progress` (stderr progress), `models` (model and config from arguments),
-`exits` (exit codes, one-line errors) and `noise` (third-party messages hidden unless `--debug`).
+`folder_inputs` (sample inputs of a folder's image, speech and vision-language models), `exits` (exit codes,
+one-line errors) and `noise` (third-party messages hidden unless `--debug`).
 """
 
 from __future__ import annotations

@@ -42,6 +42,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         audit.save(args.json)
         _step(f"wrote {args.json}")
+    if args.html or args.markdown:
+        from hfexport.render import audit_document, write_documents
+
+        for path in write_documents(audit_document(audit), [("html", args.html), ("markdown", args.markdown)]):
+            _step(f"wrote {path}")
     if not audit.exported:
         return int(ExitCode.EXPORT_FAILED)
     return int(ExitCode.OK if (audit.validation or {}).get("ok") else ExitCode.DIFFERS)

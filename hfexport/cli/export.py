@@ -40,6 +40,18 @@ def check_writable(output: Path) -> None:
     os.rmdir(probe)
 
 
+def check_file_target(flag: str, path: Path, output: Path | None = None) -> None:
+    """Refuse, before any work, a file to write whose folder does not exist or that is a folder itself (a file
+    in the `--output` folder is fine: the save creates that folder first)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; name a file, e.g. {path / 'report.html'}")
+    parent = path.parent
+    if output is not None and parent.resolve() == output.resolve():
+        return
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {parent} does not exist")
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `load_model` options the export flags give."""
     return {
@@ -55,8 +67,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from hfexport.auto import AutoHfExporter
     from hfexport.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
+    from hfexport.runtime.devices import resolve_device, use_device
 
     output = Path(args.output)
+    device = resolve_device(args.format, args.device) if args.device else None
     try:
         # Before minutes of export: a destination the save would refuse is refused now.
         check_destination(output, args.overwrite)
@@ -78,6 +92,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             progress.close()
             if exporter.report is not None:
                 print(exporter.report.table(all_rules=args.all))
+                write_report_files(args, exporter.report)  # what ran before the failure, for a browser too
             print(f"error: export failed: {exc}", file=sys.stderr)
             return int(ExitCode.EXPORT_FAILED)
         report = exporter.report
@@ -89,17 +104,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
 
         status = 0
+        validation = None
         if args.validate:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
-            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime against eager")
+            where = f" on {device.name}" if device else ""
+            progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime{where} against eager")
             # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
-            others = other_samples(args.model, inputs, **model_options(args)) if config.dynamic else {}
+            others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
             if not config.dynamic:
                 progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.
-            validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
+            with use_device(device):
+                validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
             report.parity = validation.max_abs_diff
-            update_manifest(output, validation=validation.to_dict())
+            update_manifest(output, validation={**validation.to_dict(), "device": device.name if device else "cpu"})
             print(validation)
             if not validation.ok:
                 print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
@@ -107,8 +125,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(report.table(all_rules=args.all))
+    write_report_files(args, report, validation.to_dict() if validation is not None else None)
     print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {output}")
     return status
+
+
+def write_report_files(args: argparse.Namespace, reports: Any, validation: dict[str, Any] | None = None) -> None:
+    """`--report-html` / `--report-markdown`: the report (or `{component: report}`) and validation as files."""
+    targets = [("html", args.report_html), ("markdown", args.report_markdown)]
+    if not any(path for _, path in targets):
+        return
+    from hfexport.render import export_document, write_documents
+
+    for path in write_documents(export_document(reports, validation, model=args.model), targets):
+        print(f"report written to {path}", file=sys.stderr)
 
 
 def _generation_config(args: argparse.Namespace) -> Any:
@@ -154,6 +184,8 @@ def _export_generation(
         progress.close()
         for report in getattr(exporter, "reports", {}).values():
             print(report.table(all_rules=args.all))
+        if getattr(exporter, "reports", None):
+            write_report_files(args, exporter.reports)
         print(f"error: export failed: {exc}", file=sys.stderr)
         return int(ExitCode.EXPORT_FAILED)
     reports = exporter.reports
@@ -165,6 +197,7 @@ def _export_generation(
     save(programs, args.output, overwrite=args.overwrite, config=config, report=reports, model=args.model)
     progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
     status = 0
+    validation: dict[str, Any] | None = None
     if args.validate:
         from hfexport.runtime.generation import generate
 
@@ -196,5 +229,6 @@ def _export_generation(
     progress.close()
     for report in reports.values():
         print(report.table(all_rules=args.all))
+    write_report_files(args, reports, validation)
     print(f"{'done' if status == 0 else 'FAILED'} in {time.perf_counter() - start:.1f}s: {args.output}")
     return status

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
+from hfexport.cli.folder_inputs import DEFAULT_TEXT_LENGTH, NON_TEXT_TASKS, folder_sample_inputs
 
 # --task -> the transformers Auto class a local model folder is loaded with.
 TASKS: dict[str, str] = {
@@ -43,8 +44,9 @@ _FAMILY_TASKS = {
     "speech_seq2seq": "speech-seq2seq",
     "image_text": "image-text-to-text",
 }
-# Tasks whose sample inputs a local folder's tokenizer or config gives (others need a processor and real data).
-_FOLDER_SAMPLE_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
+# Tasks whose sample inputs a local folder's tokenizer gives; the others (`NON_TEXT_TASKS`) are built from its
+# config files (`folder_inputs`).
+_TEXT_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
 DTYPES = ("float32", "float16", "bfloat16")
 # Architecture suffix -> task, for `--task auto` on a folder.
 _SUFFIX_TASKS = {
@@ -81,11 +83,6 @@ def check_model_spec(spec: str, task: str) -> None:
     weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")]
     if not weights:
         raise UsageError(f"--model {spec}: the folder has no weights (*.safetensors or pytorch_model*.bin)")
-    if task != "auto" and task not in _FOLDER_SAMPLE_TASKS:
-        raise UsageError(
-            f"--task {task}: sample inputs are built from a folder only for text tasks "
-            f"({', '.join(_FOLDER_SAMPLE_TASKS)}); export it from Python with your own inputs"
-        )
 
 
 def _folder_task(path: Path, task: str) -> str:
@@ -93,9 +90,16 @@ def _folder_task(path: Path, task: str) -> str:
     if task != "auto":
         return task
     import transformers
+    from transformers.models.auto import modeling_auto
 
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     architecture = (getattr(config, "architectures", None) or [""])[0]
+    if architecture.endswith("ForConditionalGeneration"):
+        # Whisper and LLaVA are "ForConditionalGeneration" too: the Auto mappings say which kind it is.
+        if type(config) in modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING:
+            return "speech-seq2seq"
+        if type(config) in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+            return "image-text-to-text"
     return next((t for suffix, t in _SUFFIX_TASKS.items() if architecture.endswith(suffix)), "feature-extraction")
 
 
@@ -121,8 +125,6 @@ def load_model(
     check_model_spec(spec, task)
     path = Path(spec)
     task = _folder_task(path, canonical_task(task))
-    if task not in _FOLDER_SAMPLE_TASKS:
-        raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
     import transformers
 
     options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
@@ -130,7 +132,7 @@ def load_model(
         options["dtype"] = getattr(torch, dtype)
     model = getattr(transformers, TASKS[task]).from_pretrained(path, **options).eval()
     inputs = sample_inputs(
-        spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
+        spec, task=task, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
     )
     return model, inputs
 
@@ -143,15 +145,30 @@ def sample_inputs(
     batch_size: int | None = None,
     sequence_length: int | None = None,
     trust_remote_code: bool = False,
+    task: str = "auto",
 ) -> dict[str, Any]:
     """Sample inputs for the model `--model` names, without loading its weights: a built-in's own (drawn from
-    `seed`, float inputs cast to `dtype`), or a folder tokenizer's on fixed texts (padded or truncated)."""
+    `seed`, float inputs cast to `dtype`), a folder tokenizer's on fixed texts (padded or truncated) for a text
+    `task`, or for an image, speech or vision-language task inputs shaped by the folder's config files."""
     import torch
 
     from hfexport.tiny import TINY_MODELS
 
     if spec in TINY_MODELS:
         inputs = TINY_MODELS[spec].sample_inputs(seed=seed, batch=batch_size, length=sequence_length)
+        if dtype:
+            inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
+        return inputs
+    task = _folder_task(Path(spec), canonical_task(task))
+    if task in NON_TEXT_TASKS:
+        inputs = folder_sample_inputs(
+            spec,
+            task,
+            seed,
+            batch_size=batch_size,
+            sequence_length=sequence_length,
+            trust_remote_code=trust_remote_code,
+        )
         if dtype:
             inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         return inputs
@@ -175,6 +192,7 @@ def other_samples(
     batch_size: int | None = None,
     sequence_length: int | None = None,
     trust_remote_code: bool = False,
+    task: str = "auto",
 ) -> dict[str, dict[str, Any]]:
     """Sample inputs of other shapes for `--validate`: a grown sequence (+3 tokens), a long one (4x + 1) and
     another batch (+1) around the traced sample `inputs`, each drawn like it (`sample_inputs`, without loading
@@ -185,13 +203,26 @@ def other_samples(
         default_batch, default_length = TINY_MODELS[spec].sample_shape
         batch, length = batch_size or default_batch, sequence_length or default_length
     else:
-        batch, length = inputs["input_ids"].shape
+        task = _folder_task(Path(spec), canonical_task(task))
+        if task in NON_TEXT_TASKS:  # `length` counts text tokens, as `sample_inputs` takes it
+            batch = next(iter(inputs.values())).shape[0]
+            length = sequence_length or DEFAULT_TEXT_LENGTH.get(task, 0)
+        else:
+            batch, length = inputs["input_ids"].shape
     variants = {"grown": (batch, length + 3), "long": (batch, 4 * length + 1), "batch+1": (batch + 1, length)}
+    if not length:  # no text axis (an image classifier): only another batch
+        variants = {"batch+1": (batch + 1, 0)}
     sample_shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     others = {}
     for name, (b, n) in variants.items():
         feed = sample_inputs(
-            spec, seed=1, dtype=dtype, batch_size=b, sequence_length=n, trust_remote_code=trust_remote_code
+            spec,
+            seed=1,
+            dtype=dtype,
+            batch_size=b,
+            sequence_length=n or None,
+            trust_remote_code=trust_remote_code,
+            task=task,
         )
         if {k: tuple(v.shape) for k, v in feed.items()} != sample_shapes:
             others[name] = feed
@@ -216,6 +247,17 @@ def export_config(args: argparse.Namespace) -> Any:
         if args.format != "onnx":
             raise UsageError(f"--portable applies to --format onnx, not {args.format}")
         data["fusions"] = None
+    device = getattr(args, "device", None)
+    if device and args.format == "executorch":
+        # An ExecuTorch program's device is its delegate, chosen when lowering: the CUDA backend or XNNPACK.
+        from hfexport.runtime.devices import resolve_device
+
+        backend = resolve_device("executorch", device).executorch_backend
+        if data.get("backend", backend) != backend:
+            raise UsageError(
+                f"--device {device} means backend {backend!r}, --config says {data['backend']!r}: drop one"
+            )
+        data["backend"] = backend
     if args.enable or args.disable:
         data["rules"] = {"enable": list(split(args.enable)), "disable": list(split(args.disable))}
     try:

@@ -12,7 +12,7 @@ from typing import NoReturn
 from hfexport.cli.audit import cmd_audit
 from hfexport.cli.check import cmd_check
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
-from hfexport.cli.export import check_writable, cmd_export
+from hfexport.cli.export import check_file_target, check_writable, cmd_export
 from hfexport.cli.models import DTYPES, QUANTIZE_RECIPES, TASK_CHOICES, check_model_spec, config_json
 from hfexport.cli.noise import quiet_third_party
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
@@ -97,8 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
     export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
     export.add_argument(
+        "--device",
+        help="where the artifact runs: cpu (default), cuda[:N] (dynamo, onnx; executorch: the CUDA backend), "
+        "gpu[.N] (openvino); refused with exit 2 when this machine has no such device",
+    )
+    export.add_argument(
         "--all", action="store_true", help="list every rule in the printed table, not only those that ran"
     )
+    export.add_argument("--report-html", metavar="FILE", help="also write the report (and validation) as static HTML")
+    export.add_argument("--report-markdown", metavar="FILE", help="also write the report (and validation) as Markdown")
     export.add_argument("--overwrite", action="store_true", help="replace an earlier artifact in the output folder")
     export.add_argument(
         "--generation",
@@ -121,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="export and report what every rule did; optionally ablate fired rules")
     _export_options(audit)
     audit.add_argument("--json", help="also write the audit as JSON to this file")
+    audit.add_argument("--html", metavar="FILE", help="also write the audit as static HTML")
+    audit.add_argument("--markdown", metavar="FILE", help="also write the audit as Markdown")
     audit.add_argument("--explain", action="store_true", help="say why each rule did or did not fire")
     audit.add_argument(
         "--ablate",
@@ -192,6 +201,19 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag} must be at least 1, not {value}")
     if args.command == "export":
         check_writable(Path(args.output))
+    for flag in ("report_html", "report_markdown", "html", "markdown"):
+        if args.command in ("export", "audit") and getattr(args, flag, None):
+            output = Path(args.output) if args.command == "export" else None
+            check_file_target(f"--{flag.replace('_', '-')}", Path(getattr(args, flag)), output)
+    if args.command == "export" and args.device is not None:
+        from hfexport.runtime.devices import resolve_device
+
+        device = resolve_device(args.format, args.device)  # a device this machine lacks: exit 2 now
+        if args.generation and not device.is_cpu and args.format != "executorch":
+            raise UsageError(
+                f"--device {args.device} with --generation: the generation runtime runs {args.format} on the CPU; "
+                "drop --device"
+            )
     if args.command == "export" and not args.generation:
         given = [
             flag

@@ -68,8 +68,18 @@ def open_saved(path: Path, input_names: list[str]) -> torch.export.ExportedProgr
 
 
 def run_saved(program: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:
+    from hfexport.runtime.devices import current_device
+
+    device = current_device()
+    if device is None or device.is_cpu:
+        with torch.no_grad():
+            return named_outputs(program.module()(**inputs))
+    # `use_device`: weights and inputs on the device, outputs back on the CPU where eager's are compared.
+    target = torch.device(device.torch_device)
+    moved = {k: v.to(target) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     with torch.no_grad():
-        return named_outputs(program.module()(**inputs))
+        outputs = named_outputs(program.module().to(target)(**moved))
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
 
 
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:

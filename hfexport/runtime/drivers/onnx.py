@@ -183,7 +183,11 @@ def written_in_place(model: Any) -> set[str]:
 def open_saved(path: Path, input_names: list[str]) -> Any:
     import onnxruntime
 
-    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    from hfexport.runtime.devices import current_device
+
+    device = current_device()
+    providers = list(device.providers) if device is not None else ["CPUExecutionProvider"]
+    return onnxruntime.InferenceSession(str(path), providers=providers)
 
 
 def run_saved(session: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:

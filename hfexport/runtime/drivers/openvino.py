@@ -38,9 +38,11 @@ class OpenVINODriver(NamedDriver):
 
 
 def open_saved(path: Path, input_names: list[str]) -> Any:
+    from hfexport.runtime.devices import current_device
     from hfexport.runtime.openvino import OpenVINORunner
 
-    return OpenVINORunner(path)
+    device = current_device()
+    return OpenVINORunner(path, device.openvino_device if device is not None else "CPU")
 
 
 def run_saved(runner: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:

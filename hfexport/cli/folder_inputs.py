@@ -1,0 +1,153 @@
+"""Sample inputs for a local model folder's image, speech and vision-language tasks, from its config files alone.
+
+Text tasks take a tokenizer's encoding of fixed texts (`models.sample_inputs`). The others need no processor
+and no real data: what the export traces is the shapes and dtypes, so the values are drawn from a seeded
+generator and the shapes come from the folder's `config.json` (and `preprocessor_config.json` where the model
+config does not say): an image's size and channels, a log-mel spectrogram's bins and frames, the number of
+placeholder tokens an image takes in a LLaVA-style prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hfexport.cli.exits import UsageError
+
+# Text tokens (the decoder prompt of a speech model; the prompt around the image of a VLM) when
+# `--sequence-length` does not say.
+DEFAULT_TEXT_LENGTH = {"speech-seq2seq": 4, "image-text-to-text": 8}
+NON_TEXT_TASKS = ("image-classification", "speech-seq2seq", "image-text-to-text")
+
+
+@dataclass
+class FolderSpec:
+    """What a folder's config files say about its inputs."""
+
+    config: Any
+    preprocessor: dict[str, Any]
+
+
+def read_folder(path: str | Path, trust_remote_code: bool = False) -> FolderSpec:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    pre_path = Path(path) / "preprocessor_config.json"
+    preprocessor = json.loads(pre_path.read_text()) if pre_path.is_file() else {}
+    return FolderSpec(config, preprocessor if isinstance(preprocessor, dict) else {})
+
+
+def _get(config: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def image_shape(spec: FolderSpec) -> tuple[int, int, int]:
+    """(channels, height, width) of the model's images: the preprocessor's crop, else the (vision) config's
+    `image_size`, else the preprocessor's resize."""
+    vision = getattr(spec.config, "vision_config", None) or spec.config
+    channels = _get(vision, "num_channels") or spec.preprocessor.get("num_channels") or 3
+    for size in (spec.preprocessor.get("crop_size"), _get(vision, "image_size"), spec.preprocessor.get("size")):
+        if isinstance(size, int):
+            return channels, size, size
+        if isinstance(size, list | tuple) and len(size) == 2:
+            return channels, int(size[0]), int(size[1])
+        if isinstance(size, dict):
+            if "height" in size and "width" in size:
+                return channels, int(size["height"]), int(size["width"])
+            if "shortest_edge" in size:
+                return channels, int(size["shortest_edge"]), int(size["shortest_edge"])
+    raise UsageError(
+        "the folder says no image size (config `image_size`, preprocessor_config.json `crop_size`/`size`): "
+        "export it from Python with your own pixel_values"
+    )
+
+
+def _text_ids(spec: FolderSpec, batch: int, length: int, generator: Any) -> Any:
+    import torch
+
+    text = getattr(spec.config, "text_config", None) or spec.config
+    vocab = _get(text, "vocab_size") or _get(spec.config, "vocab_size") or 128
+    # Ids 0-2 are usually pad/bos/eos; the rest of the vocabulary is ordinary text.
+    return torch.randint(min(3, vocab - 1), vocab, (batch, length), generator=generator)
+
+
+def _speech_inputs(spec: FolderSpec, batch: int, length: int, generator: Any) -> dict[str, Any]:
+    import torch
+
+    config = spec.config
+    bins = _get(config, "num_mel_bins") or spec.preprocessor.get("feature_size")
+    positions = _get(config, "max_source_positions")
+    # Whisper's encoder takes exactly 2 * max_source_positions frames (its first conv has stride 2); a feature
+    # extractor's `nb_max_frames` is that number for real checkpoints (3000).
+    frames = 2 * positions if positions else spec.preprocessor.get("nb_max_frames")
+    if not bins or not frames:
+        raise UsageError(
+            f"--task speech-seq2seq: the folder's {type(config).__name__} says no mel bins and frames "
+            "(num_mel_bins/max_source_positions or the feature extractor's feature_size/nb_max_frames): "
+            "export it from Python with your own input_features"
+        )
+    features = torch.randn(batch, int(bins), int(frames), generator=generator)
+    start = _get(config, "decoder_start_token_id")
+    ids = _text_ids(spec, batch, length, generator)
+    if start is not None:
+        ids[:, 0] = int(start)
+    return {"input_features": features, "decoder_input_ids": ids}
+
+
+def _vision_language_inputs(spec: FolderSpec, batch: int, length: int, generator: Any) -> dict[str, Any]:
+    """A LLaVA-style prompt: one placeholder token per image feature after the first text token, then text."""
+    import torch
+
+    config = spec.config
+    vision = getattr(config, "vision_config", None)
+    token = _get(config, "image_token_id", "image_token_index")
+    patch = _get(vision, "patch_size") if vision is not None else None
+    if token is None or patch is None or _get(vision, "image_size") is None:
+        raise UsageError(
+            f"--task image-text-to-text: sample inputs are built from the config for LLaVA-style models "
+            f"(image_token_id and a vision_config with image_size and patch_size); {type(config).__name__} "
+            "needs its processor's inputs: export it from Python"
+        )
+    channels, height, width = image_shape(FolderSpec(config, {}))
+    count = _get(config, "image_seq_length")
+    if count is None:
+        count = (height // patch) * (width // patch)
+        if _get(config, "vision_feature_select_strategy") == "full":
+            count += 1  # the CLS token's feature is kept too
+    ids = _text_ids(spec, batch, length, generator)
+    ids[ids == token] = 3
+    ids = torch.cat([ids[:, :1], torch.full((batch, int(count)), int(token)), ids[:, 1:]], dim=1)
+    pixels = torch.randn(batch, channels, height, width, generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
+
+
+def folder_sample_inputs(
+    path: str | Path,
+    task: str,
+    seed: int = 0,
+    *,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Forward kwargs for a folder model of a non-text `task` (one of `NON_TEXT_TASKS`), drawn from `seed`."""
+    import torch
+
+    spec = read_folder(path, trust_remote_code)
+    generator = torch.Generator().manual_seed(seed)
+    batch = batch_size or 2
+    length = sequence_length or DEFAULT_TEXT_LENGTH.get(task, 0)
+    if task == "image-classification":
+        channels, height, width = image_shape(spec)
+        return {"pixel_values": torch.randn(batch, channels, height, width, generator=generator)}
+    if task == "speech-seq2seq":
+        return _speech_inputs(spec, batch, length, generator)
+    if task == "image-text-to-text":
+        return _vision_language_inputs(spec, batch, length, generator)
+    raise ValueError(f"no config-built sample inputs for task {task!r}; these tasks have them: {NON_TEXT_TASKS}")

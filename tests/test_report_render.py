@@ -1,0 +1,155 @@
+"""The Markdown and HTML reports (`export --report-html/--report-markdown`, `audit --html/--markdown`).
+
+The commands run for real in a subprocess; the HTML is opened in headless Chromium (`--dump-dom` for the DOM a
+browser builds, `--screenshot` for a render), so escaping and structure are checked by a browser, not by string
+matching on our own output. Skipped only where no Chromium is installed (`.ci/run` installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfexport.render import export_document, to_html, to_markdown
+from hfexport.report import ExportReport
+from hfexport.rewrites.engine import RuleOutcome
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+ENV.pop("HFEXPORT_DEBUG", None)
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
+
+
+def _hfexport(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=ENV, cwd=cwd, timeout=900
+    )
+
+
+def _chromium(*args: str, page: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", *args]
+    return subprocess.run([*command, page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+
+
+def _dom(page: Path) -> str:
+    result = _chromium("--dump-dom", page=page)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # No script runs in the report, so the console has nothing to say; any message there is a defect.
+    assert "CONSOLE" not in result.stderr and "Uncaught" not in result.stderr, result.stderr[-2000:]
+    return result.stdout
+
+
+def _cells(dom: str, rule_id: str) -> list[str]:
+    """The cells of the table row whose first cell is `rule_id` (as the browser parsed them)."""
+    row = re.search(r"<tr[^>]*>\s*<td[^>]*>" + re.escape(rule_id) + r"</td>(.*?)</tr>", dom, re.S)
+    assert row, f"no row for {rule_id}"
+    return [rule_id, *re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+
+
+@needs_chromium
+def test_export_report_html_and_markdown(tmp_path: Path) -> None:
+    result = _hfexport(
+        "export", "--model", "tiny-mamba", "--output", "out", "--validate",
+        "--report-html", "out/report.html", "--report-markdown", "report.md",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    page, markdown = tmp_path / "out" / "report.html", (tmp_path / "report.md").read_text()
+    dom = _dom(page)
+    assert "<script" not in dom and "http://" not in dom.split("<body>")[0]
+    # The rule that fires on tiny-mamba's dynamo export (the selective scan): hits, status, why, upstream.
+    fired = [line.split()[1] for line in result.stdout.splitlines() if line.endswith(" fired")]
+    assert fired, result.stdout
+    for rule_id in fired:
+        cells = _cells(dom, rule_id)
+        assert cells[3] == "fired" and int(cells[2]) > 0, cells
+        assert cells[4] and cells[5], f"why/upstream missing for {rule_id}: {cells}"
+        assert f"| {rule_id} |" in markdown
+    for heading in ("Stage timings", "What the export used", "Validation: matches eager"):
+        assert heading in dom and heading in markdown
+    # Validation per shape: the traced sample and the three other shapes, every output ok.
+    for label in ("sample", "grown (", "long (", "batch+1 ("):
+        assert re.search(r"<tr class=\"ok\">\s*<td[^>]*>" + re.escape(label), dom), label
+    assert '<tr class="fail">' not in dom
+    # The render itself: a page a browser lays out (a screenshot of real pixels, not an empty canvas).
+    shot = tmp_path / "report.png"
+    result = _chromium(f"--screenshot={shot}", "--window-size=1200,1600", page=page)
+    assert result.returncode == 0 and shot.stat().st_size > 20_000, result.stderr[-2000:]
+
+
+@needs_chromium
+def test_report_html_escapes_everything(tmp_path: Path) -> None:
+    hostile = '<script>alert("x")</script> | a & b'
+    report = ExportReport(
+        export_format="onnx",
+        model_class="Model<img src=x onerror=alert(1)>",
+        rules=[RuleOutcome("fx/not-a-rule<b>", "fx", "fix", hits=2, status="fired")],
+        warnings=[hostile],
+        used={"opset": 18},
+    )
+    validation = {
+        "ok": False,
+        "atol": 1e-4,
+        "rtol": 1e-3,
+        "outputs": [{"name": "logits", "max_abs_diff": 0.5, "tolerance": 1e-3, "shape": [2, 3], "ok": False}],
+        "shapes": [{"name": "grown", "shapes": {"input_ids": [2, 11]}, "ok": False, "problem": hostile, "outputs": []}],
+    }
+    page = tmp_path / "r.html"
+    page.write_text(to_html(export_document(report, validation)))
+    dom = _dom(page)
+    assert "<script" not in dom and "<img" not in dom and "<b>" not in dom
+    assert '&lt;script&gt;alert("x")&lt;/script&gt; | a &amp; b' in dom
+    assert _cells(dom, "fx/not-a-rule&lt;b&gt;")[1:4] == ["fix", "2", "fired"]
+    assert dom.count('<tr class="fail">') == 2
+    # Markdown: a pipe or newline in a cell stays inside it.
+    markdown = to_markdown(export_document(report, validation))
+    assert "&lt;" not in markdown and "\\| a & b" in markdown
+    table_rows = [line for line in markdown.splitlines() if line.startswith("| grown")]
+    assert len(table_rows) == 1 and table_rows[0].count(" | ") == 4
+
+
+@needs_chromium
+def test_audit_html_and_markdown(tmp_path: Path) -> None:
+    result = _hfexport(
+        "audit", "--model", "tiny-mamba", "--format", "dynamo", "--html", "audit.html", "--markdown", "audit.md",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    dom, markdown = _dom(tmp_path / "audit.html"), (tmp_path / "audit.md").read_text()
+    assert dom.count("<tr") > 5 and "hfexport audit: tiny-mamba (MambaForCausalLM) -&gt; dynamo" in dom
+    fired = [line.split()[1] for line in result.stdout.splitlines()[1:] if re.search(r"\s\d+\s+fired", line)]
+    assert fired, result.stdout
+    for rule_id in fired:
+        assert re.search(r"<tr class=\"fired\">\s*<td[^>]*>[a-z_]+</td>\s*<td[^>]*>" + re.escape(rule_id), dom), rule_id
+        assert rule_id in markdown
+    assert "Validation: matches eager" in dom
+
+
+def test_report_file_in_a_missing_folder_is_refused(tmp_path: Path) -> None:
+    result = _hfexport(
+        "export", "--model", "tiny-llama", "--output", "out", "--report-html", "nowhere/r.html", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == "error: --report-html nowhere/r.html: the folder nowhere does not exist"
+
+
+def test_generation_report_has_a_section_set_per_component() -> None:
+    def report(hits: int) -> ExportReport:
+        rules = [RuleOutcome("fx/complex-to-real", "fx", "fix", hits=hits, status="fired" if hits else "no-match")]
+        return ExportReport(export_format="dynamo", model_class="LlamaForCausalLM", rules=rules)
+
+    validation = {"ok": True, "components_run": {"prefill": True, "decode": True}, "new_tokens": 8, "agreement": 1.0}
+    markdown = to_markdown(export_document({"prefill": report(3), "decode": report(0)}, validation, model="tiny"))
+    assert markdown.startswith("# hfexport: tiny -> dynamo\n")
+    assert "- LlamaForCausalLM -> dynamo [prefill]: 1 rule(s) fired, 3 hit(s)" in markdown
+    assert "- LlamaForCausalLM -> dynamo [decode]: 0 rule(s) fired, 0 hit(s)" in markdown
+    assert "## prefill: Rules at stage fx" in markdown and "## decode: Rules at stage fx" in markdown
+    assert "| fx/complex-to-real | fix | 3 | fired |" in markdown
+    assert "| components_run | prefill: True, decode: True |" in markdown and "## Validation: matches eager" in markdown
