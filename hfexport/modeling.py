@@ -197,7 +197,7 @@ class ExportedModel:
         takes = set(component.inputs)
         feed = {}
         for name, value in inputs.items():
-            if value is None or name in _FLAGS and name not in takes:
+            if value is None or (name in _FLAGS and name not in takes):
                 continue
             if name not in takes:
                 raise InputError(f"{self.name_or_path} takes {component.inputs}, not {name!r}")
@@ -334,8 +334,8 @@ class _GenerativeModel(ExportedModel):
         if config.return_dict_in_generate:
             from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
-            cls = GenerateEncoderDecoderOutput if self.loaded.generation.is_encoder_decoder else GenerateDecoderOnlyOutput
-            return cls(sequences=sequences)
+            encoder_decoder = self.loaded.generation.is_encoder_decoder
+            return (GenerateEncoderDecoderOutput if encoder_decoder else GenerateDecoderOnlyOutput)(sequences=sequences)
         return sequences
 
 
@@ -358,8 +358,10 @@ class ExportedModelForCausalLM(_GenerativeModel):
             raise InputError("the forward of an exported causal LM needs input_ids")
         mask, positions = inputs.pop("attention_mask", None), inputs.pop("position_ids", None)
         if any(v is not None for v in inputs.values()):
-            raise InputError(f"the forward of an exported causal LM takes input_ids, attention_mask and "
-                             f"position_ids, not {sorted(inputs)}")
+            raise InputError(
+                f"the forward of an exported causal LM takes input_ids, attention_mask and "
+                f"position_ids, not {sorted(inputs)}"
+            )
         logits = prompt_logits(self.loaded, input_ids, mask, positions)
         return CausalLMOutputWithPast(logits=torch.as_tensor(logits))
 

@@ -26,7 +26,6 @@ from hfexport import (
     OpenVINOConfig,
     OpenVINOExporter,
 )
-from hfexport.errors import InputError
 from hfexport.frontends.generation import decompose_for_generation
 from hfexport.runtime.generation import generate
 from hfexport.tiny import get_tiny_model
