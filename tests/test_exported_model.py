@@ -184,6 +184,10 @@ def test_a_single_export_is_not_a_causal_lm_generator(llama, tmp_path) -> None:
     exporter = DynamoExporter()
     program = exporter.export(llama, sample, config=DynamoConfig(dynamic=True))
     folder = hfexport.save(program, tmp_path / "single", model=llama)
+    # A Hugging Face file never replaces one of the export's own, and a refused save writes nothing.
+    with pytest.raises(ValueError, match=r"model\.pt2"):
+        hfexport.save(program, tmp_path / "clash", hf_files={"model.pt2": b"{}"})
+    assert not (tmp_path / "clash").exists()
     with pytest.raises(ArtifactError, match="not a generation export"):
         ExportedModelForCausalLM.from_pretrained(folder, trust=True)
     # The generic class runs it: the forward's logits (and its cache, which is not a ModelOutput field here).
@@ -277,3 +281,17 @@ def test_sequence_classification_model_and_pipeline(tmp_path) -> None:
     assert [[r["label"] for r in row] for row in got] == [[r["label"] for r in row] for row in want]
     for row_got, row_want in zip(got, want, strict=True):
         assert [r["score"] for r in row_got] == pytest.approx([r["score"] for r in row_want], abs=1e-4)
+
+
+def test_hugging_face_files_are_plain_names_at_the_top_of_the_folder(tmp_path) -> None:
+    from hfexport.artifacts import UnsafePathError
+    from hfexport.artifacts.hf_files import collect, folder_files
+
+    with pytest.raises(ValueError, match="top of the folder"):
+        collect(files={"sub/config.json": b"{}"})
+    with pytest.raises(UnsafePathError):
+        collect(files={"../config.json": b"{}"})
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "notes.txt").write_text("not a Hugging Face file")
+    assert folder_files(tmp_path) == {"config.json": b"{}"}
