@@ -14,6 +14,8 @@ import pytest
 from hfexport.cli import main
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+# What an export of a built-in tiny model writes beside it, so the folder loads with AutoConfig (docs/cli.md).
+HF_FILES = ("config.json", "generation_config.json")
 
 
 def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
@@ -23,11 +25,11 @@ def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
 def test_export_builtin_tiny_model_writes_artifact_manifest_and_report(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     assert main(["export", "--model", "tiny-llama", "--format", "dynamo", "--output", str(out), "--validate"]) == 0
-    assert {p.name for p in out.iterdir()} == {"model.pt2", "manifest.json", "report.json"}
+    assert {p.name for p in out.iterdir()} == {"model.pt2", "manifest.json", "report.json", *HF_FILES}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "dynamo" and manifest["inputs"] == ["input_ids", "attention_mask"]
     assert manifest["outputs"][0] == "logits" and "cache.layers_1_values" in manifest["outputs"]
-    assert manifest["files"] == ["model.pt2", "report.json"]
+    assert manifest["files"] == ["model.pt2", "report.json", *HF_FILES]
     assert manifest["config"]["export_format"] == "dynamo" and manifest["config"]["dynamic"] is True
     assert manifest["report"]["model_class"] == "LlamaForCausalLM" and "torch" in manifest["versions"]
     assert manifest["validation"]["ok"] is True and {o["name"] for o in manifest["validation"]["outputs"]} == set(
@@ -65,9 +67,15 @@ def test_onnx_export_saves_model_and_weights_and_validates_in_onnx_runtime(tmp_p
     out = tmp_path / "onnx"
     result = _hfexport("export", "--model", "tiny-llama", "--format", "onnx", "--output", str(out), "--validate")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert {p.name for p in out.iterdir()} == {"model.onnx", "model.onnx.data", "manifest.json", "report.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "model.onnx",
+        "model.onnx.data",
+        "manifest.json",
+        "report.json",
+        *HF_FILES,
+    }
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"] == ["model.onnx", "model.onnx.data", "report.json"]
+    assert manifest["files"] == ["model.onnx", "model.onnx.data", "report.json", *HF_FILES]
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["outputs"][0] == "logits"
     assert manifest["report"]["hits"]["onnx"]["onnx/rms-norm-fusion"] > 0
     assert "ok   logits [2, 8, 128]" in result.stdout and "• exporting LlamaForCausalLM to onnx" in result.stderr
@@ -89,7 +97,7 @@ def test_openvino_export_beyond_tolerance_exits_1_and_records_the_diffs(tmp_path
     # OpenVINO saves fp16 weights by default: a 1e-9 tolerance cannot hold, so validation must fail.
     args = ["export", "--model", "tiny-llama", "--format", "openvino", "--output", str(out), "--validate"]
     assert main([*args, "--atol", "1e-9", "--rtol", "0"]) == 1
-    assert {p.name for p in out.iterdir()} == {"model.xml", "model.bin", "manifest.json", "report.json"}
+    assert {p.name for p in out.iterdir()} == {"model.xml", "model.bin", "manifest.json", "report.json", *HF_FILES}
     captured = capsys.readouterr()
     assert "FAIL logits [2, 8, 128]: max abs diff" in captured.out and "validation failed" in captured.err
     manifest = json.loads((out / "manifest.json").read_text())
@@ -107,7 +115,7 @@ def test_openvino_export_beyond_tolerance_exits_1_and_records_the_diffs(tmp_path
 def test_executorch_export_saves_a_pte_that_runs_in_the_executorch_runtime(tmp_path: Path, capsys) -> None:
     out = tmp_path / "et"
     assert main(["export", "--model", "tiny-llama", "--format", "executorch", "--output", str(out), "--validate"]) == 0
-    assert {p.name for p in out.iterdir()} == {"model.pte", "manifest.json", "report.json"}
+    assert {p.name for p in out.iterdir()} == {"model.pte", "manifest.json", "report.json", *HF_FILES}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"] == ["input_ids", "attention_mask"] and manifest["validation"]["ok"] is True
     assert "ok   logits [2, 8, 128]" in capsys.readouterr().out
@@ -196,7 +204,7 @@ def test_export_generation_saves_prefill_and_decode_and_validates_greedy_tokens(
         "prefill",
         "decode",
     }
-    assert {p.name for p in out.iterdir()} == {"prefill", "decode", "manifest.json"}
+    assert {p.name for p in out.iterdir()} == {"prefill", "decode", "manifest.json", *HF_FILES}
     assert manifest["validation"] == {
         "ok": True,
         "components_run": {"prefill": True, "decode": True},

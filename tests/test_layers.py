@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.exporters", "hfexport.auto"),
     ("hfexport.runtime",),
     ("hfexport.artifacts",),
+    ("hfexport.modeling",),
     (
         "hfexport.tiny",
         "hfexport.testing",

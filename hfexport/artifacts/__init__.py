@@ -13,6 +13,7 @@
 | `formats` | `ARTIFACT_FORMATS`: per format, how a component is written, its signature, load-time checks |
 | `manifest` | the manifest schema and its checks; `read_manifest`, `check_files`, `update_manifest` |
 | `publish` | `save` (write every component, then the manifest, then publish in one rename), `check_destination` |
+| `hf_files` | the Hugging Face files saved beside an export (config, generation config, tokenizer, processor) |
 | `loaded` | `load`, `LoadedExport`, `LoadedComponent` (run in the format's runtime: `hfexport.runtime.drivers`) |
 | `validation` | `validate`, `compare`, `Validation`: the artifact against eager, output by output |
 

@@ -28,6 +28,7 @@ from typing import Any
 from hfexport._version import __version__
 from hfexport.artifacts.errors import ArtifactError, ArtifactExistsError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
+from hfexport.artifacts.hf_files import collect
 from hfexport.artifacts.manifest import (
     COMPONENT_NAME,
     MANIFEST,
@@ -179,19 +180,31 @@ def save(
     overwrite: bool = False,
     config: Any = None,
     report: Any = None,
-    model: str | None = None,
+    model: Any = None,
     validation: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    tokenizer: Any = None,
+    processor: Any = None,
+    hf_files: Mapping[str, bytes] | str | Path | None = None,
 ) -> Path:
     """Save an export (a native object, or a dict of component name -> native object) into `directory`.
 
     `config` and `report` (an `ExportReport`) are recorded in the manifest; either may be a dict per
-    component. `metadata` is free plain data (no import paths). Returns the folder. Raises
+    component. `metadata` is free plain data (no import paths). `model` is the model's name, or the
+    `PreTrainedModel` itself: then its `config.json` and `generation_config.json` are written beside the export
+    (and its `name_or_path` recorded). `tokenizer` / `processor` write their `save_pretrained` files, and
+    `hf_files` (a model folder, or {file name: bytes}) adds Hugging Face files copied from there
+    (`hfexport.artifacts.hf_files`), so the folder loads with `AutoConfig` / `AutoTokenizer.from_pretrained`.
+    Every one of them is listed in the manifest with its size and sha256. Returns the folder. Raises
     `ArtifactExistsError` when `directory` holds something and `overwrite` is false (nothing is written),
     `TypeError` for an object no exporter returns.
     """
     destination = check_destination(directory, overwrite)
+    model_object = model if model is not None and not isinstance(model, str) else None
+    if model_object is not None:
+        model = getattr(getattr(model_object, "config", None), "name_or_path", None) or None
+    extra_files = collect(model=model_object, tokenizer=tokenizer, processor=processor, files=hf_files)
     say = progress or (lambda _message: None)
     single = not isinstance(result, Mapping)
     programs: dict[str, Any] = {SINGLE: result} if single else dict(result)
@@ -249,6 +262,11 @@ def save(
                 "report": to_plain(comp_report) if not single else None,
             }
             files += rel
+        for name, data in extra_files.items():
+            if name == MANIFEST or (tmp / name).exists():
+                raise ValueError(f"the Hugging Face file {name!r} would replace a file or folder of the export")
+            (tmp / name).write_bytes(data)
+            files.append(name)
         for path in files:
             fsync(tmp / path)
         shared_config = None if config_per_component else config

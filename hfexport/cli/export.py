@@ -52,6 +52,16 @@ def check_file_target(flag: str, path: Path, output: Path | None = None) -> None
         raise UsageError(f"{flag} {path}: the folder {parent} does not exist")
 
 
+def hf_files(spec: str, model: Any) -> dict[str, bytes]:
+    """The Hugging Face files saved beside the export: a folder model's own (config, generation config, tokenizer,
+    processor files, copied byte for byte), and what the model object adds (a built-in's config and generation
+    config; a folder without generation_config.json gets the one transformers derived from its config)."""
+    from hfexport.artifacts.hf_files import collect
+    from hfexport.tiny import TINY_MODELS
+
+    return collect(model=model, files=None if spec in TINY_MODELS else Path(spec))
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `load_model` options the export flags give."""
     return {
@@ -100,7 +110,15 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired"
         )
         t0 = progress.step(f"saving {args.format} artifact to {output}/")
-        save(program, output, overwrite=args.overwrite, config=config, report=report, model=args.model)
+        save(
+            program,
+            output,
+            overwrite=args.overwrite,
+            config=config,
+            report=report,
+            model=args.model,
+            hf_files=hf_files(args.model, model),
+        )
         progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
 
         status = 0
@@ -194,7 +212,15 @@ def _export_generation(
     # The programs generate() runs besides the documented components (a VLM's features and prefill) are saved too.
     names = [*programs, *getattr(programs, "runtime_components", {})]
     t0 = progress.step(f"saving {len(names)} components ({', '.join(names)}) to {args.output}/")
-    save(programs, args.output, overwrite=args.overwrite, config=config, report=reports, model=args.model)
+    save(
+        programs,
+        args.output,
+        overwrite=args.overwrite,
+        config=config,
+        report=reports,
+        model=args.model,
+        hf_files=hf_files(args.model, model),
+    )
     progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
     status = 0
     validation: dict[str, Any] | None = None

@@ -10,6 +10,7 @@ from hfexport._lazy import lazy_getattr
 
 _EXPORTS = {
     "generate": "hfexport.runtime.generation",
+    "prompt_logits": "hfexport.runtime.generation",
     "GenerationSpec": "hfexport.generation_spec",
 }
 

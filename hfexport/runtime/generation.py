@@ -195,6 +195,44 @@ def _like(value: Any, sample: Any) -> Any:
     return fields if type(sample) is dict else type(sample)(**fields)
 
 
+def prompt_logits(
+    components: Mapping[str, Any] | SavedGeneration,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    *,
+    spec: GenerationSpec | None = None,
+    max_cache_len: int | None = None,
+) -> torch.Tensor:
+    """The logits `[batch, prompt, vocab]` of a decoder-only text export's first graph on an empty cache: what
+    the model's forward returns for `input_ids` without a cache.
+
+    Positions default to `arange(prompt)` for every row, as the model's own forward numbers them when called
+    without `position_ids` (`generate` numbers a left-padded row from its first real token instead). Encoder-
+    decoder and multimodal exports raise `InputError`: their first graph needs the encoder's outputs.
+    """
+    driver, _, spec = _session(components, spec)
+    if spec.is_encoder_decoder or spec.positions is not None or any(n.endswith("_features") for n in spec.components):
+        raise InputError("prompt_logits runs decoder-only text exports; this one needs its encoder's outputs first")
+    input_ids = torch.as_tensor(input_ids)
+    batch, prompt = input_ids.shape
+    mask2d = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
+    single = "prefill" not in driver.names or (spec.static_cache and spec.multi_token_decode)
+    first = "decode" if single else "prefill"
+    length = max_cache_len or spec.max_cache_len
+    if spec.static_cache and length is not None and prompt > length:
+        raise InputError(f"the prompt ({prompt} tokens) exceeds the static cache ({length} slots): pass max_cache_len")
+    if position_ids is None:
+        position_ids = torch.arange(prompt, dtype=torch.long)[None].expand(batch, -1).contiguous()
+    mask = mask2d
+    if spec.static_cache and spec.components[first].mask_rank == 4 and length is not None:
+        valid = torch.zeros((batch, length), dtype=torch.long)
+        valid[:, :prompt] = mask2d
+        mask = _static_mask(valid, 0, prompt)
+    driver.start(first, batch, length)
+    return driver.run(first, Step(input_ids, mask, torch.as_tensor(position_ids), {}))
+
+
 def generate(
     components: Mapping[str, Any] | SavedGeneration,
     input_ids: torch.Tensor | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,18 @@ class ExecutorchDriver(NamedDriver):
         from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
 
         super().__init__(components, spec, samples)
-        self.programs = {name: ExecutorchProgram(manager) for name, manager in components.items()}
-        self.order = {name: executorch_named_feed(samples[name]) for name in components}
-        self.output_names = {name: _executorch_output_names(m) for name, m in components.items()}
+        self.programs: dict[str, Any] = {}
+        self.order: dict[str, list[tuple[str, Any]]] = {}
+        self.output_names: dict[str, list[str]] = {}
+        for name, native in components.items():
+            if isinstance(native, SavedExecutorch):  # a loaded artifact: no manager, the layout says the order
+                self.programs[name] = native.program
+                self.order[name] = _saved_order(spec, name, native.program.method)
+                self.output_names[name] = _saved_output_names(name, native)
+            else:
+                self.programs[name] = ExecutorchProgram(native)
+                self.order[name] = executorch_named_feed(samples[name])
+                self.output_names[name] = _executorch_output_names(native)
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
         return self.features(name, inputs)[self.output_names[name][-1]]
@@ -74,11 +84,54 @@ def run_saved(program: Any, inputs: Mapping[str, Any], output_names: list[str]) 
     return {plain_name(n): t for n, t in zip(names, tensors, strict=True)}
 
 
+@dataclass(frozen=True)
+class SavedExecutorch:
+    """A saved `.pte` component as `generate` drives it: the program (opened once by the loaded component) and
+    the names of its user outputs as the manifest records them. A `.pte` keeps neither the forward's argument
+    names nor the cache's pytree, so the flat input order is rebuilt from the generation layout instead
+    (`_saved_order`)."""
+
+    program: Any
+    outputs: list[str] = field(default_factory=list)
+
+
+def _saved_order(spec: GenerationSpec, name: str, method: Any) -> list[tuple[str, Any]]:
+    """The method's inputs of a saved component, by flat name: its forward kwargs in the recorded order, the
+    cache (`spec.cache_key`) expanded to its recorded leaves, in pytree order, as the capture flattened it.
+
+    Checked against the program's own input count: a kwarg that flattens to several leaves other than the
+    cache (an encoder-decoder's `encoder_outputs`, a VLM's features) cannot be placed from the layout alone, and
+    is refused rather than fed in a guessed order."""
+    component = spec.components[name]
+    order: list[tuple[str, Any]] = []
+    for kwarg in component.inputs:
+        if kwarg == spec.cache_key:
+            order += [(leaf.name, None) for leaf in component.cache_leaves]
+        else:
+            order.append((kwarg, None))
+    count = method.metadata.num_inputs()
+    if len(order) != count:
+        raise InputError(
+            f"the saved ExecuTorch component {name!r} takes {count} inputs; its generation layout names {len(order)} "
+            f"({[n for n, _ in order]}): generate() runs a loaded ExecuTorch artifact of a decoder-only text model; "
+            "pass the export_for_generation result for this one"
+        )
+    return order
+
+
+def _saved_output_names(name: str, saved: SavedExecutorch) -> list[str]:
+    """The method's outputs: the input mutations first (a static cache written in place; unnamed here, since the
+    cache the model returns follows as user outputs), then the user outputs the manifest names."""
+    count = saved.program.method.metadata.num_outputs()
+    mutations = count - len(saved.outputs)
+    if mutations < 0:
+        raise InputError(f"the saved ExecuTorch component {name!r} returns {count} outputs, its manifest names more")
+    return [f"buffer.{i}" for i in range(mutations)] + list(saved.outputs)
+
+
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
-    raise InputError(
-        "generate() over a loaded ExecuTorch artifact is not supported yet (the runtime needs the "
-        "program's input order from the export); pass the export_for_generation result"
-    )
+    # No sample kwargs: a .pte has no example inputs. Decoder-only loops need none (the layout has the cache).
+    return SavedExecutorch(component.open(), list(getattr(component, "outputs", None) or [])), {}
 
 
 BACKEND = Backend("executorch", ExecutorchDriver, open_saved, run_saved, for_generation)
