@@ -1,15 +1,17 @@
 """A structural check of an ExecuTorch program (`.pte`) before the ExecuTorch runtime sees it.
 
 The runtime verifies that the program's flatbuffer is well formed, and checks many indices, but it trusts the
-program to be internally consistent in ways a damaged or hostile file need not be: an input or output index
-past the values (an assertion that aborts the process), a kernel argument of another type than the operator
-takes (`EValue::toTensor()` on an integer aborts), too few arguments for a kernel or an XNNPACK graph (read
-past the argument list), a tensor with no storage written by a kernel (a null pointer), a list naming a value
-not yet parsed (uninitialised memory), an operator name that is not UTF-8 (the Python binding throws from its
-log sink and terminates). `check_program` reads the flatbuffer with its own bounds-checked reader (no trust in
-any offset or length) and refuses all of these with `ArtifactError`, so the runtime only ever sees programs
-whose every index, type and size it relies on has been checked. Field numbers follow `executorch/schema/
-program.fbs` for the file identifier `ET12` (`formats._check_pte` checks the identifier first).
+program to be internally consistent in ways a damaged or hostile file need not be. Measured (tools/fuzz_pte.py,
+tests/test_pte_structure.py): an input index past the values (an assertion that aborts the process), a kernel
+argument of another type than the operator takes (`EValue::toTensor()` on an integer aborts), fewer arguments
+than an XNNPACK graph binds (it indexes the argument list unchecked), a tensor with no storage written by a
+kernel (a null pointer), an operator name that is not UTF-8 (the Python binding throws from its log sink and
+terminates). `check_program` reads the flatbuffer with its own bounds-checked reader (no trust in any offset or
+length) and refuses these, and the other inconsistencies of the same kinds (every value, list, tensor storage,
+instruction and delegate reference; docs/reliability.md lists them), with `ArtifactError` before the runtime
+sees the file. Field numbers follow `executorch/schema/program.fbs` for the file identifier `ET12`
+(`formats._check_pte` checks the identifier first; tests/test_pte_structure.py compares the reader with
+ExecuTorch's own deserializer).
 """
 
 from __future__ import annotations
