@@ -9,9 +9,12 @@ the files Python opens under `watch` but outside the job's folder, and the modul
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
+import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,3 +150,21 @@ def _collect(lines: queue.Queue[str | None], outcomes: dict[str, Outcome], timeo
         else:
             outcomes[message["id"]] = Outcome(**message)
             started = None
+
+
+def write_edited(source: Path, folder: Path, data: bytes, main: str = "model.pte") -> Path:
+    """A copy of the artifact `source` in `folder` with `main` replaced by `data` and its checksum re-computed,
+    as someone who can rewrite the manifest would."""
+    shutil.copytree(source, folder)
+    (folder / main).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["checksums"][main] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def flatbuffer_flips(data: bytes, rng: random.Random) -> list[tuple[int, int]]:
+    """1-3 random (position, byte) edits of a `.pte` inside its program flatbuffer: past the 64-byte head, before
+    the end the extended header gives the program (the segments after it hold weights and delegate payloads)."""
+    end = int.from_bytes(data[16:24], "little") if data[8:12] == b"eh00" else len(data)
+    return [(rng.randrange(64, end), rng.randrange(256)) for _ in range(rng.choice([1, 1, 2, 3]))]

@@ -23,6 +23,7 @@ from typing import Any
 
 from hfexport.artifacts.errors import ArtifactError, UnsafePathError
 from hfexport.artifacts.paths import check_path
+from hfexport.artifacts.pte import check_program
 from hfexport.naming import manager_input_names, signature_names
 
 Signature = tuple[list[str], list[str]]
@@ -188,7 +189,7 @@ def _check_pte(directory: Path, comp: dict[str, Any]) -> None:
             f"{main!r} is not an ExecuTorch program: bytes 4-8 are {head[4:8]!r}, a program has {identifier!r}"
         )
     root = int.from_bytes(head[0:4], "little")
-    program_size = size
+    program_size, segment_base = size, 0
     if head[8:12] == b"eh00":
         if len(head) < 32:
             raise ArtifactError(f"{main!r} is cut short inside its extended header")
@@ -204,6 +205,8 @@ def _check_pte(directory: Path, comp: dict[str, Any]) -> None:
             )
     if not 8 <= root < program_size:
         raise ArtifactError(f"{main!r} has its program table at {root}, outside the program ({program_size} bytes)")
+    # Inside the flatbuffer: every index, type and size the runtime trusts (hfexport/artifacts/pte.py).
+    check_program(path.read_bytes(), program_size, segment_base, main)
 
 
 def _executorch_signature(program: Any) -> Signature:
