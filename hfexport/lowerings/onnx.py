@@ -5,21 +5,38 @@ Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custo
 (`OnnxConfig.fusions`) -> flat, named inputs and outputs -> weights (`export_params`,
 `keep_initializers_as_inputs`). `OnnxExporter` saves `output_path` itself, atomically, after any quantizer.
 
+Low-memory export (`OnnxConfig(low_memory=True)`): the program's weights are FakeTensors; right after
+translation each such initializer gets a lazy value that reads its checkpoint tensor when asked
+(`stream_weights`), so the optimizer and the `onnx` rules see the same values as on the in-memory path and
+the save writes the `.onnx.data` file tensor by tensor.
+
 Naming follows `hfexport.naming` (`onnx_feed` and `leaf_names` are re-exported here for existing callers).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hfexport.checkpoints import Checkpoint
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
 from hfexport.naming import leaf_names, onnx_feed, paired_names, user_input_names, user_output_names
 
-__all__ = ["leaf_names", "lower", "name_inputs_and_outputs", "newest_opset", "onnx_feed"]
+__all__ = [
+    "WeightSource",
+    "leaf_names",
+    "lower",
+    "name_inputs_and_outputs",
+    "newest_opset",
+    "onnx_feed",
+    "stream_weights",
+]
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -72,6 +89,50 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
         graph.initializers.clear()
 
 
+@dataclass(frozen=True)
+class WeightSource:
+    """Where a low-memory export's weights come from: the checkpoint and {initializer name: tensor name}."""
+
+    checkpoint: Checkpoint
+    names: Mapping[str, str]
+
+
+def _read_weight(source: WeightSource, key: str, dtype: torch.dtype, name: str) -> Any:
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    return TorchTensor(source.checkpoint.load(key, dtype), name)
+
+
+def stream_weights(model: Any, source: WeightSource) -> int:
+    """Give every initializer of `model` (an `onnx_ir.Model`) whose value is a FakeTensor a lazy value that
+    reads its checkpoint tensor (cast to the initializer's dtype: `--dtype` applies while streaming) each time
+    its bytes are asked for, and keeps nothing. Returns how many initializers were given one.
+
+    Refuses an empty initializer that no checkpoint tensor holds (a weight the capture computed from other
+    weights would need them in memory).
+    """
+    import onnx_ir as ir
+
+    from hfexport.frontends.empty_weights import is_empty
+
+    streamed = 0
+    for name, value in model.graph.initializers.items():
+        raw = getattr(value.const_value, "raw", None)
+        if not isinstance(raw, torch.Tensor) or not is_empty(raw):
+            continue
+        key = source.names.get(name)
+        if key is None:
+            raise HfExportError(
+                f"the initializer {name!r} has no values (a FakeTensor) and is no checkpoint tensor: the low-memory "
+                "export can only write weights it reads from the checkpoint; export without low_memory",
+                stage="translate",
+            )
+        read = functools.partial(_read_weight, source, key, raw.dtype, name)
+        value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
+        streamed += 1
+    return streamed
+
+
 def _is_fix(rule: Any) -> bool:
     return rule.meta.kind == "fix"
 
@@ -80,8 +141,15 @@ def _is_fusion(rule: Any) -> bool:
     return rule.meta.kind == "optimization"
 
 
-def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: RewriteContext) -> Any:
+def lower(
+    program: torch.export.ExportedProgram,
+    config: OnnxConfig,
+    context: RewriteContext,
+    weights: WeightSource | None = None,
+) -> Any:
     """Lower `program` to a `torch.onnx.ONNXProgram` with the `aten` and `onnx` stages applied.
+
+    `weights` (the low-memory export) gives the FakeTensor weights lazy values read from a checkpoint.
 
     Fusions (`kind="optimization"` rules of stage `onnx`) are switched by the rule selection: the exporter
     turns `OnnxConfig(fusions=None)` into a selection that disables them, so the report says why.
@@ -107,6 +175,9 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
             )
     finally:
         table.finish()
+    if weights is not None:
+        with context.stage("weights"):
+            stream_weights(onnx_program.model, weights)
 
     engine.apply("onnx", onnx_program.model, context, where=_is_fix)
 
