@@ -22,9 +22,11 @@ def low_memory_weights(model: torch.nn.Module, config: OnnxConfig) -> Any:
     """The weight source of a low-memory export: the checkpoint (`config.checkpoint`, or the folder the model
     was built from) and which checkpoint tensor holds each weight. Refused before any trace when it cannot be."""
     from hfexport.checkpoints import Checkpoint
+    from hfexport.exporters.preflight import check_devices
     from hfexport.frontends.empty_weights import weight_sources
     from hfexport.lowerings.onnx import WeightSource
 
+    check_devices(model, {}, low_memory=True)
     if config.quantizer is not None:
         raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
     folder = config.checkpoint or getattr(model, "name_or_path", None)
