@@ -97,25 +97,77 @@ class WeightSource:
     names: Mapping[str, str]
 
 
-def _read_weight(source: WeightSource, key: str, dtype: torch.dtype, name: str) -> Any:
+def _read_weight(
+    source: WeightSource, key: str, dtype: torch.dtype, name: str, perm: tuple[int, ...] | None = None
+) -> Any:
     from onnx_ir.tensor_adapters import TorchTensor
 
-    return TorchTensor(source.checkpoint.load(key, dtype), name)
+    tensor = source.checkpoint.load(key, dtype)
+    if perm is not None:
+        tensor = tensor.permute(perm).contiguous()
+    return TorchTensor(tensor, name)
 
 
-def stream_weights(model: Any, source: WeightSource) -> int:
+# onnxscript's constant folding (optimizer/_constant_folding.py, onnxscript 0.7.2): a Transpose of an
+# initializer is folded when the initializer has at most this many elements or the Transpose is its only consumer.
+_FOLD_INPUT_SIZE_LIMIT = 8192
+
+
+def _fold_streamed_transposes(model: Any, streamed: dict[int, tuple[str, torch.dtype]], source: WeightSource) -> int:
+    """Fold `Transpose(weight)` of streamed weights into lazy transposed initializers, as the optimizer would.
+
+    torchlib translates a linear layer as MatMul(x, Transpose(W)); the onnxscript optimizer folds that
+    Transpose into a new initializer (computed in memory, kept until the save), so left to it every linear weight
+    of a model larger than memory would be read and held. Here the same fold happens, on the same sites and under
+    the same name (the Transpose's output), with a value that transposes the checkpoint tensor only when written.
+    """
+    import onnx_ir as ir
+
+    folded = 0
+    graph = model.graph
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 1:
+            continue
+        weight = node.inputs[0]
+        if weight is None or id(weight.const_value) not in streamed:
+            continue
+        if weight.const_value.size > _FOLD_INPUT_SIZE_LIMIT and len(weight.uses()) != 1:
+            continue
+        key, dtype = streamed[id(weight.const_value)]
+        rank = len(weight.const_value.shape)
+        perm_attr = node.attributes.get("perm")
+        perm = tuple(perm_attr.as_ints()) if perm_attr is not None else tuple(reversed(range(rank)))
+        output = node.outputs[0]
+        shape = ir.Shape([weight.const_value.shape[i] for i in perm])
+        read = functools.partial(_read_weight, source, key, dtype, output.name, perm)
+        value = ir.Value(
+            name=output.name,
+            shape=shape,
+            type=ir.TensorType(weight.const_value.dtype),
+            const_value=ir.LazyTensor(read, dtype=weight.const_value.dtype, shape=shape, name=output.name),
+        )
+        output.replace_all_uses_with(value, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        output.name = f"{output.name}__folded"
+        graph.register_initializer(value)
+        folded += 1
+    return folded
+
+
+def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = True) -> int:
     """Give every initializer of `model` (an `onnx_ir.Model`) whose value is a FakeTensor a lazy value that
     reads its checkpoint tensor (cast to the initializer's dtype: `--dtype` applies while streaming) each time
     its bytes are asked for, and keeps nothing. Returns how many initializers were given one.
 
     Refuses an empty initializer that no checkpoint tensor holds (a weight the capture computed from other
-    weights would need them in memory).
+    weights would need them in memory). `fold_transposes` (when the optimizer runs) folds transposed weights
+    lazily, as the optimizer would fold them in memory (`_fold_streamed_transposes`).
     """
     import onnx_ir as ir
 
     from hfexport.frontends.empty_weights import is_empty
 
-    streamed = 0
+    streamed: dict[int, tuple[str, torch.dtype]] = {}
     for name, value in model.graph.initializers.items():
         raw = getattr(value.const_value, "raw", None)
         if not isinstance(raw, torch.Tensor) or not is_empty(raw):
@@ -129,8 +181,10 @@ def stream_weights(model: Any, source: WeightSource) -> int:
             )
         read = functools.partial(_read_weight, source, key, raw.dtype, name)
         value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
-        streamed += 1
-    return streamed
+        streamed[id(value.const_value)] = (key, raw.dtype)
+    if fold_transposes:
+        _fold_streamed_transposes(model, streamed, source)
+    return len(streamed)
 
 
 def _is_fix(rule: Any) -> bool:
@@ -177,7 +231,7 @@ def lower(
         table.finish()
     if weights is not None:
         with context.stage("weights"):
-            stream_weights(onnx_program.model, weights)
+            stream_weights(onnx_program.model, weights, fold_transposes=config.optimize)
 
     engine.apply("onnx", onnx_program.model, context, where=_is_fix)
 
