@@ -163,14 +163,10 @@ def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None) -> dic
 
 def check_weights(folder: Path, out: Path) -> dict[str, Any]:
     """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time."""
-    from hfexport import empty_model
     from hfexport.artifacts.low_memory import check_streamed_weights
     from hfexport.checkpoints import Checkpoint
-    from hfexport.frontends.empty_weights import weight_sources
 
-    checkpoint = Checkpoint.open(folder)
-    sources = weight_sources(empty_model(folder), checkpoint)
-    result = check_streamed_weights(out / "model.onnx", checkpoint, sources, {})
+    result = check_streamed_weights(out / "model.onnx", Checkpoint.open(folder))
     return {"checked": len(result.checked), "mismatched": result.mismatched}
 
 

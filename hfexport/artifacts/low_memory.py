@@ -13,6 +13,7 @@ leave unchecked is listed in docs/low-memory.md.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,31 +41,56 @@ class StreamedWeights:
 
 
 def check_streamed_weights(
-    onnx_path: str | Path, checkpoint: Checkpoint, sources: Mapping[str, str], dtypes: Mapping[str, torch.dtype]
+    onnx_path: str | Path,
+    checkpoint: Checkpoint,
+    sources: Mapping[str, str] | None = None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> StreamedWeights:
-    """Compare each external initializer of `onnx_path` named in `sources` ({weight: checkpoint tensor}) with
-    `checkpoint.load(tensor, dtypes[weight])`, reading one tensor of each at a time.
+    """Compare each external initializer of `onnx_path` that holds a checkpoint tensor with that tensor, cast to
+    the saved dtype (or `dtypes[name]`) and permuted as the export folded it, one tensor of each at a time.
 
-    Weights the optimizer folded into another tensor (a transposed weight of at most 8192 elements) are no
-    longer named in the graph and are not checked here."""
+    Which checkpoint tensor an initializer holds is recorded in the model's metadata by the low-memory export
+    (folded transposes included); `sources` ({initializer name: tensor name}) adds or overrides entries."""
     import onnx
+
+    from hfexport.lowerings.onnx import STREAMED_KEY
 
     onnx_path = Path(onnx_path)
     proto = onnx.load(str(onnx_path), load_external_data=False)
+    recorded = json.loads({e.key: e.value for e in proto.metadata_props}.get(STREAMED_KEY, "{}"))
+    recorded.update({name: [key, None] for name, key in (sources or {}).items()})
     checked: list[str] = []
     mismatched: list[str] = []
     for tensor in proto.graph.initializer:
-        if tensor.name not in sources or tensor.data_location != onnx.TensorProto.EXTERNAL:
+        if tensor.name not in recorded or tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
+        key, perm = recorded[tensor.name]
         info = {entry.key: entry.value for entry in tensor.external_data}
         with open(onnx_path.parent / info["location"], "rb") as data:
             data.seek(int(info.get("offset", 0)))
             saved = data.read(int(info["length"]))
-        expected = checkpoint.load(sources[tensor.name], dtypes.get(tensor.name))
+        dtype = (dtypes or {}).get(tensor.name, _TORCH_DTYPES.get(tensor.data_type))
+        expected = checkpoint.load(key, dtype)
+        if perm is not None:
+            expected = expected.permute(tuple(perm)).contiguous()
         if saved != expected.reshape(-1).view(torch.uint8).numpy().tobytes():
             mismatched.append(tensor.name)
         checked.append(tensor.name)
     return StreamedWeights(checked, mismatched)
+
+
+# ONNX TensorProto data types -> torch dtypes, for the weights a checkpoint holds.
+_TORCH_DTYPES = {
+    1: torch.float32,
+    2: torch.uint8,
+    3: torch.int8,
+    6: torch.int32,
+    7: torch.int64,
+    9: torch.bool,
+    10: torch.float16,
+    11: torch.float64,
+    16: torch.bfloat16,
+}
 
 
 @dataclass

@@ -16,6 +16,7 @@ Naming follows `hfexport.naming` (`onnx_feed` and `leaf_names` are re-exported h
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,12 +109,19 @@ def _read_weight(
     return TorchTensor(tensor, name)
 
 
+# Model metadata of a low-memory export: {initializer name: [checkpoint tensor, permutation or null]} as JSON, so a
+# saved artifact's weights (folded transposes included) can be checked against the checkpoint afterwards.
+STREAMED_KEY = "hfexport.streamed_weights"
+
+
 # onnxscript's constant folding (optimizer/_constant_folding.py, onnxscript 0.7.2): a Transpose of an
 # initializer is folded when the initializer has at most this many elements or the Transpose is its only consumer.
 _FOLD_INPUT_SIZE_LIMIT = 8192
 
 
-def _fold_streamed_transposes(model: Any, streamed: dict[int, tuple[str, torch.dtype]], source: WeightSource) -> int:
+def _fold_streamed_transposes(
+    model: Any, streamed: dict[int, tuple[str, torch.dtype]], source: WeightSource, record: dict[str, Any]
+) -> int:
     """Fold `Transpose(weight)` of streamed weights into lazy transposed initializers, as the optimizer would.
 
     torchlib translates a linear layer as MatMul(x, Transpose(W)); the onnxscript optimizer folds that
@@ -146,6 +154,7 @@ def _fold_streamed_transposes(model: Any, streamed: dict[int, tuple[str, torch.d
             type=ir.TensorType(weight.const_value.dtype),
             const_value=ir.LazyTensor(read, dtype=weight.const_value.dtype, shape=shape, name=output.name),
         )
+        record[output.name] = [key, list(perm)]
         output.replace_all_uses_with(value, replace_graph_outputs=True)
         graph.remove(node, safe=True)
         output.name = f"{output.name}__folded"
@@ -168,6 +177,7 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
     from hfexport.frontends.empty_weights import is_empty
 
     streamed: dict[int, tuple[str, torch.dtype]] = {}
+    record: dict[str, Any] = {}
     for name, value in model.graph.initializers.items():
         raw = getattr(value.const_value, "raw", None)
         if not isinstance(raw, torch.Tensor) or not is_empty(raw):
@@ -181,9 +191,11 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
             )
         read = functools.partial(_read_weight, source, key, raw.dtype, name)
         value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
+        record[name] = [key, None]
         streamed[id(value.const_value)] = (key, raw.dtype)
     if fold_transposes:
-        _fold_streamed_transposes(model, streamed, source)
+        _fold_streamed_transposes(model, streamed, source, record)
+    model.metadata_props[STREAMED_KEY] = json.dumps(record, sort_keys=True)
     return len(streamed)
 
 
