@@ -177,3 +177,52 @@ def test_low_memory_refusals(checkpoint: dict[str, Any], tmp_path: Path) -> None
 def _meta_llama() -> torch.nn.Module:
     with torch.device("meta"):
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY.config)).eval()
+
+
+def _with_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer beside the checkpoint, so the CLI builds sample inputs from the folder offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "Hello": 4, ",": 5, "world": 6, "!": 7, "Export": 8, "me": 9}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]")
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_cli_refuses_low_memory_where_it_cannot_stream(
+    checkpoint: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hfexport.cli import main
+
+    folder = str(checkpoint["folder"])
+    for args, message in (
+        (["--format", "openvino", "--model", folder], "--format onnx only"),
+        (["--format", "executorch", "--model", folder], "ExecuTorch serialises a .pte"),
+        (["--format", "onnx", "--model", "tiny-llama"], "streams weights from a checkpoint folder"),
+        (["--format", "onnx", "--model", folder, "--generation"], "drop --generation"),
+    ):
+        assert main(["export", "--low-memory", "--output", str(tmp_path / "out"), *args]) == 2, args
+        assert message in capsys.readouterr().err, args
+    assert main(["export", "--model", folder, "--check-layers", "1", "--output", str(tmp_path / "out")]) == 2
+    assert "--check-layers sets the reduced depth" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    folder = _with_tokenizer(checkpoint["folder"])
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "hfexport", "export", "--model", str(folder), "--format", "onnx"]
+    command += ["--low-memory", "--validate", "--check-layers", "1", "--output", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    validation = json.loads((out / "manifest.json").read_text())["validation"]
+    assert validation["ok"] and validation["reduced_depth_layers"] == 1
+    assert validation["streamed_weights"]["checked"] >= 10 and not validation["streamed_weights"]["mismatched"]
+    check = subprocess.run([sys.executable, "-m", "hfexport", "check", str(out)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
