@@ -2,6 +2,7 @@
 
     python tools/bench_low_memory.py                       # small (SmolLM2 width, 4 layers), both paths
     python tools/bench_low_memory.py --target-gb 1         # SmolLM2-135M width, layers added to reach ~1 GB
+    python tools/bench_low_memory.py --shape wide          # TinyLlama-1.1B width, 4 layers: 1.2 GB
     python tools/bench_low_memory.py --target-gb 8 --limit-gb 3 --only low-memory   # the target
 
 Writes a sharded safetensors checkpoint of random weights (fixed seed; SmolLM2-135M shape by default: hidden
@@ -38,6 +39,20 @@ SMOLLM2 = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 100000.0,
 }
+
+
+# A wide shape (TinyLlama-1.1B's width, untied embeddings): about 1.2 GB in 4 layers, so the export time (which
+# grows with the number of layers) stays short while the weights dominate memory.
+WIDE = {
+    **SMOLLM2,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "intermediate_size": 5632,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+SHAPES = {"smollm2": SMOLLM2, "wide": WIDE}
 
 
 def layers_for(target_gb: float, shape: dict[str, Any]) -> int:
@@ -172,13 +187,14 @@ def check_weights(folder: Path, out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2", help="layer width (default smollm2)")
     parser.add_argument("--target-gb", type=float, default=None, help="checkpoint size (default: 4 layers)")
     parser.add_argument("--limit-gb", type=float, default=None, help="kill an export whose RSS passes this")
     parser.add_argument("--only", choices=("low-memory", "in-memory"), help="run one path only")
     parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoint and artifacts")
     args = parser.parse_args(argv)
 
-    shape = dict(SMOLLM2)
+    shape = dict(SHAPES[args.shape])
     shape["num_hidden_layers"] = layers_for(args.target_gb, shape) if args.target_gb else 4
     work = args.work or Path(tempfile.mkdtemp(prefix="hfexport-bench-lowmem-"))
     folder = work / "checkpoint"
