@@ -26,6 +26,7 @@ _EXPORTS = {
     "register_export_config": "hfexport.auto",
     "register_pytree_node": "hfexport.cache_pytree",
     "decompose_for_generation": "hfexport.frontends.generation",
+    "empty_model": "hfexport.frontends.empty_weights",
     "GenerationComponents": "hfexport.frontends.generation",
     "ExportReport": "hfexport.report",
     "load_program": "hfexport.runtime.dynamo",

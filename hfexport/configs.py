@@ -212,6 +212,11 @@ class OnnxConfig(DynamoConfig):
     keep_initializers_as_inputs: also list the weights as graph inputs (runtimes of opset < 9 need it).
     fusions: the ONNX Runtime fusions to apply (the `onnx` rules of kind "optimization", run after the
         optimizer): "cpu" (RMSNorm -> SimplifiedLayerNormalization, ...) or None for a plain ONNX graph.
+    low_memory: export a model whose weights hold no memory (`hfexport.empty_model(folder)`: FakeTensor
+        weights) and stream its weights from the safetensors checkpoint into the `.onnx.data` file, one tensor
+        at a time, when the program is saved (docs/low-memory.md).
+    checkpoint: the checkpoint folder the low-memory export reads weights from; None takes the model's
+        `name_or_path` (which `empty_model` sets).
     """
 
     export_format: ClassVar[str] = ExportFormat.ONNX.value
@@ -223,12 +228,23 @@ class OnnxConfig(DynamoConfig):
     export_params: bool = True
     keep_initializers_as_inputs: bool = False
     fusions: str | None = "cpu"
+    low_memory: bool = False
+    checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.output_path is not None:
             # A Path from the caller is fine, but the config must round-trip through JSON.
             self.output_path = str(self.output_path)
+        if self.checkpoint is not None:
+            self.checkpoint = str(self.checkpoint)
+        if self.low_memory and not self.external_data:
+            # A model too large for memory is also over protobuf's 2 GB: its weights can only go to a .data file.
+            raise ConfigError("low_memory=True writes the weights as external data: external_data must be True")
+        if self.low_memory and self.quantizer is not None:
+            raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
+        if self.checkpoint is not None and not self.low_memory:
+            raise ConfigError("checkpoint= is the low-memory export's weight source: set low_memory=True with it")
         if self.opset_version is not None and (not isinstance(self.opset_version, int) or self.opset_version < 18):
             # torchlib implements opset 18 and up; older opsets go through a lossy version conversion.
             raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "hfexport"
 LAYERS: list[tuple[str, ...]] = [
     ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version", "hfexport.timing"),
     ("hfexport.files",),
+    ("hfexport.checkpoints",),
     ("hfexport.formats",),
     ("hfexport.cache_pytree",),
     ("hfexport.naming",),

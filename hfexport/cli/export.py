@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import ExitCode, UsageError
-from hfexport.cli.models import export_config, load_model, other_samples
+from hfexport.cli.models import export_config, load_empty_model, load_model, other_samples
 from hfexport.cli.progress import Progress
 from hfexport.formats import MAIN_FILE
 
@@ -90,7 +90,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     progress = Progress()
     try:
         start = progress.step(f"building {args.model}")
-        model, inputs = load_model(args.model, args.task, **model_options(args))
+        auto_class = None
+        if args.low_memory:
+            model, inputs, auto_class = load_empty_model(args.model, args.task, **model_options(args))
+        else:
+            model, inputs = load_model(args.model, args.task, **model_options(args))
         exporter = AutoHfExporter.from_config(config)
         if args.generation:
             return _export_generation(args, model, inputs, exporter, config, progress, start)
@@ -123,7 +127,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         status = 0
         validation = None
-        if args.validate:
+        if args.validate and args.low_memory:
+            status = _validate_low_memory(args, model, inputs, config, auto_class, output, progress)
+        elif args.validate:
             rtol = args.rtol if args.rtol is not None else _default_rtol(config)
             where = f" on {device.name}" if device else ""
             progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime{where} against eager")
@@ -157,6 +163,53 @@ def write_report_files(args: argparse.Namespace, reports: Any, validation: dict[
 
     for path in write_documents(export_document(reports, validation, model=args.model), targets):
         print(f"report written to {path}", file=sys.stderr)
+
+
+def _validate_low_memory(
+    args: argparse.Namespace,
+    model: Any,
+    inputs: dict[str, Any],
+    config: Any,
+    auto_class: str | None,
+    output: Path,
+    progress: Progress,
+) -> int:
+    """`--low-memory --validate`: the checks that fit in memory (docs/low-memory.md). The saved weights are
+    compared with the checkpoint tensor by tensor; the first `--check-layers` layers of the same checkpoint are
+    exported on the same path and run against eager. The full artifact is not run: that needs its weights."""
+    import torch
+
+    from hfexport.artifacts import update_manifest
+    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
+    from hfexport.checkpoints import Checkpoint
+
+    progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
+    weights = check_streamed_weights(output / MAIN_FILE["onnx"], Checkpoint.open(args.model))
+    layers = args.check_layers or 2
+    progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
+    rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+    others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
+    reduced = check_reduced_depth(
+        args.model,
+        inputs,
+        config,
+        layers=layers,
+        auto_class=auto_class or "AutoModelForCausalLM",
+        dtype=getattr(torch, args.dtype) if args.dtype else None,
+        atol=args.atol,
+        rtol=rtol,
+        trust_remote_code=args.trust_remote_code,
+        other_inputs=others,
+    )
+    ok = weights.ok and reduced.ok
+    streamed = {"checked": len(weights.checked), "mismatched": weights.mismatched}
+    update_manifest(output, validation={**reduced.to_dict(), "ok": ok, "streamed_weights": streamed})
+    print(f"streamed weights: {len(weights.checked)} equal their checkpoint tensors, {len(weights.mismatched)} differ")
+    print(f"reduced depth ({layers} layer(s)): {reduced.validation}")
+    if not ok:
+        print("validation failed: the low-memory checks found a difference", file=sys.stderr)
+        return int(ExitCode.DIFFERS)
+    return 0
 
 
 def _generation_config(args: argparse.Namespace) -> Any:

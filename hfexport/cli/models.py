@@ -137,6 +137,36 @@ def load_model(
     return model, inputs
 
 
+def load_empty_model(
+    spec: str,
+    task: str = "auto",
+    *,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, dict[str, Any], str]:
+    """`--low-memory`: the folder's model with weights that hold no memory, sample inputs, and its Auto class."""
+    import torch
+
+    from hfexport.frontends.empty_weights import empty_model
+    from hfexport.tiny import TINY_MODELS
+
+    if spec in TINY_MODELS:
+        raise UsageError(f"--low-memory streams weights from a checkpoint folder; {spec} is built in: save it first")
+    check_model_spec(spec, task)
+    task = _folder_task(Path(spec), canonical_task(task))
+    if task not in _FOLDER_SAMPLE_TASKS:
+        raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
+    model = empty_model(
+        spec, TASKS[task], dtype=getattr(torch, dtype) if dtype else None, trust_remote_code=trust_remote_code
+    )
+    inputs = sample_inputs(
+        spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
+    )
+    return model, inputs, TASKS[task]
+
+
 def sample_inputs(
     spec: str,
     seed: int = 0,
@@ -258,6 +288,8 @@ def export_config(args: argparse.Namespace) -> Any:
                 f"--device {device} means backend {backend!r}, --config says {data['backend']!r}: drop one"
             )
         data["backend"] = backend
+    if getattr(args, "low_memory", False):
+        data["low_memory"] = True
     if args.enable or args.disable:
         data["rules"] = {"enable": list(split(args.enable)), "disable": list(split(args.disable))}
     try:

@@ -123,6 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --generation: one decode graph for any number of query tokens (prompt, speculative blocks)",
     )
+    export.add_argument(
+        "--low-memory",
+        action="store_true",
+        help="--format onnx, a folder model: capture on weights that hold no memory and stream them from the "
+        "safetensors shards into model.onnx.data one tensor at a time (docs/low-memory.md)",
+    )
+    export.add_argument(
+        "--check-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --low-memory --validate: compare a reduced export of the first N layers with eager (2)",
+    )
     export.set_defaults(func=cmd_export)
 
     audit = sub.add_parser("audit", help="export and report what every rule did; optionally ablate fired rules")
@@ -226,6 +239,16 @@ def _check_combinations(args: argparse.Namespace) -> None:
         ]
         if given:
             raise UsageError(f"{', '.join(given)}: used only with --generation; add --generation or drop them")
+    if args.command == "export" and args.low_memory:
+        if args.format != "onnx":
+            raise UsageError(
+                f"--low-memory: --format onnx only (not {args.format}); OpenVINO's .bin streaming is not built yet, "
+                "and ExecuTorch serialises a .pte with its weights inside, built in memory"
+            )
+        if args.generation or args.quantize:
+            raise UsageError("--low-memory exports one graph without quantization: drop --generation/--quantize")
+    if args.command == "export" and args.check_layers is not None and not (args.low_memory and args.validate):
+        raise UsageError("--check-layers sets the reduced depth --low-memory --validate checks: add both or drop it")
     if args.command == "export" and args.generation and args.new_tokens is not None and not args.validate:
         raise UsageError("--new-tokens sets how many tokens --validate compares: add --validate or drop it")
 

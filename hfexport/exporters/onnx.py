@@ -11,10 +11,32 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.configs import ExportConfigMixin, OnnxConfig
+from hfexport.errors import ConfigError
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
 from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
+
+
+def low_memory_weights(model: torch.nn.Module, config: OnnxConfig) -> Any:
+    """The weight source of a low-memory export: the checkpoint (`config.checkpoint`, or the folder the model
+    was built from) and which checkpoint tensor holds each weight. Refused before any trace when it cannot be."""
+    from hfexport.checkpoints import Checkpoint
+    from hfexport.exporters.preflight import check_devices
+    from hfexport.frontends.empty_weights import weight_sources
+    from hfexport.lowerings.onnx import WeightSource
+
+    check_devices(model, {}, low_memory=True)
+    if config.quantizer is not None:
+        raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
+    folder = config.checkpoint or getattr(model, "name_or_path", None)
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError(
+            "low_memory=True needs the checkpoint folder the weights stream from: OnnxConfig(checkpoint=folder), "
+            "or a model built by hfexport.empty_model(folder)"
+        )
+    checkpoint = Checkpoint.open(folder)
+    return WeightSource(checkpoint, weight_sources(model, checkpoint))
 
 
 class OnnxExporter(DynamoExporter):
@@ -31,10 +53,21 @@ class OnnxExporter(DynamoExporter):
         "onnxruntime": "1.32.0",
     }
 
+    # The low-memory export's weight source, set for the duration of one `export` (exports run one at a time).
+    _weights: Any = None
+
     def export(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
     ) -> Any:
-        return self._capture_and_lower(model, sample_inputs, config)
+        config = self.check_config(config)
+        assert isinstance(config, OnnxConfig)
+        if not config.low_memory:
+            return self._capture_and_lower(model, sample_inputs, config)
+        self._weights = low_memory_weights(model, config)
+        try:
+            return self._capture_and_lower(model, sample_inputs, config)
+        finally:
+            self._weights = None
 
     def capture_options(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
@@ -53,15 +86,18 @@ class OnnxExporter(DynamoExporter):
         from hfexport.lowerings.onnx import lower
 
         assert isinstance(config, OnnxConfig)
-        return lower(program, config, context)
+        return lower(program, config, context, weights=self._weights)
 
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
-        proto = result.model_proto
-        opsets = {entry.domain or "ai.onnx": entry.version for entry in proto.opset_import}
+        # Read from the IR, not `model_proto`: serialising would read every (streamed) weight into memory.
+        model = result.model
+        opsets = {domain or "ai.onnx": version for domain, version in model.opset_imports.items()}
         fused = sorted(
             rule_id for rule_id, outcome in context.outcomes.items() if outcome.stage == "onnx" and outcome.hits
         )
-        initializer_types = Counter(t.data_type for t in proto.graph.initializer)
+        initializer_types = Counter(
+            int(v.const_value.dtype) for v in model.graph.initializers.values() if v.const_value is not None
+        )
         used: dict[str, Any] = {"opset": opsets.get("ai.onnx"), "fusions": fused or "none"}
         if "com.microsoft" in opsets:
             used["contrib_ops"] = "com.microsoft (ONNX Runtime only; --portable for standard ops)"

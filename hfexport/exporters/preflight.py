@@ -103,20 +103,33 @@ def _input_tensors(sample_inputs: Mapping[str, Any]) -> Iterator[tuple[str, torc
             yield from ((name, leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
-def check_devices(model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> None:
+def check_devices(model: torch.nn.Module, sample_inputs: Mapping[str, Any], low_memory: bool = False) -> None:
     """Refuse, before tracing, a model without real weights or sample inputs on a device the model is not on.
 
-    torch.export traces either without complaint (a `meta` input or weight only has a shape), into a program
-    that runs on no device: its weights and its inputs disagree, or it holds no weights at all.
+    torch.export traces either without complaint (a `meta` or FakeTensor weight only has a shape), into a program
+    that runs on no device: its weights and its inputs disagree, or it holds no weights at all. The low-memory
+    export (`low_memory`) takes exactly such weights: FakeTensors, whose values it streams from the checkpoint.
     """
-    model_devices = {t.device for t in (*model.parameters(), *model.buffers())}
-    if any(device.type == "meta" for device in model_devices):
-        names = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+    from hfexport.frontends.empty_weights import is_empty
+
+    named = [*model.named_parameters(), *model.named_buffers()]
+    meta = [n for n, t in named if t.device.type == "meta"]
+    empty = [n for n, t in named if is_empty(t)]
+    if low_memory and meta:
         raise InputError(
-            f"{len(names)} weight(s) of {type(model).__name__} are on the meta device (e.g. {names[0]!r}): they "
-            "hold no values, so the exported program would compute nothing real; load the weights (from_pretrained "
-            "without device_map='meta', or model.to_empty(device='cpu') and load a state dict) before exporting"
+            f"{len(meta)} weight(s) of {type(model).__name__} are on the meta device (e.g. {meta[0]!r}); the "
+            "low-memory export takes FakeTensor weights on the CPU: build the model with "
+            "hfexport.empty_model(checkpoint_folder)"
         )
+    if empty and not low_memory:
+        where = f"are on the meta device (e.g. {meta[0]!r})" if meta else f"are FakeTensors (e.g. {empty[0]!r})"
+        raise InputError(
+            f"{len(empty)} weight(s) of {type(model).__name__} {where}: they hold no values, so the exported program "
+            "would compute nothing real; load the weights (from_pretrained without device_map='meta', or "
+            "model.to_empty(device='cpu') and load a state dict) before exporting, or export a model too large "
+            "for memory with OnnxConfig(low_memory=True)"
+        )
+    model_devices = {t.device for _, t in named}
     if not model_devices:
         return
     placed = ", ".join(sorted(map(str, model_devices)))
@@ -191,7 +204,7 @@ def preflight(
         raise InputError(f"model must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}")
     validate_inputs(sample_inputs, getattr(config, "dynamic_shapes", None))
     check_attention_implementation(model)
-    check_devices(model, sample_inputs)
+    check_devices(model, sample_inputs, low_memory=bool(getattr(config, "low_memory", False)))
     versions = exporter.validate_environment()
     default_registry().validate_selection(config.rules)
     output_path = getattr(config, "output_path", None)

@@ -5,21 +5,39 @@ Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custo
 (`OnnxConfig.fusions`) -> flat, named inputs and outputs -> weights (`export_params`,
 `keep_initializers_as_inputs`). `OnnxExporter` saves `output_path` itself, atomically, after any quantizer.
 
+Low-memory export (`OnnxConfig(low_memory=True)`): the program's weights are FakeTensors; right after
+translation each such initializer gets a lazy value that reads its checkpoint tensor when asked
+(`stream_weights`), so the optimizer and the `onnx` rules see the same values as on the in-memory path and
+the save writes the `.onnx.data` file tensor by tensor.
+
 Naming follows `hfexport.naming` (`onnx_feed` and `leaf_names` are re-exported here for existing callers).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hfexport.checkpoints import Checkpoint
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
 from hfexport.naming import leaf_names, onnx_feed, paired_names, user_input_names, user_output_names
 
-__all__ = ["leaf_names", "lower", "name_inputs_and_outputs", "newest_opset", "onnx_feed"]
+__all__ = [
+    "WeightSource",
+    "leaf_names",
+    "lower",
+    "name_inputs_and_outputs",
+    "newest_opset",
+    "onnx_feed",
+    "stream_weights",
+]
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -72,6 +90,115 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
         graph.initializers.clear()
 
 
+@dataclass(frozen=True)
+class WeightSource:
+    """Where a low-memory export's weights come from: the checkpoint and {initializer name: tensor name}."""
+
+    checkpoint: Checkpoint
+    names: Mapping[str, str]
+
+
+def _read_weight(
+    source: WeightSource, key: str, dtype: torch.dtype, name: str, perm: tuple[int, ...] | None = None
+) -> Any:
+    from onnx_ir.tensor_adapters import TorchTensor
+
+    tensor = source.checkpoint.load(key, dtype)
+    if perm is not None:
+        tensor = tensor.permute(perm).contiguous()
+    return TorchTensor(tensor, name)
+
+
+# Model metadata of a low-memory export: {initializer name: [checkpoint tensor, permutation or null]} as JSON, so a
+# saved artifact's weights (folded transposes included) can be checked against the checkpoint afterwards.
+STREAMED_KEY = "hfexport.streamed_weights"
+
+
+# onnxscript's constant folding (optimizer/_constant_folding.py, onnxscript 0.7.2): a Transpose of an
+# initializer is folded when the initializer has at most this many elements or the Transpose is its only consumer.
+_FOLD_INPUT_SIZE_LIMIT = 8192
+
+
+def _fold_streamed_transposes(
+    model: Any, streamed: dict[int, tuple[str, torch.dtype]], source: WeightSource, record: dict[str, Any]
+) -> int:
+    """Fold `Transpose(weight)` of streamed weights into lazy transposed initializers, as the optimizer would.
+
+    torchlib translates a linear layer as MatMul(x, Transpose(W)); the onnxscript optimizer folds that
+    Transpose into a new initializer (computed in memory, kept until the save), so left to it every linear weight
+    of a model larger than memory would be read and held. Here the same fold happens, on the same sites and under
+    the same name (the Transpose's output), with a value that transposes the checkpoint tensor only when written.
+    """
+    import onnx_ir as ir
+
+    folded = 0
+    graph = model.graph
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 1:
+            continue
+        weight = node.inputs[0]
+        if weight is None or id(weight.const_value) not in streamed:
+            continue
+        if weight.const_value.size > _FOLD_INPUT_SIZE_LIMIT and len(weight.uses()) != 1:
+            continue
+        key, dtype = streamed[id(weight.const_value)]
+        rank = len(weight.const_value.shape)
+        perm_attr = node.attributes.get("perm")
+        perm = tuple(perm_attr.as_ints()) if perm_attr is not None else tuple(reversed(range(rank)))
+        output = node.outputs[0]
+        shape = ir.Shape([weight.const_value.shape[i] for i in perm])
+        read = functools.partial(_read_weight, source, key, dtype, output.name, perm)
+        value = ir.Value(
+            name=output.name,
+            shape=shape,
+            type=ir.TensorType(weight.const_value.dtype),
+            const_value=ir.LazyTensor(read, dtype=weight.const_value.dtype, shape=shape, name=output.name),
+        )
+        record[output.name] = [key, list(perm)]
+        output.replace_all_uses_with(value, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        output.name = f"{output.name}__folded"
+        graph.register_initializer(value)
+        folded += 1
+    return folded
+
+
+def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = True) -> int:
+    """Give every initializer of `model` (an `onnx_ir.Model`) whose value is a FakeTensor a lazy value that
+    reads its checkpoint tensor (cast to the initializer's dtype: `--dtype` applies while streaming) each time
+    its bytes are asked for, and keeps nothing. Returns how many initializers were given one.
+
+    Refuses an empty initializer that no checkpoint tensor holds (a weight the capture computed from other
+    weights would need them in memory). `fold_transposes` (when the optimizer runs) folds transposed weights
+    lazily, as the optimizer would fold them in memory (`_fold_streamed_transposes`).
+    """
+    import onnx_ir as ir
+
+    from hfexport.frontends.empty_weights import is_empty
+
+    streamed: dict[int, tuple[str, torch.dtype]] = {}
+    record: dict[str, Any] = {}
+    for name, value in model.graph.initializers.items():
+        raw = getattr(value.const_value, "raw", None)
+        if not isinstance(raw, torch.Tensor) or not is_empty(raw):
+            continue
+        key = source.names.get(name)
+        if key is None:
+            raise HfExportError(
+                f"the initializer {name!r} has no values (a FakeTensor) and is no checkpoint tensor: the low-memory "
+                "export can only write weights it reads from the checkpoint; export without low_memory",
+                stage="weights",
+            )
+        read = functools.partial(_read_weight, source, key, raw.dtype, name)
+        value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
+        record[name] = [key, None]
+        streamed[id(value.const_value)] = (key, raw.dtype)
+    if fold_transposes:
+        _fold_streamed_transposes(model, streamed, source, record)
+    model.metadata_props[STREAMED_KEY] = json.dumps(record, sort_keys=True)
+    return len(streamed)
+
+
 def _is_fix(rule: Any) -> bool:
     return rule.meta.kind == "fix"
 
@@ -80,8 +207,15 @@ def _is_fusion(rule: Any) -> bool:
     return rule.meta.kind == "optimization"
 
 
-def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: RewriteContext) -> Any:
+def lower(
+    program: torch.export.ExportedProgram,
+    config: OnnxConfig,
+    context: RewriteContext,
+    weights: WeightSource | None = None,
+) -> Any:
     """Lower `program` to a `torch.onnx.ONNXProgram` with the `aten` and `onnx` stages applied.
+
+    `weights` (the low-memory export) gives the FakeTensor weights lazy values read from a checkpoint.
 
     Fusions (`kind="optimization"` rules of stage `onnx`) are switched by the rule selection: the exporter
     turns `OnnxConfig(fusions=None)` into a selection that disables them, so the report says why.
@@ -107,6 +241,9 @@ def lower(program: torch.export.ExportedProgram, config: OnnxConfig, context: Re
             )
     finally:
         table.finish()
+    if weights is not None:
+        with context.stage("weights"):
+            stream_weights(onnx_program.model, weights, fold_transposes=config.optimize)
 
     engine.apply("onnx", onnx_program.model, context, where=_is_fix)
 

@@ -1,0 +1,156 @@
+"""Checks of a low-memory ONNX export that fit in memory when the model does not.
+
+- `check_streamed_weights`: every weight of the saved artifact that came from the checkpoint holds, byte for
+  byte, the checkpoint tensor (cast to the export's dtype), read one tensor at a time from both files.
+- `check_reduced_depth`: the same checkpoint cut to its first N layers, exported on the same low-memory path
+  (FakeTensor capture, weights streamed from the same shards), run in ONNX Runtime against the eager reduced
+  model loaded for real (`from_pretrained(num_hidden_layers=N)` reads only the tensors it needs).
+
+Neither runs the full artifact: that needs its weights in memory, which is what the caller lacks. What they
+leave unchecked is listed in docs/low-memory.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hfexport.artifacts.publish import save
+from hfexport.artifacts.validation import Validation, validate
+from hfexport.checkpoints import Checkpoint
+from hfexport.configs import OnnxConfig
+
+
+@dataclass
+class StreamedWeights:
+    """The saved artifact's external-data weights compared with their checkpoint tensors."""
+
+    checked: list[str]
+    mismatched: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checked) and not self.mismatched
+
+
+def check_streamed_weights(
+    onnx_path: str | Path,
+    checkpoint: Checkpoint,
+    sources: Mapping[str, str] | None = None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
+) -> StreamedWeights:
+    """Compare each external initializer of `onnx_path` that holds a checkpoint tensor with that tensor, cast to
+    the saved dtype (or `dtypes[name]`) and permuted as the export folded it, one tensor of each at a time.
+
+    Which checkpoint tensor an initializer holds is recorded in the model's metadata by the low-memory export
+    (folded transposes included); `sources` ({initializer name: tensor name}) adds or overrides entries."""
+    import onnx
+
+    from hfexport.lowerings.onnx import STREAMED_KEY
+
+    onnx_path = Path(onnx_path)
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    recorded = json.loads({e.key: e.value for e in proto.metadata_props}.get(STREAMED_KEY, "{}"))
+    recorded.update({name: [key, None] for name, key in (sources or {}).items()})
+    checked: list[str] = []
+    mismatched: list[str] = []
+    for tensor in proto.graph.initializer:
+        if tensor.name not in recorded or tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        key, perm = recorded[tensor.name]
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        with open(onnx_path.parent / info["location"], "rb") as data:
+            data.seek(int(info.get("offset", 0)))
+            saved = data.read(int(info["length"]))
+        dtype = (dtypes or {}).get(tensor.name, _TORCH_DTYPES.get(tensor.data_type))
+        expected = checkpoint.load(key, dtype)
+        if perm is not None:
+            expected = expected.permute(tuple(perm)).contiguous()
+        if saved != expected.reshape(-1).view(torch.uint8).numpy().tobytes():
+            mismatched.append(tensor.name)
+        checked.append(tensor.name)
+    return StreamedWeights(checked, mismatched)
+
+
+# ONNX TensorProto data types -> torch dtypes, for the weights a checkpoint holds.
+_TORCH_DTYPES = {
+    1: torch.float32,
+    2: torch.uint8,
+    3: torch.int8,
+    6: torch.int32,
+    7: torch.int64,
+    9: torch.bool,
+    10: torch.float16,
+    11: torch.float64,
+    16: torch.bfloat16,
+}
+
+
+@dataclass
+class ReducedDepthCheck:
+    """The low-memory path checked on the first `layers` layers of the same checkpoint."""
+
+    layers: int
+    validation: Validation
+
+    @property
+    def ok(self) -> bool:
+        return self.validation.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.validation.to_dict(), "reduced_depth_layers": self.layers}
+
+
+def _reduced_overrides(folder: Path, layers: int, trust_remote_code: bool) -> dict[str, Any]:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    overrides: dict[str, Any] = {"num_hidden_layers": layers}
+    # Per-layer lists (sliding/full attention) must match the layer count.
+    if isinstance(getattr(config, "layer_types", None), list):
+        overrides["layer_types"] = config.layer_types[:layers]
+    return overrides
+
+
+def check_reduced_depth(
+    folder: str | Path,
+    inputs: Mapping[str, Any],
+    config: OnnxConfig,
+    *,
+    layers: int = 2,
+    auto_class: str = "AutoModelForCausalLM",
+    dtype: torch.dtype | None = None,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    trust_remote_code: bool = False,
+    other_inputs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ReducedDepthCheck:
+    """Export the first `layers` layers of checkpoint `folder` on the low-memory path with `config`'s options
+    and compare it in ONNX Runtime with the same reduced model loaded for real."""
+    import transformers
+
+    from hfexport.exporters.onnx import OnnxExporter
+    from hfexport.frontends.empty_weights import empty_model
+
+    folder = Path(folder)
+    overrides = _reduced_overrides(folder, layers, trust_remote_code)
+    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code, **overrides}
+    if dtype is not None:
+        options["dtype"] = dtype
+    real = getattr(transformers, auto_class).from_pretrained(folder, **options).eval()
+    empty = empty_model(folder, auto_class, dtype=dtype, trust_remote_code=trust_remote_code, **overrides)
+    reduced_config = dataclasses.replace(config, output_path=None, low_memory=True, checkpoint=str(folder))
+    exporter = OnnxExporter()
+    program = exporter.export(empty, inputs, reduced_config)
+    with tempfile.TemporaryDirectory(prefix="hfexport-reduced-") as tmp:
+        out = Path(tmp) / "reduced"
+        save(program, out, config=reduced_config, report=exporter.report)
+        validation = validate(out, real, inputs, atol=atol, rtol=rtol, other_inputs=other_inputs)
+    return ReducedDepthCheck(layers, validation)

@@ -1,0 +1,225 @@
+"""Peak memory and time of an ONNX export with and without `--low-memory`, on a Llama-shaped checkpoint.
+
+    python tools/bench_low_memory.py                       # small (SmolLM2 width, 4 layers), both paths
+    python tools/bench_low_memory.py --target-gb 1         # SmolLM2-135M width, layers added to reach ~1 GB
+    python tools/bench_low_memory.py --shape wide          # TinyLlama-1.1B width, 4 layers: 1.2 GB
+    python tools/bench_low_memory.py --target-gb 8 --limit-gb 3 --only low-memory   # the issue's target
+
+Writes a sharded safetensors checkpoint of random weights (fixed seed; SmolLM2-135M shape by default: hidden
+576, 9 heads, 3 kv heads, intermediate 1536, vocab 49152, tied embeddings; `--target-gb` sets the number of
+layers so that the float32 checkpoint has about that size), written tensor by tensor so this tool never holds
+it either. Each export runs in a child process (`hfexport export --format onnx`, in-memory: `from_pretrained`;
+low-memory: `--low-memory`); the parent polls the child's resident memory (VmRSS, every 20 ms) and kills it
+once it passes `--limit-gb`, so a path that needs the model in memory fails instead of swapping. Prints and
+returns peak RSS and wall time per path; the low-memory artifact's weights are checked byte for byte against
+the checkpoint (`check_streamed_weights`, one tensor at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SMOLLM2 = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+}
+
+
+# A wide shape (TinyLlama-1.1B's width, untied embeddings): about 1.2 GB in 4 layers, so the export time (which
+# grows with the number of layers) stays short while the weights dominate memory.
+WIDE = {
+    **SMOLLM2,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "intermediate_size": 5632,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
+SHAPES = {"smollm2": SMOLLM2, "wide": WIDE}
+
+
+def layers_for(target_gb: float, shape: dict[str, Any]) -> int:
+    """Layers that make a float32 checkpoint of `shape` about `target_gb` GB."""
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    kv = hidden // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
+    embed = shape["vocab_size"] * hidden * (1 if shape["tie_word_embeddings"] else 2)
+    return max(1, round((target_gb * 1e9 / 4 - embed) / per_layer))
+
+
+def write_checkpoint(folder: Path, shape: dict[str, Any], shard_bytes: int = 500_000_000, seed: int = 0) -> int:
+    """A checkpoint of random weights in safetensors shards of about `shard_bytes`; returns its bytes."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    config = transformers.LlamaConfig(**shape)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    names = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)  # save_pretrained writes a tied weight once
+    generator = torch.Generator().manual_seed(seed)
+    weight_map: dict[str, str] = {}
+    shard: dict[str, Any] = {}
+    size, total, index = 0, 0, 0
+
+    def flush() -> None:
+        nonlocal shard, size, index
+        if shard:
+            index += 1
+            file = f"model-{index:05d}.safetensors"
+            save_file(shard, str(folder / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
+            shard, size = {}, 0
+
+    for name, tensor_shape in names.items():
+        if name.endswith("norm.weight"):
+            tensor = 1 + 0.1 * torch.randn(tensor_shape, generator=generator)
+        else:
+            tensor = 0.02 * torch.randn(tensor_shape, generator=generator)
+        shard[name] = tensor
+        size += tensor.numel() * 4
+        total += tensor.numel() * 4
+        if size >= shard_bytes:
+            flush()
+    flush()
+    # Final names: model-0000i-of-0000n, as save_pretrained writes them.
+    renamed = {}
+    for i in range(1, index + 1):
+        old, new = f"model-{i:05d}.safetensors", f"model-{i:05d}-of-{index:05d}.safetensors"
+        (folder / old).rename(folder / new)
+        renamed[old] = new
+    index_json = {"metadata": {"total_size": total}, "weight_map": {k: renamed[v] for k, v in weight_map.items()}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=1))
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(folder)
+    return total
+
+
+CHILD = r"""
+import json, sys, time, torch
+from pathlib import Path
+folder, out, low = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+from hfexport import OnnxConfig, OnnxExporter, empty_model, save
+start = time.perf_counter()
+if low:
+    model = empty_model(folder)
+else:
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+built = time.perf_counter() - start
+ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+config = OnnxConfig(dynamic=True, low_memory=low)
+exporter = OnnxExporter()
+program = exporter.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, config)
+exported = time.perf_counter() - start
+save(program, out, config=config, report=exporter.report)
+print("RESULT " + json.dumps({"build_s": built, "export_s": exported - built, "total_s": time.perf_counter() - start,
+      "stages": exporter.report.stage_seconds}))
+"""
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None) -> dict[str, Any]:
+    """Export in a child process; its peak RSS (polled), wall time, and whether it was killed over the limit."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(folder), str(out), "1" if low else "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    peak, killed = 0, False
+    while child.poll() is None:
+        peak = max(peak, _rss_kb(child.pid))
+        if limit_gb is not None and peak > limit_gb * 1e6:
+            child.kill()
+            killed = True
+            break
+        time.sleep(0.02)
+    stdout, stderr = child.communicate()
+    result: dict[str, Any] = {"peak_rss_gb": peak / 1e6, "wall_s": time.perf_counter() - start, "killed": killed}
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            result.update(json.loads(line[len("RESULT ") :]))
+    if child.returncode != 0 and not killed:
+        result["error"] = stderr.strip().splitlines()[-1:] or [f"exit {child.returncode}"]
+    return result
+
+
+def check_weights(folder: Path, out: Path) -> dict[str, Any]:
+    """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time."""
+    from hfexport.artifacts.low_memory import check_streamed_weights
+    from hfexport.checkpoints import Checkpoint
+
+    result = check_streamed_weights(out / "model.onnx", Checkpoint.open(folder))
+    return {"checked": len(result.checked), "mismatched": result.mismatched}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2", help="layer width (default smollm2)")
+    parser.add_argument("--target-gb", type=float, default=None, help="checkpoint size (default: 4 layers)")
+    parser.add_argument("--limit-gb", type=float, default=None, help="kill an export whose RSS passes this")
+    parser.add_argument("--only", choices=("low-memory", "in-memory"), help="run one path only")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoint and artifacts")
+    args = parser.parse_args(argv)
+
+    shape = dict(SHAPES[args.shape])
+    shape["num_hidden_layers"] = layers_for(args.target_gb, shape) if args.target_gb else 4
+    work = args.work or Path(tempfile.mkdtemp(prefix="hfexport-bench-lowmem-"))
+    folder = work / "checkpoint"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "model.safetensors.index.json").is_file():
+        size = write_checkpoint(folder, shape)
+    else:
+        size = json.loads((folder / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    shards = len(list(folder.glob("*.safetensors")))
+    print(f"checkpoint: {size / 1e9:.2f} GB in {shards} shard(s), {shape['num_hidden_layers']} layers ({folder})")
+    results: dict[str, Any] = {"checkpoint_gb": size / 1e9, "layers": shape["num_hidden_layers"]}
+    for name, low in (("low-memory", True), ("in-memory", False)):
+        if args.only and args.only != name:
+            continue
+        out = work / name
+        result = run_child(folder, out, low, args.limit_gb)
+        if low and not result.get("error") and not result["killed"]:
+            result["weights"] = check_weights(folder, out)
+        results[name] = result
+        print(f"{name}: {json.dumps(result)}")
+    if "low-memory" in results and "in-memory" in results:
+        low_rss, full_rss = results["low-memory"]["peak_rss_gb"], results["in-memory"]["peak_rss_gb"]
+        print(f"peak RSS ratio in-memory / low-memory: {full_rss / max(low_rss, 1e-9):.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
