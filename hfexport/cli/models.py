@@ -156,13 +156,13 @@ def load_empty_model(
         raise UsageError(f"--low-memory streams weights from a checkpoint folder; {spec} is built in: save it first")
     check_model_spec(spec, task)
     task = _folder_task(Path(spec), canonical_task(task))
-    if task not in _FOLDER_SAMPLE_TASKS:
+    if task not in _TEXT_TASKS:
         raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
     model = empty_model(
         spec, TASKS[task], dtype=getattr(torch, dtype) if dtype else None, trust_remote_code=trust_remote_code
     )
     inputs = sample_inputs(
-        spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
+        spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code, task=task
     )
     return model, inputs, TASKS[task]
 
