@@ -59,7 +59,9 @@ class OnnxExporter(DynamoExporter):
         proto = result.model_proto
         opsets = {entry.domain or "ai.onnx": entry.version for entry in proto.opset_import}
         fused = sorted(
-            rule_id for rule_id, outcome in context.outcomes.items() if outcome.stage == "onnx" and outcome.hits
+            rule_id
+            for rule_id, outcome in context.outcomes.items()
+            if outcome.stage == "onnx" and outcome.kind == "optimization" and outcome.hits
         )
         initializer_types = Counter(t.data_type for t in proto.graph.initializer)
         used: dict[str, Any] = {"opset": opsets.get("ai.onnx"), "fusions": fused or "none"}

@@ -21,7 +21,8 @@ def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> Rul
     """The one rule selection an export runs with: the config's, plus what the quantizer and config switch off.
 
     A quantizer's `disabled_rules` and `OnnxConfig(fusions=None)` are disabled here, each with its reason, so
-    the engine has one place that decides whether a rule runs and the report says why one did not.
+    the engine has one place that decides whether a rule runs and the report says why one did not. A
+    quantizer's `enabled_rules` (opt-in rules its toolkit needs) are enabled unless the config disables them.
     """
     from hfexport.rewrites.engine import default_registry
 
@@ -30,6 +31,8 @@ def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> Rul
         selection = selection.with_disabled(
             quantizer.disabled_rules, f"{type(quantizer).__name__} cannot work with this rule's output"
         )
+    if quantizer is not None and quantizer.enabled_rules:
+        selection = selection.with_enabled(quantizer.enabled_rules)
     if getattr(config, "fusions", "") is None:
         fusions = [r.id for r in default_registry().rules("onnx") if r.meta.kind == "optimization"]
         selection = selection.with_disabled(fusions, "OnnxConfig.fusions is None")
