@@ -135,6 +135,7 @@ class CaptureExporter(HfExporter):
                     result, quantization = self._quantize_and_lower(
                         quantizer, program, sample_inputs, options, unsaved, context
                     )
+                result = self.finish(result, unsaved, context, notes)
                 if output_path is not None:
                     with context.stage("save"):
                         self.save_lowered(result, config)
@@ -203,6 +204,11 @@ class CaptureExporter(HfExporter):
         with context.stage("quantize", message=failure):
             result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         return result, record
+
+    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
+        """The backend's last step on the lowered (and quantized) model, before it is saved: none by default.
+        A step that must see the quantized model (OpenVINO's stateful cache) goes here, not in `lower`."""
+        return result
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
