@@ -228,3 +228,17 @@ def test_nncf_onnx_compresses_a_tied_head_with_the_rule() -> None:
         expected = model(**inputs).numpy()
     cosine = (logits * expected).sum() / (np.linalg.norm(logits) * np.linalg.norm(expected))
     assert cosine > 0.99, cosine
+
+
+def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None:
+    from hfexport import NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig, RuleSelection
+    from hfexport.exporters.pipeline import effective_selection
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
+
+    meta = fold_shared_weight_transpose.meta
+    quantizer = NNCFOnnxQuantizer(NNCFWeightCompressionConfig(mode="int4_sym"))
+    assert not meta.enabled_by_default and not effective_selection(OnnxConfig()).is_enabled(meta)
+    assert effective_selection(OnnxConfig(quantizer=quantizer), quantizer).is_enabled(meta)
+    for disabled in (meta.id, "onnx"):
+        config = OnnxConfig(quantizer=quantizer, rules=RuleSelection(disable=(disabled,)))
+        assert not effective_selection(config, quantizer).is_enabled(meta), disabled
