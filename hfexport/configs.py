@@ -288,12 +288,17 @@ class OpenVINOConfig(DynamoConfig):
         `openvino.Model` in memory only.
     compress_to_fp16: when saving, store float weights as fp16 (OpenVINO's own default); compute
         precision is chosen at compile time by the device's inference-precision hint.
+    stateful: keep the cache inside the infer request: every cache input `input.<name>` and the output
+        `output.<name>` it pairs with become one OpenVINO variable (ReadValue/Assign), so a decode step feeds
+        only its tokens, mask and positions. `hfexport.runtime.generate` resets the state per generation.
+        A model without such pairs is left stateless (with a note in the report).
     """
 
     export_format: ClassVar[str] = ExportFormat.OPENVINO.value
 
     output_path: str | None = None
     compress_to_fp16: bool = True
+    stateful: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

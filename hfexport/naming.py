@@ -205,3 +205,15 @@ def canonical_output(output: Any) -> Any:
         return output
     ordered = {f.name: output[f.name] for f in dataclasses.fields(output) if f.name in output}
     return type(output)(**ordered)
+
+
+def variable_leaf(variable_id: str) -> str | None:
+    """The cache leaf (`past_key_values.layers_0_keys`) of an OpenVINO variable made from the pair `input.<leaf>` /
+    `output.<leaf>` (its id is the two names joined, as OpenVINO's MakeStateful names it), or None."""
+    if not variable_id.startswith(INPUT_PREFIX):
+        return None
+    for cut in range(len(INPUT_PREFIX), len(variable_id)):
+        leaf = variable_id[len(INPUT_PREFIX) : cut]
+        if variable_id[cut:] == OUTPUT_PREFIX + leaf:
+            return leaf
+    return None

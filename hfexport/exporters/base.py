@@ -195,13 +195,15 @@ class HfExporter(ABC):
     ) -> dict[str, Any]:
         """Per-component quantizer calibration: a single config's dataset holds generate kwargs, and each component
         calibrates on the forward kwargs recorded for it (a `{component: config}` dict is used as it is)."""
+        from hfexport.exporters.preflight import quantizer_defaults
         from hfexport.quantizers.apply import check_quantizer
         from hfexport.quantizers.generation import calibrate_components
 
-        # Every component's quantizer is checked before the first component is traced.
+        # Every component's quantizer is checked before the first component is traced, on the config each
+        # component's export will use (an unset ONNX opset filled in as its preflight does).
         for each in configs.values():
             if getattr(each, "quantizer", None) is not None:
-                check_quantizer(each.quantizer, self.export_format, each)
+                check_quantizer(each.quantizer, self.export_format, quantizer_defaults(each.quantizer, each)[0])
         return calibrate_components(
             model, config, configs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )

@@ -93,7 +93,9 @@ class OnnxExporter(DynamoExporter):
         model = result.model
         opsets = {domain or "ai.onnx": version for domain, version in model.opset_imports.items()}
         fused = sorted(
-            rule_id for rule_id, outcome in context.outcomes.items() if outcome.stage == "onnx" and outcome.hits
+            rule_id
+            for rule_id, outcome in context.outcomes.items()
+            if outcome.stage == "onnx" and outcome.kind == "optimization" and outcome.hits
         )
         initializer_types = Counter(
             int(v.const_value.dtype) for v in model.graph.initializers.values() if v.const_value is not None

@@ -34,9 +34,22 @@ class OpenVINOExporter(DynamoExporter):
         assert isinstance(config, OpenVINOConfig)
         return lower(program, config, context)
 
+    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
+        # After any quantizer: NNCF calibrates by feeding the cache as inputs, which a stateful model has not.
+        if getattr(config, "stateful", False):
+            from hfexport.lowerings.openvino import make_stateful
+
+            with context.stage("stateful"):
+                if make_stateful(result) == 0:
+                    notes.append("stateful=True: the model has no cache input/output pair; it stays stateless")
+        return result
+
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
         saved = "float16" if getattr(config, "compress_to_fp16", False) else "as computed"
-        return {"saved_weights": saved if getattr(config, "output_path", None) else "not saved"}
+        used = {"saved_weights": saved if getattr(config, "output_path", None) else "not saved"}
+        if getattr(config, "stateful", False):
+            used["stateful"] = f"{len(result.get_variables())} cache variable(s) in the infer request"
+        return used
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         import openvino as ov

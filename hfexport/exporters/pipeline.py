@@ -21,7 +21,8 @@ def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> Rul
     """The one rule selection an export runs with: the config's, plus what the quantizer and config switch off.
 
     A quantizer's `disabled_rules` and `OnnxConfig(fusions=None)` are disabled here, each with its reason, so
-    the engine has one place that decides whether a rule runs and the report says why one did not.
+    the engine has one place that decides whether a rule runs and the report says why one did not. A
+    quantizer's `enabled_rules` (opt-in rules its toolkit needs) are enabled unless the config disables them.
     """
     from hfexport.rewrites.engine import default_registry
 
@@ -30,6 +31,8 @@ def effective_selection(config: ExportConfigMixin, quantizer: Any = None) -> Rul
         selection = selection.with_disabled(
             quantizer.disabled_rules, f"{type(quantizer).__name__} cannot work with this rule's output"
         )
+    if quantizer is not None and quantizer.enabled_rules:
+        selection = selection.with_enabled(quantizer.enabled_rules)
     if getattr(config, "fusions", "") is None:
         fusions = [r.id for r in default_registry().rules("onnx") if r.meta.kind == "optimization"]
         selection = selection.with_disabled(fusions, "OnnxConfig.fusions is None")
@@ -132,6 +135,7 @@ class CaptureExporter(HfExporter):
                     result, quantization = self._quantize_and_lower(
                         quantizer, program, sample_inputs, options, unsaved, context
                     )
+                result = self.finish(result, unsaved, context, notes)
                 if output_path is not None:
                     with context.stage("save"):
                         self.save_lowered(result, config)
@@ -200,6 +204,11 @@ class CaptureExporter(HfExporter):
         with context.stage("quantize", message=failure):
             result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         return result, record
+
+    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
+        """The backend's last step on the lowered (and quantized) model, before it is saved: none by default.
+        A step that must see the quantized model (OpenVINO's stateful cache) goes here, not in `lower`."""
+        return result
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
         """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""

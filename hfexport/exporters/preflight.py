@@ -213,7 +213,7 @@ def preflight(
     quantizer = getattr(config, "quantizer", None)
     notes: list[str] = []
     if quantizer is not None:
-        config, notes = _quantizer_defaults(quantizer, config)
+        config, notes = quantizer_defaults(quantizer, config)
         # Before tracing: a quantizer that does not fit the format, or lacks its packages, fails in milliseconds.
         from hfexport.quantizers.apply import check_quantizer
 
@@ -222,7 +222,7 @@ def preflight(
     return config, versions, notes
 
 
-def _quantizer_defaults(quantizer: Any, config: Any) -> tuple[Any, list[str]]:
+def quantizer_defaults(quantizer: Any, config: Any) -> tuple[Any, list[str]]:
     """Fill what the caller left unset with what the quantizer needs (the ONNX opset), saying so.
 
     A documented recipe (`OnnxConfig(quantizer=NNCFOnnxQuantizer(...))`) must work with the config's defaults;

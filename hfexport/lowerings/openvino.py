@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hfexport.configs import OpenVINOConfig
-from hfexport.naming import paired_names, signature_names
+from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, paired_names, signature_names
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -75,3 +75,33 @@ def lower(program: torch.export.ExportedProgram, config: OpenVINOConfig, context
         name_inputs_and_outputs(ov_model, *names)
     # The exporter saves `output_path` itself (atomically, after any quantizer).
     return ov_model
+
+
+def state_pairs(model: Any) -> dict[str, str]:
+    """The floating-point cache pairs of `model`: input `input.<name>` -> output `output.<name>` (the naming
+    contract). Integer leaves (a static cache's `cumulative_length`) stay inputs and outputs: the CPU plugin
+    keeps no i64 variable ("CPU plugin does not support i64 for use with oneDNN")."""
+    outputs = {name for port in model.outputs for name in port.get_names()}
+    pairs = {}
+    for port in model.inputs:
+        if not port.get_element_type().is_real():
+            continue
+        for name in port.get_names():
+            if name.startswith(INPUT_PREFIX) and OUTPUT_PREFIX + name[len(INPUT_PREFIX) :] in outputs:
+                pairs[name] = OUTPUT_PREFIX + name[len(INPUT_PREFIX) :]
+    return pairs
+
+
+def make_stateful(model: Any) -> int:
+    """Turn each cache pair of `model` into an OpenVINO variable (ReadValue/Assign), in place; return how many.
+
+    The variable of `input.<name>` is read where that input was and assigned what `output.<name>` was: the
+    infer request keeps the cache between calls, and neither the input nor the output is left on the model.
+    Its id is the two names joined (OpenVINO's MakeStateful naming), which `naming.variable_leaf` reads back.
+    """
+    from openvino._offline_transformations import apply_make_stateful_transformation
+
+    pairs = state_pairs(model)
+    if pairs:
+        apply_make_stateful_transformation(model, pairs)
+    return len(pairs)

@@ -161,6 +161,8 @@ class ExportQuantizer:
     quantizes_fx_graph: ClassVar[bool] = False
     # Rewrite rules the export runs without when this quantizer is set (ids), each for a stated reason.
     disabled_rules: ClassVar[tuple[str, ...]] = ()
+    # Opt-in rewrite rules the export runs when this quantizer is set (ids), unless the config disables them.
+    enabled_rules: ClassVar[tuple[str, ...]] = ()
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = ()
     required_packages: ClassVar[tuple[str, ...]] = ()
     min_versions: ClassVar[dict[str, str]] = {}

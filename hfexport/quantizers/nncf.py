@@ -245,6 +245,9 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
 
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.ONNX,)
     required_packages: ClassVar[tuple[str, ...]] = ("nncf", "onnx", "onnx-ir")
+    # NNCF reads a tied head's weight under its Transpose's output name and fails ("There is no tensor with the
+    # name val_..."): the rule gives that MatMul a transposed initializer of its own.
+    enabled_rules: ClassVar[tuple[str, ...]] = ("onnx/fold-shared-weight-transpose",)
 
     def newest_onnx_opset(self) -> int | None:
         # int8: the newest opset ONNX Runtime loads NNCF's QDQ graph at; int4: the newest at which NNCF writes

@@ -196,6 +196,11 @@ class RuleSelection:
         new = tuple(p for p in patterns if p not in self.disable)
         return RuleSelection(self.enable, (*self.disable, *new), (*self.reasons, *((p, reason) for p in new)))
 
+    def with_enabled(self, patterns: tuple[str, ...] | list[str]) -> RuleSelection:
+        """This selection with opt-in `patterns` enabled too, unless a pattern of its own disables them."""
+        new = tuple(p for p in patterns if p not in self.enable and not any(_matches(d, p) for d in self.disable))
+        return RuleSelection((*self.enable, *new), self.disable, self.reasons)
+
     def reason_for(self, meta: RuleMeta) -> str:
         """Why `meta` does not run under this selection (the reason of the pattern that disabled it)."""
         notes = dict(self.reasons)

@@ -29,6 +29,8 @@ RULES = REGISTRY.rules()
 NEEDED_ELSEWHERE = {
     "executorch/quant-identity-requantize": "tests/rewrites/test_quant_rules.py runs it in a child process: "
     "without the rule XNNPACK frees a buffer twice and aborts the process",
+    "onnx/fold-shared-weight-transpose": "tests/rewrites/test_quant_rules.py shows it: without the rule "
+    "NNCFOnnxQuantizer fails on a tied head; without a quantizer nothing needs it",
 }
 
 

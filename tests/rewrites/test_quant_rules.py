@@ -7,6 +7,8 @@ release fixes the cause, the "needed" test fails and says which rule to retire.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -187,3 +189,56 @@ def test_openvino_integer_floor_division_is_no_alternative() -> None:
     expected = (torch.arange(256) // 16).to(torch.float32).numpy()
     if np.array_equal(result, expected):
         pytest.fail("OpenVINO's u8 floor division is exact now: a plain division would do in the OpenVINO rule")
+
+
+def _nncf_onnx_int4(*, rule: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    from hfexport import NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig, OnnxExporter, RuleSelection
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
+
+    model, inputs = fold_shared_weight_transpose.meta.examples[0].build()
+    model.eval()
+    rules = RuleSelection() if rule else RuleSelection(disable=(fold_shared_weight_transpose.id,))
+    quantizer = NNCFOnnxQuantizer(NNCFWeightCompressionConfig(mode="int4_sym", group_size=16))
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer, rules=rules))
+    return (program, exporter.report), inputs
+
+
+def test_nncf_onnx_fails_on_a_tied_head_without_the_rule() -> None:
+    pytest.importorskip("onnxruntime")
+    from hfexport import HfExportError
+
+    with pytest.raises(HfExportError, match="There is no tensor with the name val_"):
+        _nncf_onnx_int4(rule=False)
+
+
+def test_nncf_onnx_compresses_a_tied_head_with_the_rule() -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
+
+    (program, report), inputs = _nncf_onnx_int4(rule=True)
+    assert report.hits["onnx"].get(fold_shared_weight_transpose.id) == 1
+    # The head's own copy was compressed (int8, NNCF's backup precision for the first and last layers).
+    assert report.quantization.quantized_ops > 0
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits = session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0]
+    model, _ = fold_shared_weight_transpose.meta.examples[0].build()
+    with torch.no_grad():
+        expected = model(**inputs).numpy()
+    cosine = (logits * expected).sum() / (np.linalg.norm(logits) * np.linalg.norm(expected))
+    assert cosine > 0.99, cosine
+
+
+def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None:
+    from hfexport import NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig, RuleSelection
+    from hfexport.exporters.pipeline import effective_selection
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
+
+    meta = fold_shared_weight_transpose.meta
+    quantizer = NNCFOnnxQuantizer(NNCFWeightCompressionConfig(mode="int4_sym"))
+    assert not meta.enabled_by_default and not effective_selection(OnnxConfig()).is_enabled(meta)
+    assert effective_selection(OnnxConfig(quantizer=quantizer), quantizer).is_enabled(meta)
+    for disabled in (meta.id, "onnx"):
+        config = OnnxConfig(quantizer=quantizer, rules=RuleSelection(disable=(disabled,)))
+        assert not effective_selection(config, quantizer).is_enabled(meta), disabled

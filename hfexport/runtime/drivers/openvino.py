@@ -9,29 +9,77 @@ from typing import Any
 import numpy as np
 import torch
 
+from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
-from hfexport.naming import plain_name
+from hfexport.naming import plain_name, variable_leaf
 from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step
 
 
 class OpenVINODriver(NamedDriver):
-    """Feeds numpy arrays by input name; the cache is fed back from the outputs of the previous step."""
+    """Feeds numpy arrays by input name; the cache is fed back from the outputs of the previous step.
+
+    A stateful component (`OpenVINOConfig(stateful=True)`) keeps the cache in its infer request instead: each
+    generation starts with `reset_state()`, the cache moves into the request once, when that component first
+    runs (from the zero cache, or the cache the prefill returned), and a step feeds only its tokens, mask and
+    positions. `holder` is the component whose request holds the cache (None: `self.cache` holds it).
+    """
 
     def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
         from hfexport.runtime.openvino import OpenVINORunner
 
         super().__init__(components, spec, samples)
         self.runners = {name: OpenVINORunner(model) for name, model in components.items()}  # compiled once
+        self.requests = {name: runner.compiled.create_infer_request() for name, runner in self.runners.items()}
+        # component -> {cache leaf name: its variable state}, for the stateful components.
+        self.states: dict[str, dict[str, Any]] = {}
+        for name, request in self.requests.items():
+            states = {variable_leaf(state.name): state for state in request.query_state()}
+            if states:
+                unknown = [state.name for leaf, state in states.items() if leaf is None]
+                if unknown:
+                    raise InputError(f"{name} has OpenVINO variables that are no cache pair: {unknown}")
+                self.states[name] = states
+        self.holder: str | None = None
+
+    def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
+        super().start(first, batch, max_cache_len)
+        for name in self.states:
+            self.requests[name].reset_state()
+        self.holder = None
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         runner = self.runners[name]
+        if self.holder is not None and self.holder != name:
+            self._take_state(self.holder)
+        if name in self.states and self.holder != name:
+            self._put_state(name)
         names = [port.get_any_name() for port in runner.compiled.inputs]
         feed = {k: v.numpy() for k, v in self._flat_feed(name, step, names).items()}
-        result = runner.compiled(feed)
+        result = self.requests[name].infer(feed)
         outputs = {
             out: np.array(result[port]) for out, port in zip(runner.output_names, runner.compiled.outputs, strict=True)
         }
         return self._take_outputs(outputs)
+
+    def _put_state(self, name: str) -> None:
+        """Move the cache from `self.cache` into the variables of `name`'s request."""
+        import openvino as ov
+
+        for leaf, state in self.states[name].items():
+            state.state = ov.Tensor(np.ascontiguousarray(self.cache.pop(leaf).numpy()))
+        self.holder = name
+
+    def _take_state(self, name: str) -> None:
+        """Move the cache from the variables of `name`'s request back into `self.cache`."""
+        for leaf, state in self.states[name].items():
+            self.cache[leaf] = torch.from_numpy(np.array(state.state.data))
+        self.holder = None
+
+    def cache_tensors(self) -> dict[str, torch.Tensor]:
+        """The current cache by leaf name, wherever it is held (tests read it; a copy of the variables)."""
+        if self.holder is None:
+            return dict(self.cache)
+        return {leaf: torch.from_numpy(np.array(s.state.data)) for leaf, s in self.states[self.holder].items()}
 
     def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return dict(self.runners[name](**self._encoder_kwargs(name, inputs)))

@@ -12,6 +12,8 @@ RULES: list[Rule] = load_rules(
     [
         # Fixes (run right after translation, before the optimizer).
         "onnx/keep-near-noop-constants",
+        # Opt-in (NNCFOnnxQuantizer): a tied weight's Transpose, which the optimizer keeps, as an initializer.
+        "onnx/fold-shared-weight-transpose",
         # Fusions (run after the optimizer).
         # RMSNorm: the whole norm first; the core rule takes what the weight-fused rule left.
         "onnx/rms-norm-fusion",

@@ -1,0 +1,131 @@
+"""A weight read through a `Transpose` and also by another node (tied embeddings) becomes its own transposed
+initializer (stage `onnx`, a fix run before the optimizer; opt-in, switched on by `NNCFOnnxQuantizer`).
+
+torch.onnx translates `linear(x, W)` as `MatMul(x, Transpose(W))`. The onnxscript optimizer folds that
+`Transpose` into a new initializer when it is the weight's only reader, but a tied head (`lm_head.weight` is
+`embed_tokens.weight`: SmolLM2, Llama-3.2, Qwen3 small) also feeds the embedding's `Gather`, and a shared
+weight above the folding size limit keeps its runtime `Transpose`. NNCF's ONNX graph builder finds the weight
+of such a MatMul by walking through the `Transpose` to the initializer, but records the MatMul's own input
+(the Transpose's output, `val_…`) as the weight's name, and `nncf.compress_weights` then stops with "There is
+no tensor with the name val_…".
+
+The rule gives that MatMul its own initializer, `W` transposed (the same values, so the graph computes exactly
+what it did), and leaves the original to its other readers. The cost is a second copy of the shared weight in
+the file, which is why it is opt-in: ONNX Runtime folds the same `Transpose` when a session starts anyway, so
+a full-precision export gains nothing from it; a weight-compressing quantizer turns the copy into int4/int8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
+from hfexport.rewrites.rule import RuleMeta
+
+
+def _shared_initializer(value: Any) -> bool:
+    """`value` is a rank-2 graph initializer with a known value that more than one node reads."""
+    return (
+        value.is_initializer()
+        and value.const_value is not None
+        and value.shape is not None
+        and value.shape.rank() == 2
+        and len(value.uses()) > 1
+    )
+
+
+def _unique_name(value: Any) -> str:
+    graph = value.graph
+    taken = set(graph.initializers) if graph is not None else set()
+    name, index = f"{value.name}.transposed", 1
+    while name in taken:
+        index += 1
+        name = f"{value.name}.transposed.{index}"
+    return name
+
+
+def _rule() -> Any:
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
+
+    class FoldSharedWeightTranspose(pattern.RewriteRuleClassBase):
+        def pattern(self, op: Any, weight: Any) -> Any:
+            return op.Transpose(weight, _allow_other_attributes=True, _outputs=["transposed"])
+
+        def check(self, context: Any, weight: Any, transposed: Any, **_: Any) -> Any:
+            result = pattern.MatchResult()
+            if not _shared_initializer(weight):
+                return result.fail("not a rank-2 initializer that another node also reads", weight)
+            perm = transposed.producer().attributes.get("perm")
+            if perm is not None and list(perm.as_ints()) != [1, 0]:
+                return result.fail("a permutation other than the rank-2 swap", weight)
+            return result
+
+        def rewrite(self, op: Any, weight: Any, transposed: Any, **_: Any) -> Any:
+            name = _unique_name(weight)
+            array = weight.const_value.numpy().T.copy()
+            return op.initializer(ir.tensor(array, name=name), name=name)
+
+    return FoldSharedWeightTranspose.rule()
+
+
+# -- examples --------------------------------------------------------------------------------------
+
+
+class _TiedHead(torch.nn.Module):
+    """An embedding whose weight is also the output projection (tie_word_embeddings), large enough that the
+    optimizer's size limit keeps the Transpose."""
+
+    def __init__(self, vocab: int = 1024, hidden: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(self.norm(self.embed(input_ids)), self.embed.weight)
+
+
+class _UntiedHead(_TiedHead):
+    """The same with a head of its own: the optimizer folds its Transpose, nothing else reads the weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16, 1024, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(input_ids)))
+
+
+def _ids() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(0, 1024, (2, 5), generator=torch.Generator().manual_seed(0))}
+
+
+fold_shared_weight_transpose = OnnxRewriteRule(
+    meta=RuleMeta(
+        id="onnx/fold-shared-weight-transpose",
+        why="NNCFOnnxQuantizer failed on tied embeddings (SmolLM2, Llama-3.2) with 'There is no tensor with the name "
+        "val_…': NNCF reads the head's weight under the name of its Transpose's output",
+        upstream="nncf==3.4.0 nncf/onnx/graph/nncf_graph_builder.py GraphConverter (weight_attrs name is "
+        "node.input[port], while get_tensor_edge_name follows Transpose to the initializer)",
+        backends=("onnx",),
+        models=("llama", "qwen3", "nncf-onnx"),
+        kind="fix",
+        enabled_by_default=False,
+        examples=(
+            Match(
+                lambda: (_TiedHead(), _ids()),
+                "a tied output projection (the embedding's weight, 1024 x 16): its own transposed copy",
+            ),
+            NoMatch(
+                lambda: (_UntiedHead(), _ids()),
+                "a head with its own weight",
+                reason="nothing else reads the head's weight (the optimizer folds that Transpose itself)",
+            ),
+        ),
+    ),
+    rewrite_rule=_rule,
+)
