@@ -120,9 +120,11 @@ WINDOW = 16  # sliding windows and chunks this small are crossed by the long sha
 _WIDTH_KEYS = {"hidden_size", "d_model", "n_embd", "embed_dim", "word_embed_proj_dim", "model_dim", "dim"}
 _WIDTH_KEYS |= {"projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_size", "text_hidden_size"}
 _WIDTH_KEYS |= {"projector_hidden_size", "encoder_hidden_size", "decoder_hidden_size", "vision_hidden_size"}
+_WIDTH_KEYS |= {"out_hidden_size", "adapter_in_dim", "adapter_input_size", "text_hidden_dim"}
 _FFN_KEYS = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim", "ff_size"}
 _FFN_KEYS |= {"n_inner", "mlp_dim", "decoder_intermediate_size", "encoder_intermediate_size", "ffn_hidden_size"}
 _SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"}
+_SMALL_FFN_KEYS |= {"expert_ffn_hidden_size", "moe_ffn_hidden_size", "moe_hidden_size"}
 _HEAD_KEYS = {"num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads"}
 _HEAD_KEYS |= {"num_heads", "attention_heads", "num_attention_heads_text"}
 _KV_KEYS = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups"}
@@ -215,8 +217,9 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
             if new is not None and new != value:
                 kwargs[key] = new
             continue
-        if n_layers_orig and n_layers_orig > LAYERS and isinstance(value, (list, str)) and len(value) == n_layers_orig:
-            if key not in {"model_type"} and value:
+        per_layer = isinstance(value, list) or (isinstance(value, str) and ("pattern" in key or "override" in key))
+        if n_layers_orig and n_layers_orig > LAYERS and per_layer and len(value) == n_layers_orig:
+            if value:
                 kwargs[key] = _pick_layers(value, n_layers_orig)
             continue
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
@@ -229,9 +232,34 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
             rope = copy.deepcopy(value)
             rope["mrope_section"] = _scaled_mrope(value["mrope_section"], head_dim // 2)
             kwargs[key] = rope
+    rope = attrs.get("rope_parameters")
+    needs_mrope = "mrope_section" in getattr(type(config), "ignore_keys_at_rope_validation", ())
+    if level < 2 and needs_mrope and isinstance(rope, dict) and "mrope_section" not in rope:
+        # The modeling code defaults to [16, 24, 24] (head_dim 128): state a section that fits the new heads.
+        kwargs["rope_parameters"] = {**rope, "mrope_section": _scaled_mrope([16, 24, 24], HEAD_DIM // 2)}
     if level < 2 and "layer_types" in kwargs and "num_hidden_layers" not in attrs:
         kwargs.pop("layer_types")
+    if level < 2:
+        _fix_ssm_heads(attrs, kwargs)
     return kwargs
+
+
+def _fix_ssm_heads(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Mamba2-style mixers need heads x head_dim == expand x hidden: derive the head count from the new sizes."""
+    hidden = kwargs.get("hidden_size", attrs.get("hidden_size"))
+    for heads_key, dim_key, expand_key in (
+        ("num_heads", "head_dim", "expand"),
+        ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+        ("mamba_num_heads", "mamba_head_dim", "mamba_expand"),
+    ):
+        if heads_key in attrs and dim_key in attrs and isinstance(attrs.get(expand_key), (int, float)):
+            head_dim = kwargs.get(dim_key, attrs[dim_key])
+            if isinstance(head_dim, int) and head_dim > HEAD_DIM:
+                head_dim = kwargs[dim_key] = HEAD_DIM
+            if isinstance(hidden, int) and isinstance(head_dim, int) and head_dim > 0:
+                kwargs[heads_key] = max(1, int(attrs[expand_key] * hidden) // head_dim)
+        if "mamba_d_ssm" in attrs and isinstance(hidden, int) and isinstance(attrs.get(expand_key), (int, float)):
+            kwargs["mamba_d_ssm"] = int(attrs[expand_key] * hidden)
 
 
 def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | None:
@@ -244,10 +272,15 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
         return 2
     if key in {"n_shared_experts", "num_shared_experts"} and value > 1:
         return 1
-    if key in {"n_group", "topk_group", "num_expert_group"} and value > 1:
+    if key in {"n_group", "topk_group", "num_expert_group", "n_groups", "mamba_n_groups"} and value > 1:
         return 1
     if key in {"first_k_dense_replace", "first_dense_layers"} and value > 1:
         return 1
+    # Hybrids place attention/experts by period and offset: keep one of each kind within the 2 layers.
+    if key in {"attn_layer_offset", "expert_layer_offset"} and value > 1:
+        return 1
+    if key in {"attn_layer_period", "expert_layer_period"} and value > 2:
+        return 2
     if level >= 2:
         return None
     if key in _WIDTH_KEYS and value > WIDTH:
@@ -262,6 +295,12 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
         return 1 if heads is not None and value < heads else HEADS
     if key in _HEAD_DIM_KEYS and value > HEAD_DIM:
         return HEAD_DIM
+    if key == "rotary_dim" and value > HEAD_DIM // 2:
+        return HEAD_DIM // 2
+    if key in {"vocab_size_per_layer_input"} and value > TEXT_VOCAB:
+        return TEXT_VOCAB
+    if key in {"hidden_size_per_layer_input", "emb_dim"} and value > WIDTH // 2:
+        return WIDTH // 2 if key != "emb_dim" else WIDTH
     if key in _LORA_KEYS and value > _LORA_KEYS[key]:
         return _LORA_KEYS[key]
     if key in _VOCAB_KEYS and value > TEXT_VOCAB:
@@ -421,6 +460,8 @@ def _vlm_candidates(params: set[str], config: Any, n_image_tokens: int | None = 
         cand = _text_candidate(params, config)
         cand.inputs["pixel_values"] = _image_spec(config)
         return [cand]
+    if "image_grid_thw" in params:
+        return _grid_candidates(params, config, image_token)
     out = []
     for n in [n_image_tokens] if n_image_tokens else [1, 16, 64]:
         length = n + 8
@@ -431,6 +472,39 @@ def _vlm_candidates(params: set[str], config: Any, n_image_tokens: int | None = 
         cand.note = f"{n} image tokens"
         out.append(cand)
     return out
+
+
+def _grid_candidates(params: set[str], config: Any, image_token: int) -> list[Candidate]:
+    """Qwen2-VL-style inputs: flattened patches, a (t, h, w) grid per image, merged tokens in the ids."""
+    vision = _vision_config(config)
+    patch = _int(getattr(vision, "patch_size", None), 14)
+    temporal = _int(getattr(vision, "temporal_patch_size", 1), 1)
+    channels = _int(_sub(vision, "in_channels", "num_channels", "in_chans"), 3)
+    merge = _int(getattr(vision, "spatial_merge_size", 2), 2)
+    side = 2 * merge
+    n = side * side // (merge * merge)
+    start, end = _sub(config, "vision_start_token_id"), _sub(config, "vision_end_token_id")
+    prefix = [start] if isinstance(start, int) else []
+    suffix = [end] if isinstance(end, int) else []
+    length = len(prefix) + n + len(suffix) + 8
+    cand = _text_candidate(params, config, length)
+    cand.inputs["input_ids"] = {
+        "dtype": "int64",
+        "shape": [2, length],
+        "placeholder": {"token": image_token, "count": n, "prefix": prefix, "suffix": suffix},
+    }
+    cand.inputs["pixel_values"] = {
+        "dtype": "float32",
+        "shape": [2 * side * side, channels * temporal * patch * patch],
+        "init": "rand",
+    }
+    cand.inputs["image_grid_thw"] = {"dtype": "int64", "values": [[1, side, side], [1, side, side]]}
+    if "mm_token_type_ids" in params:
+        cand.inputs["mm_token_type_ids"] = {"dtype": "int64", "shape": [2, length], "types_of": image_token}
+        cand.grow["mm_token_type_ids"] = {"axis": 1, "by": 5, "fill": 0}
+    cand.generate_exclude = []
+    cand.note = f"grid {side}x{side}, {n} image tokens"
+    return [cand]
 
 
 def _audio_candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
@@ -477,7 +551,10 @@ def _first_line(exc: BaseException) -> str:
     if not message:
         frames = traceback.extract_tb(exc.__traceback__)
         message = f"(no message) at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "(no message)"
-    return f"{type(exc).__name__}: {message.splitlines()[0]}"[:400]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    # A validator's first line ends with ":" and names nothing: the next line says what failed.
+    text = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(exc).__name__}: {text}"[:400]
 
 
 _MISMATCH = re.compile(r"tokens:?\s*(\d+),?\s*features:?\s*(\d+)")
@@ -492,11 +569,17 @@ def _materialise_placeholders(entry: dict[str, Any], text_range: tuple[int, int]
         if ph is None:
             continue
         batch, length = spec.pop("shape")
+        head = [*ph.get("prefix", []), *[ph["token"]] * ph["count"], *ph.get("suffix", [])]
         rows = []
         for _ in range(batch):
-            text = allowed[torch.randint(len(allowed), (length - ph["count"],), generator=gen)].tolist()
-            rows.append([ph["token"]] * ph["count"] + text)
+            text = allowed[torch.randint(len(allowed), (length - len(head),), generator=gen)].tolist()
+            rows.append(head + text)
         spec["values"] = rows
+        for other in entry["sample"]["inputs"].values():
+            if other.get("types_of") == ph["token"]:  # mm_token_type_ids: 1 on image tokens, 0 elsewhere
+                other.pop("types_of")
+                other.pop("shape")
+                other["values"] = [[int(x == ph["token"]) for x in row] for row in rows]
 
 
 def _max_length(config: Any) -> int | None:
@@ -631,6 +714,13 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
         # T5-style models start decoding from the pad token; without one set, generate() refuses to start.
         pad = getattr(config, "pad_token_id", None)
         config.decoder_start_token_id = pad if isinstance(pad, int) else 0
+    if family.name == "causal_lm" and getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True  # encoders used as causal LMs (BertLMHeadModel, Reformer) must be decoders
+    if family.name == "ctc" and getattr(config, "vocab_size", 0) is None:
+        config.vocab_size = 32  # a CTC head needs a vocabulary; some speech configs leave it unset
+    languages = getattr(config, "languages", None)
+    if isinstance(languages, (list, tuple)) and languages and getattr(config, "default_language", 0) is None:
+        config.default_language = languages[0]  # X-MOD refuses to run without a language adapter chosen
     params = _forward_params(auto_class, config)
     cands = candidates(family.kind, params, config)
     if not cands:
