@@ -316,6 +316,8 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
             return IMAGE_SIZE
         if key == "patch_size" and value > PATCH:
             return PATCH
+        if key in {"mm_tokens_per_image", "image_seq_length"} and value > 4:
+            return 4  # pooled to a square of side 2: fits the 8x8 patches of a 32-pixel image
     return None
 
 
@@ -434,7 +436,12 @@ def candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
         else:
             return []
     if kind == "text":
-        return [_text_candidate(params, config)]
+        cand = _text_candidate(params, config)
+        eos = getattr(config, "eos_token_id", None)
+        if getattr(config, "is_encoder_decoder", False) and isinstance(eos, int):
+            # BART-style classification heads pool the <eos> token: each row ends with one.
+            cand.inputs["input_ids"] = {"dtype": "int64", "shape": [2, 8], "placeholder": _tail(eos)}
+        return [cand]
     if kind == "seq2seq":
         cand = _text_candidate(params, config)
         cand.generate_exclude = _decoder(cand.inputs, cand.grow)
@@ -450,6 +457,10 @@ def candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
     if kind in {"audio", "speech_seq2seq"}:
         return _audio_candidates(kind, params, config)
     return []
+
+
+def _tail(token: int) -> dict[str, Any]:
+    return {"token": token, "count": 0, "tail": [token]}
 
 
 def _vlm_candidates(params: set[str], config: Any, n_image_tokens: int | None = None) -> list[Candidate]:
@@ -471,6 +482,12 @@ def _vlm_candidates(params: set[str], config: Any, n_image_tokens: int | None = 
         cand.inputs["pixel_values"] = _image_spec(config)
         cand.note = f"{n} image tokens"
         out.append(cand)
+    for cand in list(out):  # (batch, images, channels, height, width): Idefics-style processors
+        five = copy.deepcopy(cand)
+        shape = five.inputs["pixel_values"]["shape"]
+        five.inputs["pixel_values"]["shape"] = [shape[0], 1, *shape[1:]]
+        five.note += ", 5-d pixel_values"
+        out.append(five)
     return out
 
 
@@ -529,6 +546,34 @@ def _audio_candidates(kind: str, params: set[str], config: Any) -> list[Candidat
         grow = {"input_values": {"axis": 1, "by": 1600, "fill": "randn"}}
         exclude = _decoder(inputs, grow) if "decoder_input_ids" in params else []
         out.append(Candidate(inputs, grow, exclude, "waveform"))
+        mels = _int(_sub(config, "num_mel_bins", "feature_size"), 0)
+        if mels:  # spectrogram transformers take (batch, frames, mel bins) under the same name
+            frames = min(_int(getattr(config, "max_length", 0), 64), 1024)
+            spec = {"dtype": "float32", "shape": [2, frames, mels], "init": "randn"}
+            out.append(Candidate({"input_values": spec}, {}, [], "spectrogram"))
+    return out
+
+
+_FEATURES = re.compile(
+    r"mat1 and mat2 shapes cannot be multiplied \(\d+x\d+ and (\d+)x\d+\)|normalized_shape=\[(\d+)\]"
+)
+
+
+def _audio_retry(params: set[str], config: Any, exc: Exception, tried: set[int]) -> list[Candidate]:
+    """Speech front ends whose feature width the config does not name plainly: take it from the error."""
+    match = _FEATURES.search(str(exc))
+    if not match or "input_features" not in params:
+        return []
+    width = int(match.group(1) or match.group(2))
+    if width in tried or not 0 < width <= 4096:
+        return []
+    tried.add(width)
+    out = []
+    for shape, axis in (([2, 64, width], 1), ([2, width, 64], 2)):
+        inputs: dict[str, Any] = {"input_features": {"dtype": "float32", "shape": shape, "init": "randn"}}
+        grow: dict[str, Any] = {"input_features": {"axis": axis, "by": 16, "fill": "randn"}}
+        exclude = _decoder(inputs, grow) if "decoder_input_ids" in params else []
+        out.append(Candidate(inputs, grow, exclude, f"{width} features"))
     return out
 
 
@@ -572,8 +617,9 @@ def _materialise_placeholders(entry: dict[str, Any], text_range: tuple[int, int]
         head = [*ph.get("prefix", []), *[ph["token"]] * ph["count"], *ph.get("suffix", [])]
         rows = []
         for _ in range(batch):
-            text = allowed[torch.randint(len(allowed), (length - len(head),), generator=gen)].tolist()
-            rows.append(head + text)
+            tail = ph.get("tail", [])
+            text = allowed[torch.randint(len(allowed), (length - len(head) - len(tail),), generator=gen)].tolist()
+            rows.append(head + text + tail)
         spec["values"] = rows
         for other in entry["sample"]["inputs"].values():
             if other.get("types_of") == ph["token"]:  # mm_token_type_ids: 1 on image tokens, 0 elsewhere
@@ -701,6 +747,7 @@ def _forward_params(auto_class: str, config: Any) -> set[str]:
     import transformers
 
     cls = getattr(transformers, auto_class)._model_mapping[type(config)]
+    cls = cls[0] if isinstance(cls, (tuple, list)) else cls  # a mapping may list several classes; first wins
     return set(inspect.signature(cls.forward).parameters)
 
 
@@ -718,6 +765,10 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
         config.is_decoder = True  # encoders used as causal LMs (BertLMHeadModel, Reformer) must be decoders
     if family.name == "ctc" and getattr(config, "vocab_size", 0) is None:
         config.vocab_size = 32  # a CTC head needs a vocabulary; some speech configs leave it unset
+    if auto_class == "AutoModelForSequenceClassification" and getattr(config, "pad_token_id", 0) is None:
+        # Sequence classification finds each row's last token through the pad id: batches need one.
+        eos = getattr(config, "eos_token_id", None)
+        config.pad_token_id = eos if isinstance(eos, int) else 0
     languages = getattr(config, "languages", None)
     if isinstance(languages, (list, tuple)) and languages and getattr(config, "default_language", 0) is None:
         config.default_language = languages[0]  # X-MOD refuses to run without a language adapter chosen
@@ -728,6 +779,7 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
     errors: list[str] = []
     queue = list(cands)
     tried_counts: set[int] = set()
+    tried_widths: set[int] = set()
     while queue:
         cand = queue.pop(0)
         entry = _entry(model_type, family, auto_class, config, cand, f"generated:shrink-level-{level}")
@@ -742,6 +794,8 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
                 if per_sample not in tried_counts and 0 < per_sample <= 4096:
                     tried_counts.add(per_sample)
                     queue = _vlm_candidates(params, config, per_sample) + queue
+            if family.kind in {"audio", "speech_seq2seq"}:
+                queue = _audio_retry(params, config, exc, tried_widths) + queue
     return None, errors[0] if len(set(errors)) == 1 else " | ".join(dict.fromkeys(errors))
 
 
