@@ -1,8 +1,8 @@
 """OnnxExporter parity in ONNX Runtime on tiny random models of real architectures (tests/fixtures/corpus).
 
-Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession`
-must match eager on the sample inputs and on a longer (grown) input. A few representative architectures
-run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
+Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession` must match
+eager on the sample inputs and on other shapes (grown, 73 and 138 tokens, another batch). A few representative
+architectures run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import onnxruntime as ort
 from hfexport import OnnxConfig, OnnxExporter
 from hfexport.lowerings.onnx import onnx_feed
 from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
+from hfexport.testing.corpus_check import check_entry, failures
 
 # One per family of ONNX problems, kept small: the default tier must stay within minutes on 2 cores.
 FAST = {"llama", "gpt2", "qwen3_moe", "bert"}
@@ -46,12 +47,11 @@ def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_p
     input_names = [i.name for i in session.get_inputs()]
     output_names = [o.name for o in session.get_outputs()]
     assert entry.output in output_names, output_names
-    for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
-        with torch.no_grad():
-            expected = entry.main_output(model(**feed))
-        actual = torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])
-        assert actual.shape == expected.shape, what
-        tolerance = 1e-4 * max(1.0, expected.abs().max().item())
-        diff = (expected - actual).abs().max().item()
-        assert diff <= tolerance, f"{entry.model_type} {what}: max abs diff {diff:.3g} > {tolerance:.3g}"
+
+    def run(feed: dict) -> dict:
+        return {entry.output: torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])}
+
+    # the sample, then grown / 73 / 138 tokens and another batch (hfexport.testing.corpus_check)
+    checks = check_entry(entry, model, run, tolerance=1e-4)
+    assert not failures(checks), f"{entry.model_type}: " + " | ".join(failures(checks))
     assert all(count > 0 for stage in exporter.report.hits.values() for count in stage.values())

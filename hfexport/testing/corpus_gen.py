@@ -17,6 +17,7 @@ Failures are returned as a reason string, never raised, so a caller can list eve
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 import time
@@ -95,8 +96,12 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+@functools.cache
 def family_types(family: Family) -> dict[str, str]:
-    """``{model_type: auto_class}`` of a family, in mapping order; feature extraction excludes the other families."""
+    """``{model_type: auto_class}`` of a family, in mapping order; feature extraction excludes the other families.
+
+    Cached (the mappings do not change in a process): treat the dict as read-only.
+    """
     from transformers.models.auto import modeling_auto
 
     types: dict[str, str] = {}
