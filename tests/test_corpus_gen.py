@@ -52,7 +52,7 @@ def test_generator_builds_a_tiny_entry_that_loads_and_reproduces(tmp_path: Path,
 def test_generator_reports_a_type_it_cannot_build_instead_of_raising() -> None:
     result = generate_entry("no_such_model_type", FAMILY["causal_lm"], "AutoModelForCausalLM")
     assert result.entry is None
-    assert "no_such_model_type" in result.reason and result.reason.count("level") == 3
+    assert "no_such_model_type" in result.reason and result.reason.count("level ") == 4
 
 
 def test_generated_corpus_exists_for_every_family() -> None:

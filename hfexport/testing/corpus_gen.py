@@ -189,7 +189,8 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
     """Constructor kwargs that shrink one config (recursing into sub-configs).
 
     Levels: 0 shrinks everything (widths, heads, vocab, windows, images); 1 keeps windows/chunks and images as
-    they are; 2 only cuts depth (layers, experts), for configs whose widths are tied by formulas we do not know.
+    they are; 2 only cuts depth (layers, experts), for configs whose widths are tied by formulas we do not know;
+    3 keeps the defaults (a small default model, e.g. a detector, whose stages are tied to each other).
     """
     attrs = dict(vars(config))
     kwargs: dict[str, Any] = {}
@@ -202,9 +203,19 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
     for key, value in attrs.items():
         if key.startswith("_") or key in {"architectures", "transformers_version", "model_type", "auto_map"}:
             continue
+        if _is_config(value) and value.model_type == "timm_backbone":
+            # timm is not a dependency: the same stages from transformers' ResNet (DETR-style detectors).
+            kwargs[key] = _resnet_backbone(value, level)
+            continue
         if _is_config(value):
             # A nested dict is rebuilt by model_type (backbones, encoder/decoder pairs), so it must name it.
-            kwargs[key] = {"model_type": value.model_type, **_shrink_level(value, level, id_map)}
+            shrunk = {"model_type": value.model_type, **_shrink_level(value, level, id_map)}
+            if "backbone" in key:
+                # A parent's default backbone differs from the backbone class's defaults (the stages it
+                # outputs): start from the parent's, not from the class's.
+                base = {k: v for k, v in value.to_dict().items() if k not in {"transformers_version", "architectures"}}
+                shrunk = {**base, **shrunk}
+            kwargs[key] = shrunk
             continue
         if isinstance(value, bool):
             # Never download a pretrained backbone, and build backbones from transformers rather than timm.
@@ -221,6 +232,8 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
             new = _shrink_int(key, value, level, heads)
             if new is not None and new != value:
                 kwargs[key] = new
+            continue
+        if level >= 3:
             continue
         per_layer = isinstance(value, list) or (isinstance(value, str) and ("pattern" in key or "override" in key))
         if n_layers_orig and n_layers_orig > LAYERS and per_layer and len(value) == n_layers_orig:
@@ -267,8 +280,19 @@ def _fix_ssm_heads(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
             kwargs["mamba_d_ssm"] = int(attrs[expand_key] * hidden)
 
 
+def _resnet_backbone(timm: Any, level: int) -> dict[str, Any]:
+    """A transformers ResNet backbone config standing in for a timm one, with the same stages out."""
+    out_indices = list(getattr(timm, "out_indices", None) or [1, 2, 3, 4])
+    config: dict[str, Any] = {"model_type": "resnet", "out_indices": out_indices, "depths": [1, 1, 1, 1]}
+    if level < 2:
+        config.update(embedding_size=16, hidden_sizes=[16, 32, 64, 128], layer_type="basic")
+    return config
+
+
 def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | None:
     """The shrunk value of one integer hyper-parameter, or None to keep it."""
+    if level >= 3:
+        return None
     if key in _LAYER_KEYS and value > LAYERS:
         return LAYERS
     if key in _EXPERT_KEYS and value > 4:
@@ -328,6 +352,8 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
 
 def _shrink_list(key: str, value: list[int], level: int) -> list[int] | None:
     """Per-stage lists of vision backbones: one block per stage, narrower stages, fewer heads."""
+    if level >= 3:
+        return None
     if key in {"depths", "num_blocks", "layers", "blocks_per_stage"}:
         return [1] * len(value)
     if level >= 2:
@@ -452,7 +478,10 @@ def candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
         cand.generate_exclude = _decoder(cand.inputs, cand.grow)
         return [cand]
     if kind == "image":
-        return [Candidate({"pixel_values": _image_spec(config)}, {}, [])]
+        spec = _image_spec(config)
+        larger = {**spec, "shape": [*spec["shape"][:2], 128, 128]}
+        # Detectors and segmenters stride by 32 and more: a 32-pixel image leaves them no feature map.
+        return [Candidate({"pixel_values": spec}, {}, []), Candidate({"pixel_values": larger}, {}, [], "128 pixels")]
     if kind == "dual":
         cand = _text_candidate(params, config)
         cand.inputs["pixel_values"] = _image_spec(config)
@@ -817,7 +846,7 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
             return GenResult(model_type, family.name, entry)
         except Exception as exc:
             reasons.append(f"reused entry: {_first_line(exc)}")
-    for level in (0, 1, 2):
+    for level in (0, 1, 2, 3):
         try:
             entry, reason = _try_level(model_type, family, auto_class, level)
         except Exception as exc:
