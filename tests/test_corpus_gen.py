@@ -120,3 +120,9 @@ def test_shape_checks_fail_on_an_export_that_baked_the_sample_length_in() -> Non
     assert by_name["sample"].ok
     assert not by_name["longer"].ok and by_name["longer"].problem
     assert {line.split(" ")[0] for line in failures(checks)} == {"grown", "long", "longer", "batch+1"}
+
+
+def test_load_corpus_reads_the_generated_families_without_their_skip_records() -> None:
+    entries = load_corpus(ROOT, family="ctc")
+    assert entries and all(e.family == "ctc" for e in entries)
+    assert len(entries) == len([p for p in (ROOT / "ctc").glob("*.json") if not p.name.startswith("_")])

@@ -170,13 +170,10 @@ class CorpusEntry:
         return {name: self._grow(t, grow[name], gen) if name in grow else t for name, t in self.sample_inputs().items()}
 
     def _text_length(self, inputs: dict[str, torch.Tensor]) -> int:
-        """The longest grown integer (token) axis of `inputs`, the length positions tables must hold."""
+        """The longest grown token axis of `inputs` (text-filled grow specs), the length positions tables must
+        hold; an audio attention mask grows with the samples, which no position table bounds."""
         grow = self.sample.get("grow") or {}
-        lengths = [
-            inputs[name].shape[spec["axis"]]
-            for name, spec in grow.items()
-            if name in inputs and not inputs[name].is_floating_point()
-        ]
+        lengths = [inputs[name].shape[spec["axis"]] for name, spec in grow.items() if spec.get("fill") == "text"]
         return max(lengths, default=0)
 
     def shape_inputs(self, seed: int = 1) -> dict[str, dict[str, torch.Tensor]]:
@@ -223,7 +220,8 @@ def load_corpus(root: Path | None = None, family: str | None = None) -> list[Cor
             f"corpus fixtures not found at {root}; pass root= or copy entries to tests/fixtures/corpus"
         )
     pattern = f"{family}/*.json" if family else "*/*.json"
-    entries = [load_entry(p) for p in sorted(root.glob(pattern))]
+    # `_skipped.json` and other `_` files beside the entries are the generator's records, not entries.
+    entries = [load_entry(p) for p in sorted(root.glob(pattern)) if not p.name.startswith("_")]
     if family and not entries:
         raise FileNotFoundError(f"no corpus entries for family {family!r} under {root}")
     return entries
