@@ -454,6 +454,8 @@ def _decoder(inputs: dict[str, Any], grow: dict[str, Any], length: int = 4) -> l
 def candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
     """Ways to feed a model of this kind, most natural first; the generator keeps the first that runs."""
     if kind == "auto":
+        if {"hidden_states", "grid_thw"} <= params:
+            return [_vision_tower_candidate(config)]
         if "input_ids" in params and "pixel_values" in params:
             kind = "dual"
         elif "input_ids" in params:
@@ -527,13 +529,8 @@ def _vlm_candidates(params: set[str], config: Any, n_image_tokens: int | None = 
 
 def _grid_candidates(params: set[str], config: Any, image_token: int) -> list[Candidate]:
     """Qwen2-VL-style inputs: flattened patches, a (t, h, w) grid per image, merged tokens in the ids."""
-    vision = _vision_config(config)
-    patch = _int(getattr(vision, "patch_size", None), 14)
-    temporal = _int(getattr(vision, "temporal_patch_size", 1), 1)
-    channels = _int(_sub(vision, "in_channels", "num_channels", "in_chans"), 3)
-    merge = _int(getattr(vision, "spatial_merge_size", 2), 2)
-    side = 2 * merge
-    n = side * side // (merge * merge)
+    side, width = _patch_geometry(config)
+    n = 4  # a side of 2 x merge patches merges to a 2x2 square of tokens
     start, end = _sub(config, "vision_start_token_id"), _sub(config, "vision_end_token_id")
     prefix = [start] if isinstance(start, int) else []
     suffix = [end] if isinstance(end, int) else []
@@ -546,7 +543,7 @@ def _grid_candidates(params: set[str], config: Any, image_token: int) -> list[Ca
     }
     cand.inputs["pixel_values"] = {
         "dtype": "float32",
-        "shape": [2 * side * side, channels * temporal * patch * patch],
+        "shape": [2 * side * side, width],
         "init": "rand",
     }
     cand.inputs["image_grid_thw"] = {"dtype": "int64", "values": [[1, side, side], [1, side, side]]}
@@ -556,6 +553,26 @@ def _grid_candidates(params: set[str], config: Any, image_token: int) -> list[Ca
     cand.generate_exclude = []
     cand.note = f"grid {side}x{side}, {n} image tokens"
     return [cand]
+
+
+def _patch_geometry(config: Any) -> tuple[int, int]:
+    """(side of a 2x-merge grid, flattened patch width) of a Qwen2-VL-style vision tower."""
+    vision = _vision_config(config)
+    patch = _int(getattr(vision, "patch_size", None), 14)
+    temporal = _int(getattr(vision, "temporal_patch_size", 1), 1)
+    channels = _int(_sub(vision, "in_channels", "num_channels", "in_chans"), 3)
+    merge = _int(getattr(vision, "spatial_merge_size", 2), 2)
+    return 2 * merge, channels * temporal * patch * patch
+
+
+def _vision_tower_candidate(config: Any) -> Candidate:
+    """A Qwen2-VL-style vision tower on its own: flattened patches of two images and their (t, h, w) grids."""
+    side, width = _patch_geometry(config)
+    inputs = {
+        "hidden_states": {"dtype": "float32", "shape": [2 * side * side, width], "init": "rand"},
+        "grid_thw": {"dtype": "int64", "values": [[1, side, side], [1, side, side]]},
+    }
+    return Candidate(inputs, {}, [], f"grid {side}x{side}")
 
 
 def _audio_candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
