@@ -31,6 +31,9 @@ KNOWN_FAILURES: dict[str, str] = {
     "axk2": "aten.topk tie order on the grown input: the indexer's top-8 scores tie at exactly 0.0 (and -inf); "
     "same selected values, different indices than eager CPU topk (ONNX TopK picks the lowest index)",
     "doge": "torch.onnx's run_decompositions cannot view the transposed attention output (pytorch#141107)",
+    "falcon_h1": "73 and 138 tokens (past mamba_chunk_size 16 more than once; 13 passes) fail in ONNX Runtime: "
+    "Expand node 'invalid expand shape', a length baked in at export (found by the corpus shape checks, not "
+    "investigated yet)",
 }
 
 CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
