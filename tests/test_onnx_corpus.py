@@ -1,8 +1,8 @@
 """OnnxExporter parity in ONNX Runtime on tiny random models of real architectures (tests/fixtures/corpus).
 
-Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession`
-must match eager on the sample inputs and on a longer (grown) input. A few representative architectures
-run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
+Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession` must match
+eager on the sample inputs and on other shapes (grown, 73 and 138 tokens, another batch). A few representative
+architectures run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,27 @@ import onnxruntime as ort
 from hfexport import OnnxConfig, OnnxExporter
 from hfexport.lowerings.onnx import onnx_feed
 from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
+from hfexport.testing.corpus_check import check_entry, failures
 
 # One per family of ONNX problems, kept small: the default tier must stay within minutes on 2 cores.
 FAST = {"llama", "gpt2", "qwen3_moe", "bert"}
 # Architectures that do not export to ONNX yet; kept in the slow tier as expected failures with the reason.
+# Found by the corpus shape checks (2026-12-02), not investigated yet: every Mamba2 hybrid passes 13 tokens and
+# fails past its chunk size (16, nemotron_h 64) with the same node, a length baked in by the chunked scan.
+_MAMBA2_CHUNKS = (
+    "73 and 138 tokens (past the Mamba2 chunk size; 13 passes) fail in ONNX Runtime: Expand node 'node_expand_2' "
+    "'invalid expand shape'"
+)
 KNOWN_FAILURES: dict[str, str] = {
     "afmoe": "aten.topk tie order: the tiny model's router weight is all zeros, so every expert scores 0.5; "
     "eager CPU topk (unstable nth_element) picks experts [2, 3], ONNX TopK the lowest indices [0, 1]",
     "axk2": "aten.topk tie order on the grown input: the indexer's top-8 scores tie at exactly 0.0 (and -inf); "
     "same selected values, different indices than eager CPU topk (ONNX TopK picks the lowest index)",
     "doge": "torch.onnx's run_decompositions cannot view the transposed attention output (pytorch#141107)",
+    "falcon_h1": _MAMBA2_CHUNKS,
+    "bamba": _MAMBA2_CHUNKS,
+    "granitemoehybrid": _MAMBA2_CHUNKS,
+    "nemotron_h": _MAMBA2_CHUNKS,
 }
 
 CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
@@ -46,12 +57,11 @@ def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_p
     input_names = [i.name for i in session.get_inputs()]
     output_names = [o.name for o in session.get_outputs()]
     assert entry.output in output_names, output_names
-    for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
-        with torch.no_grad():
-            expected = entry.main_output(model(**feed))
-        actual = torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])
-        assert actual.shape == expected.shape, what
-        tolerance = 1e-4 * max(1.0, expected.abs().max().item())
-        diff = (expected - actual).abs().max().item()
-        assert diff <= tolerance, f"{entry.model_type} {what}: max abs diff {diff:.3g} > {tolerance:.3g}"
+
+    def run(feed: dict) -> dict:
+        return {entry.output: torch.from_numpy(session.run([entry.output], onnx_feed(input_names, feed))[0])}
+
+    # the sample, then grown / 73 / 138 tokens and another batch (hfexport.testing.corpus_check)
+    checks = check_entry(entry, model, run, tolerance=1e-4)
+    assert not failures(checks), f"{entry.model_type}: " + " | ".join(failures(checks))
     assert all(count > 0 for stage in exporter.report.hits.values() for count in stage.values())

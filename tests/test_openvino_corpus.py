@@ -1,9 +1,9 @@
 """OpenVINOExporter parity on the OpenVINO CPU plugin for tiny random models of real architectures.
 
 Every causal LM and encoder of tests/fixtures/corpus is exported once with `dynamic=True`; the `openvino.Model`,
-compiled with the f32 inference-precision hint, must match eager within 1e-4 x max(1, max|eager|) on the sample inputs
-and on a longer (grown) input, and keep its input axes dynamic. A few architectures run by default; the rest
-of the corpus runs with `-m slow` (and as `tools/sweep_openvino.py`).
+compiled with the f32 inference-precision hint, must match eager within 1e-4 x max(1, max|eager|) on the sample
+inputs and on other shapes (grown, 73 and 138 tokens, another batch), and keep its input axes dynamic. A few
+architectures run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_openvino.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ pytest.importorskip("openvino")
 from hfexport import OpenVINOConfig, OpenVINOExporter
 from hfexport.runtime.openvino import OpenVINORunner
 from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
+from hfexport.testing.corpus_check import check_entry, failures
 
 # One dense decoder by default (the MoE patch has its own examples and failure test in tests/rewrites): the
 # default tier must stay within minutes on 2 cores.
@@ -56,12 +57,7 @@ def test_openvino_matches_eager_with_a_second_shape(entry: CorpusEntry) -> None:
             assert port.get_partial_shape()[grows["axis"]].is_dynamic, f"{port.get_any_name()} grows but is static"
     runner = OpenVINORunner(ov_model)
     assert entry.output in runner.output_names, runner.output_names
-    for what, feed in (("sample", inputs), ("grown", entry.grown_inputs())):
-        with torch.no_grad():
-            expected = entry.main_output(model(**feed))
-        actual = runner(**feed)[entry.output]
-        assert actual.shape == expected.shape, what
-        tolerance = 1e-4 * max(1.0, expected.abs().max().item())
-        diff = (expected.float() - actual.float()).abs().max().item()
-        assert diff <= tolerance, f"{entry.model_type} {what}: max abs diff {diff:.3g} > {tolerance:.3g}"
+    # the sample, then grown / 73 / 138 tokens and another batch (hfexport.testing.corpus_check)
+    checks = check_entry(entry, model, lambda feed: {entry.output: runner(**feed)[entry.output]}, tolerance=1e-4)
+    assert not failures(checks), f"{entry.model_type}: " + " | ".join(failures(checks))
     assert all(count > 0 for stage in exporter.report.hits.values() for count in stage.values())

@@ -10,7 +10,7 @@ in-place cache pairs removed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,19 +46,26 @@ class ShapeCheck:
     outputs: list[OutputDiff] = field(default_factory=list)
     # Why the artifact could not run these inputs at all (a static axis, a bound), or "".
     problem: str = ""
+    # Why the check did not run: eager itself refused these inputs (only where the caller allows that), or "".
+    skipped: str = ""
 
     @property
     def ok(self) -> bool:
+        if self.skipped:
+            return True
         return not self.problem and bool(self.outputs) and all(o.ok for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        record = {
             "name": self.name,
             "shapes": self.shapes,
             "ok": self.ok,
             "problem": self.problem,
             "outputs": [o.to_dict() for o in self.outputs],
         }
+        if self.skipped:
+            record["skipped"] = self.skipped
+        return record
 
 
 @dataclass
@@ -99,6 +106,9 @@ class Validation:
             lines.append("  FAIL no outputs to compare")
         for check in self.checks:
             shapes = ", ".join(f"{k} {v}" for k, v in check.shapes.items())
+            if check.skipped:
+                lines.append(f"  skip {check.name} ({shapes}): {check.skipped}")
+                continue
             if check.problem:
                 lines.append(f"  FAIL {check.name} ({shapes}): {check.problem}")
                 continue
@@ -173,13 +183,56 @@ def validate(
     expected = eager_outputs(model, inputs)
     actual = loaded.run(inputs, component)
     validation = Validation(loaded.export_format, compare(expected, actual, atol, rtol), atol, rtol)
-    for name, feed in (other_inputs or {}).items():
+    validation.checks = check_shapes(lambda feed: loaded.run(feed, component), model, other_inputs or {}, atol, rtol)
+    return validation
+
+
+def _first_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return f"{type(exc).__name__}: {first}"
+
+
+def check_shapes(
+    run: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    model: Any,
+    other_inputs: Mapping[str, Mapping[str, Any]],
+    atol: float,
+    rtol: float,
+    *,
+    outputs: Sequence[str] | None = None,
+    eager_may_refuse: bool = False,
+) -> list[ShapeCheck]:
+    """One `ShapeCheck` per feed of `other_inputs`: `run(feed)` (an artifact in its runtime, or any callable
+    returning named outputs) against eager on the same feed.
+
+    `outputs` limits the comparison to those names (the corpus compares its main output). With
+    `eager_may_refuse`, a feed that eager itself cannot run (a generated shape beyond what the model accepts)
+    is a skipped check rather than an error: it says nothing about the artifact.
+    """
+    checks = []
+    for name, feed in other_inputs.items():
         shapes = {k: list(v.shape) for k, v in feed.items() if hasattr(v, "shape")}
         try:
-            got = loaded.run(feed, component)
-        except Exception as exc:  # the runtime refused the shape: that is the finding, not an error of ours
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            validation.checks.append(ShapeCheck(name, shapes, problem=f"{type(exc).__name__}: {first}"))
+            expected = eager_outputs(model, feed)
+        except Exception as exc:
+            if not eager_may_refuse:
+                raise
+            checks.append(ShapeCheck(name, shapes, skipped=f"eager refuses it: {_first_line(exc)}"))
             continue
-        validation.checks.append(ShapeCheck(name, shapes, compare(eager_outputs(model, feed), got, atol, rtol)))
-    return validation
+        try:
+            got = run(feed)
+        except Exception as exc:  # the runtime refused the shape: that is the finding, not an error of ours
+            checks.append(ShapeCheck(name, shapes, problem=_first_line(exc)))
+            continue
+        if outputs is not None:
+            expected, got = _select(expected, outputs), _select(got, outputs)
+        checks.append(ShapeCheck(name, shapes, compare(expected, got, atol, rtol)))
+    return checks
+
+
+def _select(named: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The outputs called `names`; a runtime that lost the names falls back to the first output."""
+    picked = {n: named[n] for n in names if n in named}
+    if not picked and named:
+        picked = {names[0]: next(iter(named.values()))}
+    return picked

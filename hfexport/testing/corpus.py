@@ -28,6 +28,14 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+# The grow steps of the shape checks: one step is the classic grown input; 13 and 26 steps take an 8-token
+# sample with 5-token steps to 73 and 138 tokens, past windows and chunks of 16, 32 and 64 and not a multiple
+# of any of them.
+SHAPE_STEPS: dict[str, int] = {"grown": 1, "long": 13, "longer": 26}
+# Config keys that bound a sequence's length (learned position tables).
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx")
+
+
 def _dtype(name: str) -> torch.dtype:
     """Map a spec dtype name to torch; unknown names fail loudly rather than silently defaulting."""
     if name not in _DTYPES:
@@ -88,10 +96,44 @@ class CorpusEntry:
             return torch.full(shape, spec["value"], dtype=dtype)
         raise ValueError(f"unknown tensor spec init {init!r} in {self.name}")
 
-    def sample_inputs(self, seed: int = 0) -> dict[str, torch.Tensor]:
-        """The reference inputs, in spec order (order matters for positional export signatures)."""
+    @property
+    def batch(self) -> int:
+        return int(self.sample.get("batch", 2))
+
+    def _rebatch(self, spec: dict[str, Any], batch: int) -> dict[str, Any]:
+        """The spec with `batch` rows instead of the sample's: literal rows are cycled, shapes changed; an input
+        whose first axis is not the batch (flattened image patches) is left alone."""
+        spec = dict(spec)
+        if "values" in spec:
+            rows = spec["values"]
+            if isinstance(rows, list) and len(rows) == self.batch:
+                spec["values"] = [rows[i % len(rows)] for i in range(batch)]
+        elif spec.get("shape") and spec["shape"][0] == self.batch:
+            spec["shape"] = [batch, *spec["shape"][1:]]
+        return spec
+
+    def sample_inputs(self, seed: int = 0, batch: int | None = None) -> dict[str, torch.Tensor]:
+        """The reference inputs, in spec order (order matters for positional export signatures); `batch`
+        draws the same kind of inputs for another batch size."""
         gen = torch.Generator().manual_seed(seed)
-        return {name: self._make(spec, gen) for name, spec in self.sample["inputs"].items()}
+        specs = self.sample["inputs"]
+        if batch is not None and batch != self.batch:
+            specs = {name: self._rebatch(spec, batch) for name, spec in specs.items()}
+        return {name: self._make(spec, gen) for name, spec in specs.items()}
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest sequence the model accepts: the entry's ``max_length``, else the config's position
+        tables (top level or text config); None when the config names no bound."""
+        if self.sample.get("max_length"):
+            return int(self.sample["max_length"])
+        bounds = []
+        for cfg in (self.config, self.config.get("text_config") or {}, self.config.get("decoder") or {}):
+            for key in _POSITION_KEYS:
+                value = cfg.get(key) if isinstance(cfg, dict) else None
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    bounds.append(value)
+        return min(bounds) if bounds else None
 
     def _grow(self, tensor: torch.Tensor, spec: dict[str, Any], gen: torch.Generator) -> torch.Tensor:
         """Append ``by`` elements along ``axis``; the new block shares every other dim with ``tensor``."""
@@ -116,15 +158,38 @@ class CorpusEntry:
             return outputs[self.output]
         return outputs[0]
 
-    def grown_inputs(self, seed: int = 1) -> dict[str, torch.Tensor]:
+    def grown_inputs(self, seed: int = 1, times: int = 1) -> dict[str, torch.Tensor]:
         """A longer input for the dynamic-shape check; inputs without a grow spec stay as sampled.
 
         The base is the seed-0 sample, so the grown input extends the reference one; ``seed`` only
-        drives the appended elements.
+        drives the appended elements. ``times`` multiplies every grow step (8 tokens +5 x 13 = 73).
         """
         gen = torch.Generator().manual_seed(seed)
         grow = self.sample.get("grow") or {}
+        grow = {name: {**spec, "by": spec["by"] * times} for name, spec in grow.items()}
         return {name: self._grow(t, grow[name], gen) if name in grow else t for name, t in self.sample_inputs().items()}
+
+    def _text_length(self, inputs: dict[str, torch.Tensor]) -> int:
+        """The longest grown token axis of `inputs` (text-filled grow specs), the length positions tables must
+        hold; an audio attention mask grows with the samples, which no position table bounds."""
+        grow = self.sample.get("grow") or {}
+        lengths = [inputs[name].shape[spec["axis"]] for name, spec in grow.items() if spec.get("fill") == "text"]
+        return max(lengths, default=0)
+
+    def shape_inputs(self, seed: int = 1) -> dict[str, dict[str, torch.Tensor]]:
+        """Inputs of other shapes than the sample, by name, for the checks that find baked lengths and batches:
+        ``grown`` (one grow step: 8 -> 13 tokens), ``long`` and ``longer`` (13 and 26 steps: 73 and 138 tokens,
+        across sliding windows, attention chunks and SSM chunks) and ``batch+1``. A long one that would pass
+        the model's ``max_length`` is left out; without a grow spec only ``batch+1`` remains."""
+        feeds: dict[str, dict[str, torch.Tensor]] = {}
+        if self.sample.get("grow"):
+            bound = self.max_length
+            for name, times in SHAPE_STEPS.items():
+                feed = self.grown_inputs(seed, times)
+                if bound is None or self._text_length(feed) <= bound:
+                    feeds[name] = feed
+        feeds["batch+1"] = self.sample_inputs(seed=0, batch=self.batch + 1)
+        return feeds
 
 
 def load_entry(path: Path | str) -> CorpusEntry:
@@ -155,7 +220,8 @@ def load_corpus(root: Path | None = None, family: str | None = None) -> list[Cor
             f"corpus fixtures not found at {root}; pass root= or copy entries to tests/fixtures/corpus"
         )
     pattern = f"{family}/*.json" if family else "*/*.json"
-    entries = [load_entry(p) for p in sorted(root.glob(pattern))]
+    # `_skipped.json` and other `_` files beside the entries are the generator's records, not entries.
+    entries = [load_entry(p) for p in sorted(root.glob(pattern)) if not p.name.startswith("_")]
     if family and not entries:
         raise FileNotFoundError(f"no corpus entries for family {family!r} under {root}")
     return entries

@@ -1,0 +1,74 @@
+"""The corpus parity check of an exported artifact: the sample, then the shapes that find baked lengths.
+
+An export traced on one sample can bake its length or batch in (a window mask built for 8 tokens, a chunk
+count, a reshape to the traced batch). The sample alone never shows it; the grown input (+5 tokens) misses
+what only breaks past a window or chunk boundary. This module runs the artifact on the sample and on every
+shape of :meth:`CorpusEntry.shape_inputs` (grown, long, longer, batch+1) and compares the entry's main output
+with eager, reusing ``export --validate``'s comparison (:func:`hfexport.artifacts.validation.check_shapes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hfexport.artifacts.validation import ShapeCheck, check_shapes
+from hfexport.naming import named_outputs
+
+from .corpus import CorpusEntry
+
+__all__ = ["check_entry", "failures"]
+
+
+def _named(outputs: Any) -> dict[str, Any]:
+    return outputs if isinstance(outputs, dict) else named_outputs(outputs)
+
+
+def check_entry(
+    entry: CorpusEntry,
+    model: Any,
+    run: Callable[[Mapping[str, Any]], Any],
+    tolerance: float,
+    *,
+    shapes: bool = True,
+) -> list[ShapeCheck]:
+    """The artifact (`run(feed)` -> named outputs or a model output) against eager `model` on the sample and,
+    with `shapes`, on the entry's other shapes. Main output only, |diff| <= tolerance * max(1, max|eager|).
+
+    The sample must run in eager (it is the reference); another shape that eager refuses (past what the
+    model accepts) is a skipped check, since it says nothing about the artifact.
+    """
+    feeds: dict[str, Mapping[str, Any]] = {"sample": entry.sample_inputs()}
+    if shapes:
+        feeds.update(entry.shape_inputs())
+    checks = []
+    for name, feed in feeds.items():
+        # atol = rtol = tolerance gives tolerance * (1 + max|eager|): the corpus bound, max(1, ...), is tighter
+        # only where max|eager| < 1, so compare with rtol alone and a floor of `tolerance`.
+        (check,) = check_shapes(
+            lambda f: _named(run(f)),
+            model,
+            {name: feed},
+            atol=0.0,
+            rtol=tolerance,
+            outputs=[entry.output],
+            eager_may_refuse=name != "sample",
+        )
+        for diff in check.outputs:
+            diff.tolerance = max(diff.tolerance, tolerance)
+        checks.append(check)
+    return checks
+
+
+def failures(checks: list[ShapeCheck]) -> list[str]:
+    """One line per failed check, naming the shape: what a test asserts is empty."""
+    lines = []
+    for check in checks:
+        if check.ok:
+            continue
+        shapes = ", ".join(f"{k} {v}" for k, v in check.shapes.items())
+        detail = check.problem or "; ".join(
+            o.problem or f"{o.name} max abs diff {o.max_abs_diff:.3g} > {o.tolerance:.3g}" for o in check.outputs
+        )
+        lines.append(f"{check.name} ({shapes}): {detail or 'no outputs'}")
+    return lines

@@ -1,0 +1,128 @@
+"""The generated corpus of every architecture (issue #17): the generator, the files it wrote, the shape checks.
+
+- `hfexport.testing.corpus_gen` on a few model types: the entry is tiny, loads through `CorpusEntry` and
+  reproduces the forward it was checked with; a type that cannot be built comes back with a reason.
+- Every file under tests/fixtures/corpus_all is well-formed: it loads, its inputs (and the other shapes of the
+  shape checks) materialise, its type is in its family's mapping, and every type of a mapping is either built or
+  listed in `_skipped.json` with a reason. No model is built here: that is the generator's job.
+- The shape checks (`CorpusEntry.shape_inputs`, `corpus_check.check_entry`) reach 13, 73 and 138 tokens and
+  another batch, respect a model's max length, and fail on an export that baked the sample's length in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hfexport import DynamoConfig, DynamoExporter
+from hfexport.testing.corpus import load_corpus, load_entry
+from hfexport.testing.corpus_check import check_entry, failures
+from hfexport.testing.corpus_gen import FAMILIES, family_types, generate_entry
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "corpus_all"
+GENERATED = sorted(p for p in ROOT.glob("*/*.json") if not p.name.startswith("_"))
+FAMILY = {f.name: f for f in FAMILIES}
+
+
+@pytest.mark.parametrize(("family", "model_type"), [("causal_lm", "llama"), ("encoder", "bert")])
+def test_generator_builds_a_tiny_entry_that_loads_and_reproduces(tmp_path: Path, family: str, model_type: str) -> None:
+    fam = FAMILY[family]
+    result = generate_entry(model_type, fam, family_types(fam)[model_type])
+    assert result.entry is not None, result.reason
+    entry = result.entry
+    assert entry["source"].startswith("generated:shrink-level-0")
+    assert entry["config"]["num_hidden_layers"] == 2 and entry["config"]["vocab_size"] <= 128
+    assert entry["n_params"] < 200_000
+    special = {entry["config"].get(k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")} - {None}
+    assert special <= set(entry["sample"]["avoid_ids"])
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps(entry))
+    loaded = load_entry(path)
+    model = loaded.build_model()
+    with torch.no_grad():
+        out = loaded.main_output(model(**loaded.sample_inputs()))
+    assert list(out.shape) == entry["output_shape"]
+    if fam.generative:
+        assert entry["generate_shape"] == [2, 8 + 3]
+
+
+def test_generator_reports_a_type_it_cannot_build_instead_of_raising() -> None:
+    result = generate_entry("no_such_model_type", FAMILY["causal_lm"], "AutoModelForCausalLM")
+    assert result.entry is None
+    assert "no_such_model_type" in result.reason and result.reason.count("level ") == 4
+
+
+def test_generated_corpus_exists_for_every_family() -> None:
+    assert {p.parent.name for p in GENERATED} >= {"causal_lm", "seq2seq", "encoder", "vlm", "image_classification"}
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES if (ROOT / f.name).is_dir()])
+def test_every_type_of_a_mapping_is_built_or_skipped_with_a_reason(family: str) -> None:
+    directory = ROOT / family
+    built = {p.stem for p in directory.glob("*.json") if not p.name.startswith("_")}
+    skipped = json.loads((directory / "_skipped.json").read_text())
+    assert not built & set(skipped)
+    assert all(reason.strip() for reason in skipped.values())
+    assert built | set(skipped) == set(family_types(FAMILY[family]))
+    assert (directory / "README.md").read_text().count("\n| ") >= len(skipped)
+
+
+@pytest.mark.parametrize("path", GENERATED, ids=[f"{p.parent.name}/{p.stem}" for p in GENERATED])
+def test_generated_entry_is_well_formed_and_its_inputs_materialise(path: Path) -> None:
+    entry = load_entry(path)
+    assert entry.family == path.parent.name and entry.model_type == path.stem
+    assert family_types(FAMILY[entry.family])[entry.model_type] == entry.auto_class
+    inputs = entry.sample_inputs()
+    assert inputs and all(isinstance(t, torch.Tensor) for t in inputs.values())
+    lo, hi = entry.sample["text_range"]
+    if "input_ids" in inputs and "input_ids" in entry.sample.get("grow", {}):
+        grown = entry.grown_inputs()["input_ids"][:, inputs["input_ids"].shape[1] :]
+        assert grown.min() >= lo and grown.max() < hi
+        assert not set(grown.flatten().tolist()) & set(entry.sample["avoid_ids"])
+    shapes = entry.shape_inputs()
+    assert "batch+1" in shapes
+    if entry.sample.get("grow"):
+        assert "grown" in shapes
+
+
+def _llama():
+    return next(e for e in load_corpus(family="causal_lm") if e.model_type == "llama")
+
+
+def test_shape_inputs_reach_13_73_138_tokens_and_another_batch() -> None:
+    entry = _llama()
+    shapes = {name: feed["input_ids"].shape for name, feed in entry.shape_inputs().items()}
+    assert shapes == {
+        "grown": (2, 13),
+        "long": (2, 73),
+        "longer": (2, 138),
+        "batch+1": (3, 8),
+    }
+    # the long inputs extend the sample, they do not replace it
+    assert torch.equal(entry.shape_inputs()["longer"]["input_ids"][:, :8], entry.sample_inputs()["input_ids"])
+
+
+def test_shape_inputs_leave_out_lengths_past_the_models_max_length() -> None:
+    entry = _llama()
+    entry.sample = {**entry.sample, "max_length": 100}
+    assert set(entry.shape_inputs()) == {"grown", "long", "batch+1"}
+
+
+def test_shape_checks_fail_on_an_export_that_baked_the_sample_length_in() -> None:
+    entry = _llama()
+    model = entry.build_model()
+    static = DynamoExporter().export(model, entry.sample_inputs(), DynamoConfig(dynamic=False)).module()
+    checks = check_entry(entry, model, lambda feed: static(**feed), tolerance=1e-4)
+    by_name = {c.name: c for c in checks}
+    assert by_name["sample"].ok
+    assert not by_name["longer"].ok and by_name["longer"].problem
+    assert {line.split(" ")[0] for line in failures(checks)} == {"grown", "long", "longer", "batch+1"}
+
+
+def test_load_corpus_reads_the_generated_families_without_their_skip_records() -> None:
+    entries = load_corpus(ROOT, family="ctc")
+    assert entries and all(e.family == "ctc" for e in entries)
+    assert len(entries) == len([p for p in (ROOT / "ctc").glob("*.json") if not p.name.startswith("_")])
