@@ -30,6 +30,7 @@ def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Pat
     for name in ("llama", "falcon_mamba"):
         shutil.copy(default_root() / "causal_lm" / f"{name}.json", configs)
     (configs / "broken.json").write_text('{"not": "a corpus entry"}')  # one bad config costs one row
+    (configs / "_skipped.json").write_text("{}")  # a corpus folder's notes, not an entry
     out = {k: tmp_path / f"sweep.{k}" for k in ("csv", "json", "html")}
     args = ["sweep", "--configs", str(configs), "--format", "dynamo", "--jobs", "2"]
     result = _hfexport(*args, *(x for k, p in out.items() for x in (f"--{k}", str(p))))
@@ -40,6 +41,8 @@ def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Pat
     assert set(rows) == {"causal_lm/llama", "causal_lm/falcon_mamba", "broken"}
     assert rows["causal_lm/llama"]["status"] == "ok" and rows["causal_lm/llama"]["hits"] == {}
     assert rows["causal_lm/llama"]["max_abs_diff"] <= rows["causal_lm/llama"]["tolerance"]
+    # Past the sample: the shapes that find baked lengths and batches (the corpus tests' checks).
+    assert {"sample", "grown", "long", "longer", "batch+1"} <= set(rows["causal_lm/llama"]["shapes"])
     scan = rows["causal_lm/falcon_mamba"]
     assert scan["status"] == "ok" and scan["hits"]["patch/mamba-selective-scan-hop"] > 0
     assert rows["broken"]["status"] == "invalid-config" and "KeyError" in rows["broken"]["error"]
