@@ -169,11 +169,15 @@ mamba2_chunk_scan_symbolic = ModuleFunctionPatch(
         id="patch/mamba2-chunk-scan-symbolic",
         why="Mamba-2 hybrids exported from a sample shorter than one chunk only accept lengths that fit one "
         "chunk and are not a multiple of it (bamba from 8 tokens: 'Guard failed: 16 >= ...' on 17/32/35 "
-        "tokens, '... % 16 > 0' on 16)",
+        "tokens, '... % 16 > 0' on 16); on ONNX Runtime, which checks no guards, every length past the chunk "
+        "failed ('Expand node ... invalid expand shape': bamba, falcon_h1, granitemoehybrid at 73 tokens)",
         upstream="transformers==5.24.0 models/mamba2/modeling_mamba2.py mamba2_chunk_scan (`if pad_size > 0`, `-1` "
         "chunk reshapes) and its copies; torch 0/1 specialisation of derived sizes (cf. "
         "https://github.com/pytorch/pytorch/issues/151582)",
-        backends=("dynamo",),
+        # ONNX and OpenVINO keep no guards: without the rule their programs ran other lengths with the sample's
+        # chunk count baked in (ONNX Runtime: "Expand ... invalid expand shape" at 35, 73, 138 tokens). Not on
+        # ExecuTorch: with the length symbolic, XNNPACK refuses the chunk reshape (two dynamic dimensions).
+        backends=("dynamo", "onnx", "openvino"),
         models=_FAMILIES,
         examples=(
             Match(
