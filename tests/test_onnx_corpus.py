@@ -25,22 +25,12 @@ from hfexport.testing.corpus_check import check_entry, failures
 # One per family of ONNX problems, kept small: the default tier must stay within minutes on 2 cores.
 FAST = {"llama", "gpt2", "qwen3_moe", "bert"}
 # Architectures that do not export to ONNX yet; kept in the slow tier as expected failures with the reason.
-# Found by the corpus shape checks (2026-12-02), not investigated yet: every Mamba2 hybrid passes 13 tokens and
-# fails past its chunk size (16, nemotron_h 64) with the same node, a length baked in by the chunked scan.
-_MAMBA2_CHUNKS = (
-    "73 and 138 tokens (past the Mamba2 chunk size; 13 passes) fail in ONNX Runtime: Expand node 'node_expand_2' "
-    "'invalid expand shape'"
-)
 KNOWN_FAILURES: dict[str, str] = {
     "afmoe": "aten.topk tie order: the tiny model's router weight is all zeros, so every expert scores 0.5; "
     "eager CPU topk (unstable nth_element) picks experts [2, 3], ONNX TopK the lowest indices [0, 1]",
     "axk2": "aten.topk tie order on the grown input: the indexer's top-8 scores tie at exactly 0.0 (and -inf); "
     "same selected values, different indices than eager CPU topk (ONNX TopK picks the lowest index)",
     "doge": "torch.onnx's run_decompositions cannot view the transposed attention output (pytorch#141107)",
-    "falcon_h1": _MAMBA2_CHUNKS,
-    "bamba": _MAMBA2_CHUNKS,
-    "granitemoehybrid": _MAMBA2_CHUNKS,
-    "nemotron_h": _MAMBA2_CHUNKS,
 }
 
 CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
