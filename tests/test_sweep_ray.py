@@ -134,6 +134,7 @@ def test_cli_ray_sweep_gives_the_local_sweeps_records(tmp_path: Path, ray_tmpdir
     assert local.status == "invalid-config" and "KeyError" in local.error
 
 
+@pytest.mark.slow  # a second local cluster (~40 s); the CLI sweep above keeps Ray in the default tier
 def test_ray_runner_turns_a_dead_worker_a_failed_task_and_a_hang_into_rows(
     tmp_path: Path, ray_tmpdir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
