@@ -152,9 +152,12 @@ def test_an_eager_forward_in_another_thread_during_an_export_does_not_see_the_mo
         "dynamo", "patch/mamba-selective-scan-hop", [other, unrelated], exported
     )
     assert gates, "the gate was not installed while the other thread ran: nothing was tested"
-    # Bit-identical: the other thread ran the original code; and no call of it went through the replacement.
+    # The other thread ran the original code: no call of it went through the replacement (the hit count equals
+    # an export alone), and its logits equal eager's to float rounding. Not bit for bit: on 2026-12-02's machine
+    # the forward run during the export differed by 2.4e-7 (|logits| ~ 0.01) at this test's own base commit too;
+    # what the export leaves visible to other threads (docs/reliability.md) may change a kernel's summation order.
     for got, want in zip(outputs, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert hits["patch/mamba-selective-scan-hop"] == solo["patch/mamba-selective-scan-hop"] > 0
 
 
