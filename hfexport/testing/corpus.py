@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CorpusEntry", "default_root", "load_corpus", "load_entry"]
+__all__ = ["CorpusEntry", "default_root", "entry_from_dict", "load_corpus", "load_entry"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
@@ -194,7 +194,11 @@ class CorpusEntry:
 
 def load_entry(path: Path | str) -> CorpusEntry:
     """Read one JSON entry; the whole dict is kept in ``raw`` for fields the dataclass does not name."""
-    raw = json.loads(Path(path).read_text())
+    return entry_from_dict(json.loads(Path(path).read_text()))
+
+
+def entry_from_dict(raw: dict[str, Any]) -> CorpusEntry:
+    """An entry from its JSON dict (a file's, or one the corpus generator is still checking)."""
     return CorpusEntry(
         model_type=raw["model_type"],
         family=raw["family"],

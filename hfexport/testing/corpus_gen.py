@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .corpus import CorpusEntry
+from .corpus import CorpusEntry, entry_from_dict
 
 __all__ = ["FAMILIES", "Family", "GenResult", "family_types", "generate_entry", "shrink_config_kwargs"]
 
@@ -727,16 +727,7 @@ def _check_size(loaded: CorpusEntry) -> None:
 def _verify(entry: dict[str, Any], generative: bool, seed: int = 0) -> dict[str, Any]:
     """Build, run and (generative) generate through ``CorpusEntry``, exactly as the corpus users will."""
     start = time.perf_counter()
-    loaded = CorpusEntry(
-        model_type=entry["model_type"],
-        family=entry["family"],
-        auto_class=entry["auto_class"],
-        model_class=entry.get("model_class", ""),
-        config=entry["config"],
-        sample=entry["sample"],
-        output=entry.get("output", "logits"),
-        raw=entry,
-    )
+    loaded = entry_from_dict(entry)
     _check_size(loaded)
     model = loaded.build_model(seed)
     inputs = loaded.sample_inputs()
