@@ -159,7 +159,8 @@ def run_sweep(
     child_args = ([args.format] if with_format else []) + list(child_args or [])
     label = f"{label} {args.format}" if with_format and label != "dynamo" else (args.format if with_format else label)
 
-    paths = sorted((args.root / args.family).glob("*.json"))
+    # `_skipped.json` and other underscore files are the generator's notes, not entries
+    paths = sorted(p for p in (args.root / args.family).glob("*.json") if not p.name.startswith("_"))
     if args.only:
         wanted = set(args.only.split(","))
         paths = [p for p in paths if p.stem in wanted]
