@@ -10,6 +10,7 @@ import copy
 import gc
 import json
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from transformers import GenerationConfig
 
 import hfexport
 from hfexport import (
+    AutoExportConfig,
+    AutoHfExporter,
     DynamoConfig,
     DynamoExporter,
     ExecutorchConfig,
@@ -385,6 +388,28 @@ def test_state_space_model_generates_like_eager() -> None:
     with torch.no_grad():
         expected = model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(generate(components, ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(backend: str) -> None:
+    # A BERT-style decoder built with is_decoder=False (bert-generation as a causal LM) writes each step into the
+    # cache it is handed but returns none; generate reads it in place. The graphs must return it.
+    from hfexport.testing.corpus import load_entry
+
+    entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/bert-generation.json")
+    model = entry.build_model()
+    assert not model.config.is_decoder
+    config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
+    components = AutoHfExporter.from_config(config).export_for_generation(model, entry.sample_inputs(), config)
+    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected)
 
 
 def test_encoder_decoder_generates_like_eager() -> None:

@@ -77,7 +77,10 @@ class FixedArguments(torch.nn.Module):
             # eager call does the same. Otherwise the seed's "sanity-check the eager forward before exporting"
             # would grow the recorded sample in place, and the export after it would trace a later step.
             kwargs[self.cache_key] = copy.deepcopy(cache)
-        return self.inner(**kwargs, **self.fixed)
+        out = self.inner(**kwargs, **self.fixed)
+        if cache is not None and not _is_static(cache):
+            out = _with_cache(out, kwargs[self.cache_key])
+        return out
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -86,6 +89,29 @@ class FixedArguments(torch.nn.Module):
             if name == "inner" or name.startswith("__"):
                 raise
             return getattr(self.inner, name)
+
+
+def _with_cache(out: Any, cache: Any) -> Any:
+    """`out` with the growing cache the forward was handed, where the forward wrote into it but returns none.
+
+    BERT-style decoders built with `is_decoder=False` (bert, roberta, bert-generation... as causal LMs) set
+    `use_cache=False`, yet their layers still append the step to a cache they are given, and generate reads it
+    in place on the next step. An exported graph is functional: a cache it does not return is lost, and the
+    next step would get the empty one. Returning it gives the graph the same step the eager loop sees.
+    """
+    import dataclasses
+
+    from transformers.cache_utils import Cache
+    from transformers.utils import ModelOutput
+
+    if not isinstance(out, ModelOutput) or any(isinstance(v, Cache) for v in out.values()):
+        return out
+    names = {f.name for f in dataclasses.fields(out)}
+    field_name = next((n for n in ("cache", "past_key_values") if n in names), None)
+    if field_name is None:
+        return out
+    out[field_name] = cache
+    return out
 
 
 _NAMED_WRAPPERS: dict[type, type] = {}
