@@ -144,7 +144,7 @@ def render(runs: list[FamilyRun], meta: dict[str, Any], causes: dict[str, Any]) 
     for run in runs:
         how = subsets.get(run.export_format, {}).get(run.family, "")
         names = ", ".join(sorted(r["model_type"] or r["model"] for r in run.rows))
-        lines.append(f"- {run.export_format} {run.family}{f' ({how})' if how else ''}: {names}.")
+        lines.append(_fill(f"- {run.export_format} {run.family}{f' ({how})' if how else ''}: {names}.", "  "))
     # Causes with their counts (each failure once per format), then every failure under its cause.
     grouped: dict[str, list[str]] = defaultdict(list)
     untriaged: list[str] = []
