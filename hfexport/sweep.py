@@ -260,14 +260,26 @@ def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
     return [r.id for r in rules], expired
 
 
+def _case_names(path: Path) -> tuple[str, str]:
+    """(row name, model type) of a case that never reported a row: the entry's ``family/model_type`` as its
+    finished rows are named, read from the JSON alone; the file stem when that cannot be read."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        return f"{raw['family']}/{raw['model_type']}", str(raw["model_type"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return path.stem, ""
+
+
 def timeout_row(path: Path, timeout: float) -> SweepRow:
     """The row of a case still running after `timeout` seconds (its process was killed)."""
-    return SweepRow(path.stem, status="timeout", error=f"over {timeout:.0f}s", wall_s=round(timeout, 1))
+    name, model_type = _case_names(path)
+    return SweepRow(name, model_type, status="timeout", error=f"over {timeout:.0f}s", wall_s=round(timeout, 1))
 
 
 def crash_row(path: Path, error: str, wall_s: float) -> SweepRow:
     """The row of a case whose process died without reporting one (a segfault, out of memory, a kill)."""
-    return SweepRow(path.stem, status="crash", error=error[-400:], wall_s=round(wall_s, 1))
+    name, model_type = _case_names(path)
+    return SweepRow(name, model_type, status="crash", error=error[-400:], wall_s=round(wall_s, 1))
 
 
 def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:

@@ -97,3 +97,20 @@ def test_sweep_tables_mark_dead_and_expired_rules_and_escape_html() -> None:
 def test_sweep_png_heatmap(tmp_path: Path) -> None:
     path = _sweep().save_png(tmp_path / "h.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_of_cases_without_a_report_are_named_like_finished_rows(tmp_path: Path) -> None:
+    from hfexport.sweep import crash_row, timeout_row
+
+    entry = Path(__file__).parent / "fixtures" / "corpus_all" / "image_classification" / "hiera.json"
+    row = timeout_row(entry, 300)
+    # The same `family/model_type` id as a row the case reports itself, so tables and the triage match it.
+    assert (row.model, row.model_type, row.status, row.error) == (
+        "image_classification/hiera",
+        "hiera",
+        "timeout",
+        "over 300s",
+    )
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"not": "a corpus entry"}')
+    assert (crash_row(broken, "killed", 1.0).model, crash_row(broken, "killed", 1.0).model_type) == ("broken", "")
