@@ -97,3 +97,26 @@ def test_qwen2_vl_forward_exports_to_onnx_and_the_runner_refuses_another_grid(tm
     _check_text_lengths(entry, model, loaded.run, 1e-3)
     with pytest.raises(hfexport.errors.InputError, match=r"image_grid_thw=\[\[1, 4, 4\], \[1, 4, 4\]\]"):
         loaded.run(_other_layout(entry))
+
+
+def test_the_corpus_check_skips_another_layout_the_artifact_refuses_but_not_a_wrong_answer() -> None:
+    entry = _entry("llava_next")  # batch+1 cycles its image_sizes rows into a 3-image layout
+    model = entry.build_model()
+    sample_sizes = entry.sample_inputs()["image_sizes"]
+
+    def refusing(feed: dict) -> object:
+        if not torch.equal(feed["image_sizes"], sample_sizes):
+            raise RuntimeError("exported for image_sizes=... (an image layout baked into the graph)")
+        with torch.no_grad():
+            return model(**feed)
+
+    checks = {c.name: c for c in check_entry(entry, model, refusing, tolerance=1e-4)}
+    assert checks["batch+1"].ok and checks["batch+1"].skipped.startswith("another image layout")
+    assert checks["grown"].ok and not checks["grown"].skipped  # the same layout is compared as before
+
+    def answering_the_sample(feed: dict) -> object:
+        with torch.no_grad():
+            return model(**entry.sample_inputs())  # a silently wrong answer for any other input
+
+    bad = {c.name: c for c in check_entry(entry, model, answering_the_sample, tolerance=1e-4)}
+    assert not bad["batch+1"].ok and not bad["grown"].ok
