@@ -40,6 +40,21 @@ class LayoutSpecialised(torch.nn.Module):
 # Largest layout tensor baked into a modality component (a few images' grid_thw / sizes, not data).
 LAYOUT_MAX_NUMEL = 64
 
+# Where `export()` of a pixel-input forward records the layout it baked in (`{input name: values}`): on the
+# captured program's `graph_module.meta`, read by the lowerings that keep the check outside the graph
+# (ONNX metadata, since torch.onnx drops in-graph assertions).
+LAYOUT_META = "hfexport_baked_layout"
+# The ONNX model metadata key holding that layout as JSON; hfexport's ONNX runner checks a feed against it.
+LAYOUT_METADATA_KEY = "hfexport.baked_layout"
+
+
+def layout_mismatch(what: str, name: str, expected: Any, given: Any) -> str:
+    """The error for an input of another image layout than the one baked into a graph, naming the expected one."""
+    return (
+        f"{what} was exported for {name}={expected} (an image layout baked into the graph); got {given}: "
+        "export again with inputs of this layout"
+    )
+
 
 @dataclass
 class CacheLeaf:

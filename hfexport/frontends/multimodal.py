@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from hfexport.frontends.calls import Components
-from hfexport.generation_spec import LAYOUT_MAX_NUMEL, LayoutSpecialised
+from hfexport.generation_spec import LAYOUT_MAX_NUMEL, LayoutSpecialised, layout_mismatch
 from hfexport.naming import canonical_output
 
 # Submodule names under which multimodal models keep the projector from encoder features to text embeddings.
@@ -123,3 +124,51 @@ def specialise_layouts(components: Components) -> tuple[Components, dict[str, di
         out[name] = (LayoutSpecialised(module, baked), {k: v for k, v in kwargs.items() if k not in layout})
         layouts[name] = {k: values for k, (values, _) in baked.items()}
     return out, layouts
+
+
+# Inputs that hold an image's (or a video's) pixels: a forward that takes one is a pixel-input forward.
+_PIXEL_INPUT = re.compile(r"^(pixel_values(_\w+)?|image_patches|flattened_patches)$")
+
+Layout = dict[str, tuple[list[Any], torch.dtype]]
+
+
+def pixel_layouts(inputs: Mapping[str, Any]) -> Layout:
+    """The image layout inputs of a pixel-input forward's sample (`image_grid_thw`, `image_sizes`,
+    `spatial_shapes`...), with their values and dtypes; {} for any other forward.
+
+    A layout is a small integer tensor (`_is_layout`) that is not per token: token-type ids and anything with
+    the text's `[batch, length]` axes stay inputs, so the text length stays dynamic.
+    """
+    if not any(_PIXEL_INPUT.match(k) and isinstance(v, torch.Tensor) for k, v in inputs.items()):
+        return {}
+    text = inputs.get("input_ids")
+    text_axes = tuple(text.shape[:2]) if isinstance(text, torch.Tensor) and text.ndim >= 2 else None
+    layout: Layout = {}
+    for name, value in inputs.items():
+        if not _is_layout(name, value) or "token" in name:
+            continue
+        if text_axes is not None and value.ndim >= 2 and tuple(value.shape[:2]) == text_axes:
+            continue
+        layout[name] = (value.tolist(), value.dtype)
+    return layout
+
+
+def bake_layout(forward: Callable[..., Any], layout: Layout, what: str) -> Callable[..., Any]:
+    """`forward` with the `layout` inputs replaced by literals of their sample values, which the trace keeps as
+    constants (rule `patch/fake-constant-layouts`), so the vision tower's `grid.tolist()` splits are static.
+
+    The inputs stay in the signature: each is compared with its literal by an in-graph assertion, so the
+    program refuses another layout at run time with an error naming the expected one (torch.export's own input
+    guards refuse another shape first). Lowerings that drop assertions check the feed instead (`LAYOUT_META`).
+    """
+
+    def forward_with_baked_layout(**kwargs: Any) -> Any:
+        for name, (values, dtype) in layout.items():
+            literal = torch.tensor(values, dtype=dtype)
+            given = kwargs[name]
+            if isinstance(given, torch.Tensor):
+                torch._assert_async(torch.all(given == literal), layout_mismatch(what, name, values, "another layout"))
+            kwargs[name] = literal
+        return forward(**kwargs)
+
+    return forward_with_baked_layout

@@ -19,6 +19,8 @@ import torch
 
 from hfexport.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
 from hfexport.errors import InputError
+from hfexport.frontends.multimodal import bake_layout, pixel_layouts
+from hfexport.generation_spec import LAYOUT_META, LayoutSpecialised
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -298,8 +300,16 @@ def capture(
     else:
         dynamic_shapes = None
 
+    # A pixel-input forward's image layout (grid_thw, image_sizes...) is baked in: the vision tower splits its
+    # patches with Python ints from it, which torch.export can only trace as data-dependent values.
+    layout = pixel_layouts(inputs)
+    if layout and options.dynamic_shapes is None and dynamic_shapes is not None:
+        dynamic_shapes.update(dict.fromkeys(layout))  # static: the graph holds for these values only
+
     model_name = type(model).__name__
-    with engine.patched(model, context) as session:
+    # The patch rules see the model as a layout-specialised one (`patch/fake-constant-layouts` applies then);
+    # the trace is still of `model` itself, so its weights keep their names.
+    with engine.patched(LayoutSpecialised(model, layout) if layout else model, context) as session:
         if options.strict and session.gated_rule_ids:
             # TorchDynamo cannot trace the ContextVar that keeps these patches invisible to other threads.
             raise InputError(
@@ -312,7 +322,8 @@ def capture(
         if options.upcast_bfloat16:
             inputs = _upcast_bfloat16_inputs(inputs)
         # After the patches, so a patch of the top-level forward sits under the explicit signature.
-        session.setattr(model, "forward", _flat_forward(model.forward, list(inputs)))
+        forward = bake_layout(model.forward, layout, model_name) if layout else model.forward
+        session.setattr(model, "forward", _flat_forward(forward, list(inputs)))
         # Inference export: under no_grad, modules that toggle grad mode internally (e.g. rotary
         # embeddings decorated with @torch.no_grad) leave no set_grad_enabled wrappers in the graph.
         with context.stage("trace", model=model_name), session.active(), torch.no_grad():
@@ -325,5 +336,7 @@ def capture(
                 prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
             )
         _own_upcast_weights(program, upcast)
+    if layout:
+        program.graph_module.meta[LAYOUT_META] = {name: values for name, (values, _) in layout.items()}
     engine.apply("fx", program, context)
     return program

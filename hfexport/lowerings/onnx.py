@@ -27,6 +27,7 @@ import torch
 from hfexport.checkpoints import Checkpoint
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
+from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
 from hfexport.naming import leaf_names, onnx_feed, paired_names, user_input_names, user_output_names
 
 __all__ = [
@@ -271,6 +272,11 @@ def lower(
         logger.warning("could not map the ONNX outputs to the model outputs; torch.onnx names kept")
     else:
         name_inputs_and_outputs(onnx_program.model, input_names, output_names)
+
+    layout = program.graph_module.meta.get(LAYOUT_META)
+    if layout:
+        # torch.onnx drops the program's layout assertion: the runner checks the feed against this instead.
+        onnx_program.model.metadata_props[LAYOUT_METADATA_KEY] = json.dumps(layout, sort_keys=True)
 
     # The exporter saves `output_path` itself (atomically, after any quantizer), with these options applied.
     _apply_weight_options(onnx_program, config)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.generation_spec import CacheLeaf, GenerationSpec
+from hfexport.generation_spec import CacheLeaf, GenerationSpec, layout_mismatch
 from hfexport.naming import CACHE_ALIASES, INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
 
 
@@ -95,10 +95,7 @@ class Driver:
         for key, baked in spec.layout.items():
             given = inputs.get(key)
             if given is not None and torch.as_tensor(given).tolist() != baked:
-                raise InputError(
-                    f"{name} was exported for {key}={baked} (a layout baked into the graph); got "
-                    f"{torch.as_tensor(given).tolist()}: export again with inputs of this layout"
-                )
+                raise InputError(layout_mismatch(name, key, baked, torch.as_tensor(given).tolist()))
         return {k: v for k, v in inputs.items() if k in spec.inputs}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.generation_spec import GenerationSpec
+from hfexport.generation_spec import LAYOUT_METADATA_KEY, GenerationSpec, layout_mismatch
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
 from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, cache_name, flat
 
@@ -190,7 +191,20 @@ def open_saved(path: Path, input_names: list[str]) -> Any:
     return onnxruntime.InferenceSession(str(path), providers=providers)
 
 
+def check_layout(session: Any, inputs: Mapping[str, Any]) -> None:
+    """Refuse inputs of another image layout than the one an export baked in (recorded in the model's metadata,
+    since ONNX has no assertion op): a mismatched grid would otherwise run into silently wrong outputs."""
+    recorded = session.get_modelmeta().custom_metadata_map.get(LAYOUT_METADATA_KEY)
+    if not recorded:
+        return
+    for name, expected in json.loads(recorded).items():
+        given = inputs.get(name)
+        if given is not None and torch.as_tensor(given).tolist() != expected:
+            raise InputError(layout_mismatch("this ONNX model", name, expected, torch.as_tensor(given).tolist()))
+
+
 def run_saved(session: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:
+    check_layout(session, inputs)
     feed = onnx_feed([i.name for i in session.get_inputs()], inputs)
     names = [plain_name(o.name) for o in session.get_outputs()]
     return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}

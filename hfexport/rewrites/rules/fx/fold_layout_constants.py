@@ -167,13 +167,15 @@ fold_layout_constants = FxGraphRule(
         why="a layout literal baked into a vision component (grid_thw, image_sizes) is a lifted constant; "
         "torch.onnx's re-trace (run_decompositions) turns lifted constants into plain fake buffers, so "
         "the grid computations traced statically become data-dependent again and translation fails "
-        "('Could not guard on data-dependent expression Eq(u12, 0)', GLM-4V, VideoLLaMA3). Folding them into "
-        "constants with eager kernels is exact",
+        "('Could not guard on data-dependent expression Eq(u12, 0)', GLM-4V, VideoLLaMA3). On Dynamo, the "
+        "`aten.item` nodes of `grid.tolist()` stay in the graph with specialised outputs, which torch.export.save "
+        "writes and torch.export.load refuses ('Failed deserializing node ... aten.item.default': 'bool' object "
+        "has no attribute 'as_name'; Qwen2-VL's forward). Folding them into constants with eager kernels is exact",
         upstream="torch==2.13.0 export/exported_program.py _decompose_and_get_gm_with_new_signature_constants "
-        "(_register_constants_as_buffers)",
-        # The lowerings that re-trace the program (torch.onnx, to_edge, OpenVINO's decompositions); a Dynamo
-        # program keeps its graph as traced.
-        backends=("onnx", "executorch", "openvino"),
+        "(_register_constants_as_buffers); _export/serde/serialize.py deserialize_sym_int (item outputs)",
+        # The lowerings that re-trace the program (torch.onnx, to_edge, OpenVINO's decompositions); and Dynamo,
+        # whose .pt2 cannot hold the `aten.item` of a baked literal (see `why`).
+        backends=("dynamo", "onnx", "executorch", "openvino"),
         models=("glm4v_moe", "glm46v", "video_llama_3", "qwen3_5_moe"),
         examples=(
             # The baked layout traces only with patch/fake-constant-layouts, as in every export of such a component.

@@ -14,6 +14,7 @@ RULES: list[Rule] = load_rules(
         "patch/cpmant-mask-arange",
         "patch/mamba-selective-scan-onnx",
         "patch/fake-constant-layouts",
+        "patch/mrope-index-tensor",
         "patch/longt5-pad-blocks",
         "patch/nllb-moe-router-cast",
         "patch/nllb-moe-dense-experts",
