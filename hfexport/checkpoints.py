@@ -8,6 +8,7 @@ and copies out one tensor, so a caller that writes weights one by one never hold
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,14 @@ class Checkpoint:
                 count *= size
             total += count * info.dtype.itemsize
         return total
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where a low-memory export's weights come from: the checkpoint and {weight name: checkpoint tensor name}."""
+
+    checkpoint: Checkpoint
+    names: Mapping[str, str]
 
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
