@@ -180,11 +180,12 @@ def _validate_low_memory(
     import torch
 
     from hfexport.artifacts import update_manifest
-    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
+    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_ir, check_streamed_weights
     from hfexport.checkpoints import Checkpoint
 
     progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
-    weights = check_streamed_weights(output / MAIN_FILE["onnx"], Checkpoint.open(args.model))
+    check = check_streamed_ir if args.format == "openvino" else check_streamed_weights
+    weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
     layers = args.check_layers or 2
     progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
     rtol = args.rtol if args.rtol is not None else _default_rtol(config)

@@ -29,7 +29,7 @@ import json
 import mmap
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,9 @@ CHECKPOINT_KEY = "hfexport_checkpoint"
 # outside, a decision the streamed export cannot take: the graph is fixed before the weights are read).
 _F16_MAX = 65504.0
 _F16_MIN_NORMAL = 6.103515625e-05
+
+# Rows of a weight read, converted and written at a time (with the conversion's temporaries: a few times this).
+_BLOCK_BYTES = 16 << 20
 
 _ELEMENT_TYPES: dict[str, torch.dtype] = {
     "f64": torch.float64,
@@ -83,7 +86,7 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> torc
     count = 1
     for size in shape:
         count *= size
-    buffer = mmap.mmap(-1, count * dtype.itemsize)
+    buffer = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE)  # private: reads map the zero page
     tensor = torch.frombuffer(buffer, dtype=dtype).view(shape)  # holds a reference to the map
     flat = tensor.view(-1)
     if dtype.is_floating_point:
@@ -199,30 +202,38 @@ def save_ir(model: Any, path: str | Path, compress_to_fp16: bool = True) -> None
         _write_streamed(draft, path, record, Checkpoint.open(folder))
 
 
-def _streamed_blob(name: str, key: str, dtype: torch.dtype, element_type: str, checkpoint: Checkpoint) -> bytes:
-    """The bytes OpenVINO would write for checkpoint tensor `key` as a `element_type` Const of a `dtype` graph."""
-    tensor = checkpoint.load(key, dtype)
+def streamed_chunks(
+    name: str, key: str, dtype: torch.dtype, element_type: str, checkpoint: Checkpoint
+) -> Iterator[memoryview]:
+    """The bytes OpenVINO would write for checkpoint tensor `key` as an `element_type` Const of a `dtype` graph,
+    in blocks of rows (`Checkpoint.load_rows`): a weight larger than memory is converted a block at a time."""
     saved = _ELEMENT_TYPES.get(element_type)
-    if saved == dtype:
-        return tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
-    if not (dtype == torch.float32 and saved == torch.float16):
+    compress = dtype == torch.float32 and saved == torch.float16
+    if saved != dtype and not compress:
         raise HfExportError(
             f"the Const {name!r} is saved as {element_type}, its weight computes in {dtype}: the low-memory export "
             "writes only the checkpoint's values cast to the graph's dtype, or compressed to f16",
             stage="save",
         )
-    # compress_to_fp16: OpenVINO clamps to f16's range and rounds to nearest even (as torch's cast does); it keeps
-    # in f32 a constant most of whose values lie outside f16's range, which the graph fixed on placeholders cannot.
-    magnitude = tensor.abs()
-    outside = int(((magnitude > _F16_MAX) | ((magnitude < _F16_MIN_NORMAL) & (magnitude != 0))).sum())
-    if not bool(tensor.isfinite().all()) or outside * 2 >= tensor.numel():
+    outside, total, finite = 0, 0, True
+    for block in checkpoint.load_rows(key, dtype, max_bytes=_BLOCK_BYTES):
+        if compress:
+            # OpenVINO clamps to f16's range and rounds to nearest even, as torch's cast does.
+            magnitude = block.abs()
+            outside += int(((magnitude > _F16_MAX) | ((magnitude < _F16_MIN_NORMAL) & (magnitude != 0))).sum())
+            total += block.numel()
+            finite = finite and bool(block.isfinite().all())
+            block = block.clamp_(-_F16_MAX, _F16_MAX).half()
+        yield memoryview(block.reshape(-1).view(torch.uint8).numpy())
+    # OpenVINO keeps in f32 a constant most of whose values lie outside f16's range: a graph decided on the
+    # real values, which the graph fixed on placeholders cannot follow. Half is far from its threshold (~3/4).
+    if compress and (not finite or outside * 2 >= total):
         raise HfExportError(
-            f"the weight {key!r} has {outside} of {tensor.numel()} values outside float16's range (or NaN/inf): "
+            f"the weight {key!r} has {outside} of {total} values outside float16's range (or NaN/inf): "
             "OpenVINO's compress_to_fp16 may keep it in f32, which the low-memory export cannot decide before the "
             "weights are read; export with compress_to_fp16=False",
             stage="save",
         )
-    return tensor.clamp(-_F16_MAX, _F16_MAX).half().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _has_nan(blob: bytes, element_type: str) -> bool:
@@ -242,11 +253,11 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
             if layer.get("type") != "Const" or data is None or "offset" not in data.attrib:
                 continue
             name = layer.get("name", "")
-            base = name.removesuffix("_compressed") if name not in record else name
+            base = name if name in record else name.removesuffix("_compressed")
             element_type, size = data.get("element_type", ""), int(data.get("size", "0"))
             if base in record:
                 key, dtype = record[base]
-                blob = _streamed_blob(base, key, getattr(torch, dtype), element_type, checkpoint)
+                chunks: Any = streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint)
             else:
                 old.seek(int(data.get("offset", "0")))
                 blob = old.read(size)
@@ -257,9 +268,8 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
                         "without low_memory",
                         stage="save",
                     )
-            if len(blob) != size:
-                raise HfExportError(f"the Const {name!r} has {size} bytes in the IR, {len(blob)} written", stage="save")
-            data.set("offset", str(_write_once(new, blob, written)))
+                chunks = [blob]
+            data.set("offset", str(_write_once(new, chunks, size, name, written)))
         new.truncate()
     rt_info = root.find("rt_info")
     if rt_info is not None:
@@ -268,19 +278,34 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
     tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
-def _write_once(out: Any, blob: bytes, written: dict[bytes, list[tuple[int, int]]]) -> int:
-    """Append `blob` to `out` unless the same bytes are there already; return its offset (OpenVINO's writer also
-    stores identical constants once)."""
-    digest = hashlib.sha256(blob).digest()
-    for offset, size in written.get(digest, []):
-        if size == len(blob):
-            end = out.tell()
-            out.seek(offset)
-            same = out.read(size) == blob
-            out.seek(end)
-            if same:
-                return offset
+def _same_bytes(out: Any, first: int, second: int, size: int, block: int = 64 << 20) -> bool:
+    for start in range(0, size, block):
+        length = min(block, size - start)
+        out.seek(first + start)
+        a = out.read(length)
+        out.seek(second + start)
+        if a != out.read(length):
+            return False
+    return True
+
+
+def _write_once(
+    out: Any, chunks: Iterable[Any], size: int, name: str, written: dict[bytes, list[tuple[int, int]]]
+) -> int:
+    """Append the bytes of `chunks` to `out` and return their offset; when the same bytes are there already, take
+    them back and return that offset instead (OpenVINO's writer also stores identical constants once)."""
     offset = out.seek(0, 2)
-    out.write(blob)
-    written.setdefault(digest, []).append((offset, len(blob)))
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+        out.write(chunk)
+    length = out.tell() - offset
+    if length != size:
+        raise HfExportError(f"the Const {name!r} has {size} bytes in the IR, {length} written", stage="save")
+    key = digest.digest()
+    for earlier, earlier_size in written.get(key, []):
+        if earlier_size == size and _same_bytes(out, earlier, offset, size):
+            out.truncate(offset)
+            return earlier
+    written.setdefault(key, []).append((offset, size))
     return offset
