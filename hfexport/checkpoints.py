@@ -157,3 +157,40 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+# The default export (CLI) streams a checkpoint whose weights take more than this share of the available memory:
+# loading takes the weights once, and the in-memory lowerings hold up to about one more copy (docs/benchmarks.md).
+AUTO_LOW_MEMORY_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """The memory available to a new allocation, in bytes (Linux `MemAvailable`); None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def low_memory_reason(
+    folder: str | Path, available: int | None = None, share: float = AUTO_LOW_MEMORY_SHARE
+) -> str | None:
+    """Why the safetensors checkpoint of `folder` should be exported on the low-memory path: its weights take
+    more than `share` of `available` bytes (None: `available_memory()`). None when they fit, when the folder has
+    no safetensors checkpoint, or when the available memory is unknown."""
+    folder = Path(folder)
+    if not ((folder / INDEX_FILE).is_file() or (folder / SINGLE_FILE).is_file()):
+        return None
+    available = available_memory() if available is None else available
+    if not available:
+        return None
+    size = Checkpoint.open(folder).nbytes
+    if size <= share * available:
+        return None
+    return (
+        f"the checkpoint's weights ({size / 1e9:.2f} GB) take more than {share:.0%} of the available memory "
+        f"({available / 1e9:.2f} GB)"
+    )

@@ -198,7 +198,7 @@ def test_cli_refuses_low_memory_where_it_cannot_stream(
 
     folder = str(checkpoint["folder"])
     for args, message in (
-        (["--format", "openvino", "--model", folder], "--format onnx only"),
+        (["--format", "dynamo", "--model", folder], "torch.export.save writes a .pt2"),
         (["--format", "executorch", "--model", folder], "ExecuTorch serialises a .pte"),
         (["--format", "onnx", "--model", "tiny-llama"], "streams weights from a checkpoint folder"),
         (["--format", "onnx", "--model", folder, "--generation"], "drop --generation"),
@@ -226,3 +226,17 @@ def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_pa
     assert validation["streamed_weights"]["checked"] >= 10 and not validation["streamed_weights"]["mismatched"]
     check = subprocess.run([sys.executable, "-m", "hfexport", "check", str(out)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_default_path_streams_a_checkpoint_larger_than_half_the_available_memory(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    from hfexport.checkpoints import available_memory, low_memory_reason
+
+    size = Checkpoint.open(checkpoint["folder"]).nbytes
+    reason = low_memory_reason(checkpoint["folder"], available=int(size * 1.5))
+    assert reason is not None and "take more than 50% of the available memory" in reason
+    assert low_memory_reason(checkpoint["folder"], available=size * 3) is None
+    assert low_memory_reason(tmp_path, available=1) is None  # no safetensors checkpoint: nothing to stream
+    # On this machine the tiny checkpoint fits: the CLI's default keeps loading it.
+    assert available_memory() and low_memory_reason(checkpoint["folder"]) is None

@@ -125,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--low-memory",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="--format onnx or openvino, a folder model: capture on weights that hold no memory and stream them "
-        "from the safetensors shards into model.onnx.data / model.bin one tensor at a time (docs/low-memory.md)",
+        "from the safetensors shards into model.onnx.data / model.bin one tensor at a time (docs/low-memory.md). "
+        "Default: on when the checkpoint's weights take more than half the available memory (said on stderr)",
     )
     export.add_argument(
         "--check-layers",
