@@ -270,7 +270,6 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
                     )
                 chunks = [blob]
             data.set("offset", str(_write_once(new, chunks, size, name, written)))
-        new.truncate()
     rt_info = root.find("rt_info")
     if rt_info is not None:
         for item in rt_info.findall(CHECKPOINT_KEY):
@@ -306,6 +305,7 @@ def _write_once(
     for earlier, earlier_size in written.get(key, []):
         if earlier_size == size and _same_bytes(out, earlier, offset, size):
             out.truncate(offset)
+            out.seek(offset)
             return earlier
     written.setdefault(key, []).append((offset, size))
     return offset
