@@ -240,3 +240,34 @@ def test_the_default_path_streams_a_checkpoint_larger_than_half_the_available_me
     assert low_memory_reason(tmp_path, available=1) is None  # no safetensors checkpoint: nothing to stream
     # On this machine the tiny checkpoint fits: the CLI's default keeps loading it.
     assert available_memory() and low_memory_reason(checkpoint["folder"]) is None
+
+
+def test_checkpoint_keys_transformers_renames_at_load_are_streamed(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    """A checkpoint saved from the base model (keys without the `model.` prefix, as `LlamaModel.save_pretrained`
+    writes them): mapped the way `from_pretrained` maps them, and streamed with the in-memory path's bytes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    shutil.copy(checkpoint["folder"] / "config.json", folder)
+    tensors = {}
+    for shard in sorted(checkpoint["folder"].glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, folder / "model.safetensors")
+    empty = empty_model(folder)
+    sources = weight_sources(empty, Checkpoint.open(folder))
+    assert sources["model.layers.0.self_attn.q_proj.weight"] == "layers.0.self_attn.q_proj.weight"
+    assert sources["lm_head.weight"] == sources["model.embed_tokens.weight"] == "embed_tokens.weight"
+    out = tmp_path / "out" / "model.onnx"
+    OnnxExporter().export(empty, checkpoint["inputs"], OnnxConfig(dynamic=True, low_memory=True, output_path=str(out)))
+    assert _weights(out) == _weights(checkpoint["in_memory"])
+
+
+def test_a_conversion_that_is_not_a_rename_is_refused_naming_it(tmp_path: Path) -> None:
+    """Qwen3-MoE checkpoints hold one tensor per expert; transformers stacks them at load (MergeModulelist)."""
+    TINY_MODELS["tiny-qwen3-moe"].build().save_pretrained(tmp_path)
+    empty = empty_model(tmp_path)
+    with pytest.raises(InputError, match=r"'model\.layers\.0\.mlp\.experts\.\w+' .* by MergeModulelist"):
+        weight_sources(empty, Checkpoint.open(tmp_path))
