@@ -209,21 +209,29 @@ def test_cli_refuses_low_memory_where_it_cannot_stream(
     assert "--check-layers sets the reduced depth" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+def cli_low_memory_export(folder: Path, export_format: str, out: Path) -> None:
+    """`hfexport export --low-memory --validate --check-layers 1` of `folder` in a subprocess: it succeeds, and
+    the manifest records the reduced-depth check and every streamed weight equal to its checkpoint tensor."""
     import json
     import subprocess
     import sys
 
-    folder = _with_tokenizer(checkpoint["folder"])
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "hfexport", "export", "--model", str(folder), "--format", "onnx"]
+    command = [sys.executable, "-m", "hfexport", "export", "--model", str(folder), "--format", export_format]
     command += ["--low-memory", "--validate", "--check-layers", "1", "--output", str(out)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     validation = json.loads((out / "manifest.json").read_text())["validation"]
     assert validation["ok"] and validation["reduced_depth_layers"] == 1
     assert validation["streamed_weights"]["checked"] >= 10 and not validation["streamed_weights"]["mismatched"]
+
+
+@pytest.mark.slow
+def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cli_low_memory_export(_with_tokenizer(checkpoint["folder"]), "onnx", out)
     check = subprocess.run([sys.executable, "-m", "hfexport", "check", str(out)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
