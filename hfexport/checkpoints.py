@@ -8,6 +8,7 @@ and copies out one tensor, so a caller that writes weights one by one never hold
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ class TensorInfo:
     shard: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    offset: int = 0
+    """Where the tensor's bytes start in the shard file."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,6 @@ class Checkpoint:
     @classmethod
     def open(cls, folder: str | Path) -> Checkpoint:
         """Index the safetensors files of `folder` (`model.safetensors`, or the shards its index names)."""
-        from safetensors import safe_open
-
         folder = Path(folder)
         index = folder / INDEX_FILE
         if index.is_file():
@@ -57,13 +58,8 @@ class Checkpoint:
             path = folder / shard
             if Path(shard).is_absolute() or ".." in Path(shard).parts or not path.is_file():
                 raise InputError(f"{index} names the shard {shard!r}, which is not a file in {folder}")
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    piece = handle.get_slice(name)
-                    dtype = _SAFETENSORS_DTYPES.get(piece.get_dtype())
-                    if dtype is None:
-                        raise InputError(f"{shard}: tensor {name!r} has dtype {piece.get_dtype()}, not supported here")
-                    tensors[name] = TensorInfo(shard, tuple(piece.get_shape()), dtype)
+            for name, info in _read_header(path).items():
+                tensors[name] = TensorInfo(shard, *info)
         return cls(folder, tensors)
 
     def __contains__(self, name: object) -> bool:
@@ -80,6 +76,28 @@ class Checkpoint:
             tensor = tensor.to(dtype)
         return tensor.contiguous()
 
+    def load_rows(
+        self, name: str, dtype: torch.dtype | None = None, max_bytes: int = 64 << 20
+    ) -> Iterator[torch.Tensor]:
+        """Tensor `name` in consecutive blocks of rows (first dimension) of at most about `max_bytes` each, cast
+        to `dtype` when given: a tensor larger than memory is read a block at a time. Read with plain file reads,
+        not a memory map, so that the pages read do not stay mapped into the process (its resident size)."""
+        info = self.tensors[name]
+        rows = info.shape[0] if info.shape else 1
+        row_elements = 1
+        for size in info.shape[1:]:
+            row_elements *= size
+        step = max(1, max_bytes // max(1, row_elements * max(info.dtype.itemsize, (dtype or info.dtype).itemsize)))
+        with open(self.folder / info.shard, "rb", buffering=0) as file:
+            file.seek(info.offset)
+            for start in range(0, rows, step):
+                count = min(step, rows - start)
+                block = torch.empty(count * row_elements * info.dtype.itemsize, dtype=torch.uint8)
+                if file.readinto(memoryview(block.numpy())) != block.numel():
+                    raise InputError(f"{info.shard}: tensor {name!r} ends past the end of the file")
+                tensor = block.view(info.dtype).reshape((count, *info.shape[1:]) if info.shape else ())
+                yield tensor.to(dtype) if dtype is not None and dtype != info.dtype else tensor
+
     @property
     def nbytes(self) -> int:
         """The size of the checkpoint's tensor data, in bytes."""
@@ -90,6 +108,41 @@ class Checkpoint:
                 count *= size
             total += count * info.dtype.itemsize
         return total
+
+
+def _read_header(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+    """{tensor name: (shape, dtype, offset of its bytes)} from a safetensors file's header (the format: an 8-byte
+    little-endian header length, a JSON header with each tensor's dtype, shape and data offsets, the data)."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        size = path.stat().st_size
+        if not 0 < length <= size - 8:
+            raise InputError(f"{path} is not a safetensors file (header length {length}, file {size} bytes)")
+        header = json.loads(file.read(length))
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise InputError(f"{path.name}: tensor {name!r} has dtype {entry['dtype']}, not supported here")
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        count = 1
+        for dim in shape:
+            count *= dim
+        if end - begin != count * dtype.itemsize or 8 + length + end > size:
+            raise InputError(f"{path.name}: tensor {name!r} has inconsistent data offsets {entry['data_offsets']}")
+        tensors[name] = (shape, dtype, 8 + length + begin)
+    return tensors
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where a low-memory export's weights come from: the checkpoint and {weight name: checkpoint tensor name}."""
+
+    checkpoint: Checkpoint
+    names: Mapping[str, str]
 
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -104,3 +157,40 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+# The default export (CLI) streams a checkpoint whose weights take more than this share of the available memory:
+# loading takes the weights once, and the in-memory lowerings hold up to about one more copy (docs/benchmarks.md).
+AUTO_LOW_MEMORY_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """The memory available to a new allocation, in bytes (Linux `MemAvailable`); None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def low_memory_reason(
+    folder: str | Path, available: int | None = None, share: float = AUTO_LOW_MEMORY_SHARE
+) -> str | None:
+    """Why the safetensors checkpoint of `folder` should be exported on the low-memory path: its weights take
+    more than `share` of `available` bytes (None: `available_memory()`). None when they fit, when the folder has
+    no safetensors checkpoint, or when the available memory is unknown."""
+    folder = Path(folder)
+    if not ((folder / INDEX_FILE).is_file() or (folder / SINGLE_FILE).is_file()):
+        return None
+    available = available_memory() if available is None else available
+    if not available:
+        return None
+    size = Checkpoint.open(folder).nbytes
+    if size <= share * available:
+        return None
+    return (
+        f"the checkpoint's weights ({size / 1e9:.2f} GB) take more than {share:.0%} of the available memory "
+        f"({available / 1e9:.2f} GB)"
+    )

@@ -199,6 +199,16 @@ class DynamoConfig(ExportConfigMixin):
             raise ConfigError(f"rules must be a RuleSelection, got {type(self.rules).__name__}")
 
 
+def _check_low_memory(config: Any) -> None:
+    """The checks of `low_memory`/`checkpoint` that ONNX and OpenVINO configs share."""
+    if config.checkpoint is not None:
+        config.checkpoint = str(config.checkpoint)
+    if config.low_memory and config.quantizer is not None:
+        raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
+    if config.checkpoint is not None and not config.low_memory:
+        raise ConfigError("checkpoint= is the low-memory export's weight source: set low_memory=True with it")
+
+
 @dataclass
 class OnnxConfig(DynamoConfig):
     """Options of the ONNX lowering, on top of the capture options of `DynamoConfig`.
@@ -236,15 +246,10 @@ class OnnxConfig(DynamoConfig):
         if self.output_path is not None:
             # A Path from the caller is fine, but the config must round-trip through JSON.
             self.output_path = str(self.output_path)
-        if self.checkpoint is not None:
-            self.checkpoint = str(self.checkpoint)
         if self.low_memory and not self.external_data:
             # A model too large for memory is also over protobuf's 2 GB: its weights can only go to a .data file.
             raise ConfigError("low_memory=True writes the weights as external data: external_data must be True")
-        if self.low_memory and self.quantizer is not None:
-            raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
-        if self.checkpoint is not None and not self.low_memory:
-            raise ConfigError("checkpoint= is the low-memory export's weight source: set low_memory=True with it")
+        _check_low_memory(self)
         if self.opset_version is not None and (not isinstance(self.opset_version, int) or self.opset_version < 18):
             # torchlib implements opset 18 and up; older opsets go through a lossy version conversion.
             raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")
@@ -292,6 +297,11 @@ class OpenVINOConfig(DynamoConfig):
         `output.<name>` it pairs with become one OpenVINO variable (ReadValue/Assign), so a decode step feeds
         only its tokens, mask and positions. `hfexport.runtime.generate` resets the state per generation.
         A model without such pairs is left stateless (with a note in the report).
+    low_memory: export a model whose weights hold no memory (`hfexport.empty_model(folder)`) and write its
+        weights into the IR's `.bin` from the safetensors checkpoint, one tensor at a time, when it is saved; the
+        `openvino.Model` returned holds placeholder (zero) weights until then (docs/low-memory.md).
+    checkpoint: the checkpoint folder the low-memory export reads weights from; None takes the model's
+        `name_or_path` (which `empty_model` sets).
     """
 
     export_format: ClassVar[str] = ExportFormat.OPENVINO.value
@@ -299,6 +309,8 @@ class OpenVINOConfig(DynamoConfig):
     output_path: str | None = None
     compress_to_fp16: bool = True
     stateful: bool = False
+    low_memory: bool = False
+    checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -309,3 +321,4 @@ class OpenVINOConfig(DynamoConfig):
                 raise ConfigError(
                     f"output_path must name the IR's .xml file (weights go to .bin beside it), got {self.output_path!r}"
                 )
+        _check_low_memory(self)

@@ -198,7 +198,7 @@ def test_cli_refuses_low_memory_where_it_cannot_stream(
 
     folder = str(checkpoint["folder"])
     for args, message in (
-        (["--format", "openvino", "--model", folder], "--format onnx only"),
+        (["--format", "dynamo", "--model", folder], "torch.export.save writes a .pt2"),
         (["--format", "executorch", "--model", folder], "ExecuTorch serialises a .pte"),
         (["--format", "onnx", "--model", "tiny-llama"], "streams weights from a checkpoint folder"),
         (["--format", "onnx", "--model", folder, "--generation"], "drop --generation"),
@@ -209,20 +209,73 @@ def test_cli_refuses_low_memory_where_it_cannot_stream(
     assert "--check-layers sets the reduced depth" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+def cli_low_memory_export(folder: Path, export_format: str, out: Path) -> None:
+    """`hfexport export --low-memory --validate --check-layers 1` of `folder` in a subprocess: it succeeds, and
+    the manifest records the reduced-depth check and every streamed weight equal to its checkpoint tensor."""
     import json
     import subprocess
     import sys
 
-    folder = _with_tokenizer(checkpoint["folder"])
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "hfexport", "export", "--model", str(folder), "--format", "onnx"]
+    command = [sys.executable, "-m", "hfexport", "export", "--model", str(folder), "--format", export_format]
     command += ["--low-memory", "--validate", "--check-layers", "1", "--output", str(out)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     validation = json.loads((out / "manifest.json").read_text())["validation"]
     assert validation["ok"] and validation["reduced_depth_layers"] == 1
     assert validation["streamed_weights"]["checked"] >= 10 and not validation["streamed_weights"]["mismatched"]
+
+
+@pytest.mark.slow
+def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cli_low_memory_export(_with_tokenizer(checkpoint["folder"]), "onnx", out)
     check = subprocess.run([sys.executable, "-m", "hfexport", "check", str(out)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_default_path_streams_a_checkpoint_larger_than_half_the_available_memory(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    from hfexport.checkpoints import available_memory, low_memory_reason
+
+    size = Checkpoint.open(checkpoint["folder"]).nbytes
+    reason = low_memory_reason(checkpoint["folder"], available=int(size * 1.5))
+    assert reason is not None and "take more than 50% of the available memory" in reason
+    assert low_memory_reason(checkpoint["folder"], available=size * 3) is None
+    assert low_memory_reason(tmp_path, available=1) is None  # no safetensors checkpoint: nothing to stream
+    # On this machine the tiny checkpoint fits: the CLI's default keeps loading it.
+    assert available_memory() and low_memory_reason(checkpoint["folder"]) is None
+
+
+def test_checkpoint_keys_transformers_renames_at_load_are_streamed(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    """A checkpoint saved from the base model (keys without the `model.` prefix, as `LlamaModel.save_pretrained`
+    writes them): mapped the way `from_pretrained` maps them, and streamed with the in-memory path's bytes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    shutil.copy(checkpoint["folder"] / "config.json", folder)
+    tensors = {}
+    for shard in sorted(checkpoint["folder"].glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, folder / "model.safetensors")
+    empty = empty_model(folder)
+    sources = weight_sources(empty, Checkpoint.open(folder))
+    assert sources["model.layers.0.self_attn.q_proj.weight"] == "layers.0.self_attn.q_proj.weight"
+    assert sources["lm_head.weight"] == sources["model.embed_tokens.weight"] == "embed_tokens.weight"
+    out = tmp_path / "out" / "model.onnx"
+    OnnxExporter().export(empty, checkpoint["inputs"], OnnxConfig(dynamic=True, low_memory=True, output_path=str(out)))
+    assert _weights(out) == _weights(checkpoint["in_memory"])
+
+
+def test_a_conversion_that_is_not_a_rename_is_refused_naming_it(tmp_path: Path) -> None:
+    """Qwen3-MoE checkpoints hold one tensor per expert; transformers stacks them at load (MergeModulelist)."""
+    TINY_MODELS["tiny-qwen3-moe"].build().save_pretrained(tmp_path)
+    empty = empty_model(tmp_path)
+    with pytest.raises(InputError, match=r"'model\.layers\.0\.mlp\.experts\.\w+' .* by MergeModulelist"):
+        weight_sources(empty, Checkpoint.open(tmp_path))

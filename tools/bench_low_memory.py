@@ -3,14 +3,18 @@
     python tools/bench_low_memory.py                       # small (SmolLM2 width, 4 layers), both paths
     python tools/bench_low_memory.py --target-gb 1         # SmolLM2-135M width, layers added to reach ~1 GB
     python tools/bench_low_memory.py --shape wide          # TinyLlama-1.1B width, 4 layers: 1.2 GB
-    python tools/bench_low_memory.py --target-gb 8 --limit-gb 3 --only low-memory   # the issue's target
+    python tools/bench_low_memory.py --shape llama7b --target-gb 8 --limit-gb 3 --formats onnx,openvino
+                                                           # the issue's 8 GB / 3 GB run
 
 Writes a sharded safetensors checkpoint of random weights (fixed seed; SmolLM2-135M shape by default: hidden
 576, 9 heads, 3 kv heads, intermediate 1536, vocab 49152, tied embeddings; `--target-gb` sets the number of
 layers so that the float32 checkpoint has about that size), written tensor by tensor so this tool never holds
-it either. Each export runs in a child process (`hfexport export --format onnx`, in-memory: `from_pretrained`;
-low-memory: `--low-memory`); the parent polls the child's resident memory (VmRSS, every 20 ms) and kills it
-once it passes `--limit-gb`, so a path that needs the model in memory fails instead of swapping. Prints and
+it either. Each export (`--formats onnx,openvino`) runs in a child process (in-memory: `from_pretrained`; low-memory:
+`empty_model` and `low_memory=True`); the parent polls the child's resident memory (VmRSS, every 20 ms) and kills
+it once it passes `--limit-gb`, so a path that needs the model in memory fails instead of swapping. The limit is
+on resident memory, not address space (`prlimit --as`): the OpenVINO path's placeholders are anonymous maps
+that reserve address space without memory, and torch/OpenVINO reserve large arenas. A cgroup memory limit would
+need a cgroup created in the container's hierarchy, which belongs to the machine, not to this tool. Prints and
 returns peak RSS and wall time per path; the low-memory artifact's weights are checked byte for byte against
 the checkpoint (`check_streamed_weights`, one tensor at a time).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +57,20 @@ WIDE = {
     "vocab_size": 32000,
     "tie_word_embeddings": False,
 }
-SHAPES = {"smollm2": SMOLLM2, "wide": WIDE}
+# Llama-2-7B's width (hidden 4096, 32 heads, intermediate 11008, vocab 32000, untied): 0.81 GB a layer in float32,
+# so an ~8 GB checkpoint has 9 layers (the issue's 8 GB / 3 GB run; the export time grows with the layers).
+LLAMA7B = {
+    **SMOLLM2,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
+SHAPES = {"smollm2": SMOLLM2, "wide": WIDE, "llama7b": LLAMA7B}
 
 
 def layers_for(target_gb: float, shape: dict[str, Any]) -> int:
@@ -117,8 +135,8 @@ def write_checkpoint(folder: Path, shape: dict[str, Any], shard_bytes: int = 500
 CHILD = r"""
 import json, sys, time, torch
 from pathlib import Path
-folder, out, low = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-from hfexport import OnnxConfig, OnnxExporter, empty_model, save
+folder, out, low, fmt = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+from hfexport import OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter, empty_model, save
 start = time.perf_counter()
 if low:
     model = empty_model(folder)
@@ -127,8 +145,10 @@ else:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
 built = time.perf_counter() - start
 ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
-config = OnnxConfig(dynamic=True, low_memory=low)
-exporter = OnnxExporter()
+if fmt == "openvino":
+    config, exporter = OpenVINOConfig(dynamic=True, low_memory=low), OpenVINOExporter()
+else:
+    config, exporter = OnnxConfig(dynamic=True, low_memory=low), OnnxExporter()
 program = exporter.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, config)
 exported = time.perf_counter() - start
 save(program, out, config=config, report=exporter.report)
@@ -147,12 +167,12 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None) -> dict[str, Any]:
+def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None, fmt: str = "onnx") -> dict[str, Any]:
     """Export in a child process; its peak RSS (polled), wall time, and whether it was killed over the limit."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     start = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(folder), str(out), "1" if low else "0"],
+        [sys.executable, "-c", CHILD, str(folder), str(out), "1" if low else "0", fmt],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -176,13 +196,22 @@ def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None) -> dic
     return result
 
 
-def check_weights(folder: Path, out: Path) -> dict[str, Any]:
+def check_weights(folder: Path, out: Path, fmt: str = "onnx") -> dict[str, Any]:
     """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time."""
-    from hfexport.artifacts.low_memory import check_streamed_weights
+    from hfexport.artifacts.low_memory import check_streamed_ir, check_streamed_weights
     from hfexport.checkpoints import Checkpoint
 
-    result = check_streamed_weights(out / "model.onnx", Checkpoint.open(folder))
+    if fmt == "openvino":
+        result = check_streamed_ir(out / "model.xml", Checkpoint.open(folder))
+    else:
+        result = check_streamed_weights(out / "model.onnx", Checkpoint.open(folder))
     return {"checked": len(result.checked), "mismatched": result.mismatched}
+
+
+def artifact_files(out: Path) -> dict[str, Any]:
+    """Size and sha256 of each file of a saved artifact, as its manifest records them."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {name: {"bytes": entry["size"], "sha256": entry["sha256"]} for name, entry in manifest["checksums"].items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -191,7 +220,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--target-gb", type=float, default=None, help="checkpoint size (default: 4 layers)")
     parser.add_argument("--limit-gb", type=float, default=None, help="kill an export whose RSS passes this")
     parser.add_argument("--only", choices=("low-memory", "in-memory"), help="run one path only")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoint and artifacts")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoint and artifacts (kept)")
+    parser.add_argument("--formats", default="onnx", help="comma-separated: onnx, openvino (default onnx)")
+    parser.add_argument("--keep", action="store_true", help="keep the artifacts (and a temporary work folder)")
     args = parser.parse_args(argv)
 
     shape = dict(SHAPES[args.shape])
@@ -206,18 +237,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shards = len(list(folder.glob("*.safetensors")))
     print(f"checkpoint: {size / 1e9:.2f} GB in {shards} shard(s), {shape['num_hidden_layers']} layers ({folder})")
     results: dict[str, Any] = {"checkpoint_gb": size / 1e9, "layers": shape["num_hidden_layers"]}
-    for name, low in (("low-memory", True), ("in-memory", False)):
-        if args.only and args.only != name:
-            continue
-        out = work / name
-        result = run_child(folder, out, low, args.limit_gb)
-        if low and not result.get("error") and not result["killed"]:
-            result["weights"] = check_weights(folder, out)
-        results[name] = result
-        print(f"{name}: {json.dumps(result)}")
-    if "low-memory" in results and "in-memory" in results:
-        low_rss, full_rss = results["low-memory"]["peak_rss_gb"], results["in-memory"]["peak_rss_gb"]
-        print(f"peak RSS ratio in-memory / low-memory: {full_rss / max(low_rss, 1e-9):.2f}")
+    for fmt in args.formats.split(","):
+        for name, low in (("low-memory", True), ("in-memory", False)):
+            if args.only and args.only != name:
+                continue
+            out = work / f"{fmt}-{name}"
+            result = run_child(folder, out, low, args.limit_gb, fmt)
+            if low and not result.get("error") and not result["killed"]:
+                result["weights"] = check_weights(folder, out, fmt)
+                result["files"] = artifact_files(out)
+            results[f"{fmt} {name}"] = result
+            print(f"{fmt} {name}: {json.dumps(result)}", flush=True)
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
+        if f"{fmt} low-memory" in results and f"{fmt} in-memory" in results:
+            low_rss, full_rss = results[f"{fmt} low-memory"]["peak_rss_gb"], results[f"{fmt} in-memory"]["peak_rss_gb"]
+            print(f"{fmt}: peak RSS ratio in-memory / low-memory: {full_rss / max(low_rss, 1e-9):.2f}")
+    if args.work is None and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)  # the checkpoint too (8 GB at --target-gb 8)
     return results
 
 

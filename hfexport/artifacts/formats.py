@@ -224,7 +224,9 @@ def _write_openvino(program: Any, main: Path, config: Any) -> None:
 
     if not isinstance(program, openvino.Model):
         raise TypeError(f"cannot save a {type(program).__name__}: save the openvino.Model, not a compiled one")
-    openvino.save_model(program, str(main), compress_to_fp16=getattr(config, "compress_to_fp16", True))
+    from hfexport.lowerings.openvino_weights import save_ir
+
+    save_ir(program, main, compress_to_fp16=getattr(config, "compress_to_fp16", True))
 
 
 def _check_openvino_ir(directory: Path, comp: dict[str, Any]) -> None:

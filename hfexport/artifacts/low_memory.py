@@ -1,9 +1,10 @@
-"""Checks of a low-memory ONNX export that fit in memory when the model does not.
+"""Checks of a low-memory export (ONNX, OpenVINO) that fit in memory when the model does not.
 
-- `check_streamed_weights`: every weight of the saved artifact that came from the checkpoint holds, byte for
-  byte, the checkpoint tensor (cast to the export's dtype), read one tensor at a time from both files.
+- `check_streamed_weights` (ONNX), `check_streamed_ir` (OpenVINO): every weight of the saved artifact that came
+  from the checkpoint holds, byte for byte, the checkpoint tensor (cast to the export's dtype, f16-compressed
+  where the IR stores it so), read one tensor at a time from both files.
 - `check_reduced_depth`: the same checkpoint cut to its first N layers, exported on the same low-memory path
-  (FakeTensor capture, weights streamed from the same shards), run in ONNX Runtime against the eager reduced
+  (FakeTensor capture, weights streamed from the same shards), run in its runtime against the eager reduced
   model loaded for real (`from_pretrained(num_hidden_layers=N)` reads only the tensors it needs).
 
 Neither runs the full artifact: that needs its weights in memory, which is what the caller lacks. What they
@@ -25,7 +26,7 @@ import torch
 from hfexport.artifacts.publish import save
 from hfexport.artifacts.validation import Validation, validate
 from hfexport.checkpoints import Checkpoint
-from hfexport.configs import OnnxConfig
+from hfexport.configs import OnnxConfig, OpenVINOConfig
 
 
 @dataclass
@@ -79,6 +80,39 @@ def check_streamed_weights(
     return StreamedWeights(checked, mismatched)
 
 
+def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedWeights:
+    """Compare each Const of the OpenVINO IR `xml_path` that holds a checkpoint tensor (recorded in the IR's
+    rt_info by the low-memory export) with that tensor as OpenVINO stores it (cast to the graph's dtype,
+    compressed to f16 where the Const is f16), one tensor of each at a time."""
+    import xml.etree.ElementTree as ET
+
+    from hfexport.lowerings.openvino_weights import RECORD_KEY, streamed_chunks
+
+    xml_path = Path(xml_path)
+    root = ET.parse(xml_path).getroot()
+    item = root.find(f"rt_info/{RECORD_KEY}")
+    recorded = json.loads(item.get("value", "{}")) if item is not None else {}
+    checked: list[str] = []
+    mismatched: list[str] = []
+    with open(xml_path.with_suffix(".bin"), "rb") as weights:
+        for layer in root.iter("layer"):
+            name, data = layer.get("name", ""), layer.find("data")
+            base = name if name in recorded else name.removesuffix("_compressed")
+            if layer.get("type") != "Const" or data is None or base not in recorded:
+                continue
+            key, dtype = recorded[base]
+            element_type, size = data.get("element_type", ""), int(data.get("size", "0"))
+            weights.seek(int(data.get("offset", "0")))
+            same, read = True, 0
+            for chunk in streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint):
+                same = same and weights.read(len(chunk)) == chunk
+                read += len(chunk)
+            if not same or read != size:
+                mismatched.append(name)
+            checked.append(name)
+    return StreamedWeights(checked, mismatched)
+
+
 # ONNX TensorProto data types -> torch dtypes, for the weights a checkpoint holds.
 _TORCH_DTYPES = {
     1: torch.float32,
@@ -122,7 +156,7 @@ def _reduced_overrides(folder: Path, layers: int, trust_remote_code: bool) -> di
 def check_reduced_depth(
     folder: str | Path,
     inputs: Mapping[str, Any],
-    config: OnnxConfig,
+    config: OnnxConfig | OpenVINOConfig,
     *,
     layers: int = 2,
     auto_class: str = "AutoModelForCausalLM",
@@ -133,10 +167,11 @@ def check_reduced_depth(
     other_inputs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ReducedDepthCheck:
     """Export the first `layers` layers of checkpoint `folder` on the low-memory path with `config`'s options
-    and compare it in ONNX Runtime with the same reduced model loaded for real."""
+    (an `OnnxConfig` or an `OpenVINOConfig`) and compare it in its runtime with the same reduced model loaded
+    for real."""
     import transformers
 
-    from hfexport.exporters.onnx import OnnxExporter
+    from hfexport.auto import AutoHfExporter
     from hfexport.frontends.empty_weights import empty_model
 
     folder = Path(folder)
@@ -147,7 +182,7 @@ def check_reduced_depth(
     real = getattr(transformers, auto_class).from_pretrained(folder, **options).eval()
     empty = empty_model(folder, auto_class, dtype=dtype, trust_remote_code=trust_remote_code, **overrides)
     reduced_config = dataclasses.replace(config, output_path=None, low_memory=True, checkpoint=str(folder))
-    exporter = OnnxExporter()
+    exporter = AutoHfExporter.from_config(reduced_config)
     program = exporter.export(empty, inputs, reduced_config)
     with tempfile.TemporaryDirectory(prefix="hfexport-reduced-") as tmp:
         out = Path(tmp) / "reduced"

@@ -62,6 +62,28 @@ def hf_files(spec: str, model: Any) -> dict[str, bytes]:
     return collect(model=model, files=None if spec in TINY_MODELS else Path(spec))
 
 
+def auto_low_memory(args: argparse.Namespace) -> bool:
+    """Whether an export without `--low-memory`/`--no-low-memory` streams its weights: a folder model whose
+    checkpoint takes more than half the available memory, exported to ONNX or OpenVINO as one graph; said on
+    stderr. Other formats and options cannot stream: they load the model as before."""
+    from hfexport.checkpoints import low_memory_reason
+    from hfexport.tiny import TINY_MODELS
+
+    if args.format not in ("onnx", "openvino") or args.generation or args.quantize or args.model in TINY_MODELS:
+        return False
+    if not Path(args.model).is_dir():
+        return False
+    reason = low_memory_reason(args.model)
+    if reason is None:
+        return False
+    print(
+        f"note: {reason}: exporting with --low-memory (weights streamed from the checkpoint; --no-low-memory "
+        "loads the model instead)",
+        file=sys.stderr,
+    )
+    return True
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `load_model` options the export flags give."""
     return {
@@ -86,6 +108,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_destination(output, args.overwrite)
     except ArtifactExistsError as exc:
         raise UsageError(str(exc)) from None
+    if getattr(args, "low_memory", None) is None:
+        args.low_memory = auto_low_memory(args)
     config = export_config(args)
     progress = Progress()
     try:
@@ -180,11 +204,12 @@ def _validate_low_memory(
     import torch
 
     from hfexport.artifacts import update_manifest
-    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
+    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_ir, check_streamed_weights
     from hfexport.checkpoints import Checkpoint
 
     progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
-    weights = check_streamed_weights(output / MAIN_FILE["onnx"], Checkpoint.open(args.model))
+    check = check_streamed_ir if args.format == "openvino" else check_streamed_weights
+    weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
     layers = args.check_layers or 2
     progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
     rtol = args.rtol if args.rtol is not None else _default_rtol(config)

@@ -125,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--low-memory",
-        action="store_true",
-        help="--format onnx, a folder model: capture on weights that hold no memory and stream them from the "
-        "safetensors shards into model.onnx.data one tensor at a time (docs/low-memory.md)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--format onnx or openvino, a folder model: capture on weights that hold no memory and stream them "
+        "from the safetensors shards into model.onnx.data / model.bin one tensor at a time (docs/low-memory.md). "
+        "Default: on when the checkpoint's weights take more than half the available memory (said on stderr)",
     )
     export.add_argument(
         "--check-layers",
@@ -240,10 +242,15 @@ def _check_combinations(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"{', '.join(given)}: used only with --generation; add --generation or drop them")
     if args.command == "export" and args.low_memory:
-        if args.format != "onnx":
+        if args.format == "executorch":
             raise UsageError(
-                f"--low-memory: --format onnx only (not {args.format}); OpenVINO's .bin streaming is not built yet, "
-                "and ExecuTorch serialises a .pte with its weights inside, built in memory"
+                "--low-memory: --format onnx or openvino; ExecuTorch serialises a .pte (one flatbuffer, weights or "
+                "an XNNPACK blob of packed weights inside) in memory, so its weights cannot stream"
+            )
+        if args.format != "onnx" and args.format != "openvino":
+            raise UsageError(
+                f"--low-memory: --format onnx or openvino (not {args.format}): torch.export.save writes a .pt2 with "
+                "its weights, which the capture on fake weights does not have"
             )
         if args.generation or args.quantize:
             raise UsageError("--low-memory exports one graph without quantization: drop --generation/--quantize")

@@ -11,32 +11,11 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.configs import ExportConfigMixin, OnnxConfig
-from hfexport.errors import ConfigError
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
+from hfexport.exporters.low_memory import low_memory_weights
 from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
-
-
-def low_memory_weights(model: torch.nn.Module, config: OnnxConfig) -> Any:
-    """The weight source of a low-memory export: the checkpoint (`config.checkpoint`, or the folder the model
-    was built from) and which checkpoint tensor holds each weight. Refused before any trace when it cannot be."""
-    from hfexport.checkpoints import Checkpoint
-    from hfexport.exporters.preflight import check_devices
-    from hfexport.frontends.empty_weights import weight_sources
-    from hfexport.lowerings.onnx import WeightSource
-
-    check_devices(model, {}, low_memory=True)
-    if config.quantizer is not None:
-        raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
-    folder = config.checkpoint or getattr(model, "name_or_path", None)
-    if not folder or not Path(folder).is_dir():
-        raise ConfigError(
-            "low_memory=True needs the checkpoint folder the weights stream from: OnnxConfig(checkpoint=folder), "
-            "or a model built by hfexport.empty_model(folder)"
-        )
-    checkpoint = Checkpoint.open(folder)
-    return WeightSource(checkpoint, weight_sources(model, checkpoint))
 
 
 class OnnxExporter(DynamoExporter):

@@ -11,6 +11,7 @@ import torch
 from hfexport.configs import ExportConfigMixin, OpenVINOConfig
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
+from hfexport.exporters.low_memory import low_memory_weights
 from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
 
@@ -23,16 +24,27 @@ class OpenVINOExporter(DynamoExporter):
     required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
     tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
 
+    # The low-memory export's weight source, set for the duration of one `export` (exports run one at a time).
+    _weights: Any = None
+
     def export(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
     ) -> Any:
-        return self._capture_and_lower(model, sample_inputs, config)
+        config = self.check_config(config)
+        assert isinstance(config, OpenVINOConfig)
+        if not config.low_memory:
+            return self._capture_and_lower(model, sample_inputs, config)
+        self._weights = low_memory_weights(model, config)
+        try:
+            return self._capture_and_lower(model, sample_inputs, config)
+        finally:
+            self._weights = None
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         from hfexport.lowerings.openvino import lower
 
         assert isinstance(config, OpenVINOConfig)
-        return lower(program, config, context)
+        return lower(program, config, context, weights=self._weights)
 
     def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
         # After any quantizer: NNCF calibrates by feeding the cache as inputs, which a stateful model has not.
@@ -47,15 +59,14 @@ class OpenVINOExporter(DynamoExporter):
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
         saved = "float16" if getattr(config, "compress_to_fp16", False) else "as computed"
         used = {"saved_weights": saved if getattr(config, "output_path", None) else "not saved"}
+        if getattr(config, "low_memory", False):
+            used["weights"] = "streamed from the checkpoint when saved (the openvino.Model holds placeholders)"
         if getattr(config, "stateful", False):
             used["stateful"] = f"{len(result.get_variables())} cache variable(s) in the infer request"
         return used
 
     def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
-        import openvino as ov
+        from hfexport.lowerings.openvino_weights import save_ir
 
         assert isinstance(config, OpenVINOConfig)
-        save_atomically(
-            Path(config.output_path),
-            lambda path: ov.save_model(result, str(path), compress_to_fp16=config.compress_to_fp16),
-        )
+        save_atomically(Path(config.output_path), lambda path: save_ir(result, path, config.compress_to_fp16))

@@ -127,15 +127,17 @@ def weight_sources(model: torch.nn.Module, checkpoint: Checkpoint) -> dict[str, 
             continue
         names_of.setdefault(id(tensor), []).append(name)
         tensors[id(tensor)] = tensor
+    renamed: dict[str, str] | None = None  # built only when a weight is not in the checkpoint under its name
+    converted: dict[str, str] = {}
     sources: dict[str, str] = {}
     for key, names in names_of.items():
         found = [name for name in names if name in checkpoint]
         if not found:
-            raise InputError(
-                f"the weight {names[0]!r} of {type(model).__name__} is not in the checkpoint {checkpoint.folder} "
-                "under that name: the low-memory export maps weights to checkpoint tensors by state_dict key, and "
-                "checkpoints whose keys transformers renames or converts at load time are not supported yet"
-            )
+            if renamed is None:
+                renamed, converted = load_time_renames(model, checkpoint)
+            found = [renamed[name] for name in names if name in renamed]
+        if not found:
+            raise InputError(_missing(names[0], model, checkpoint, converted))
         info = checkpoint.tensors[found[0]]
         shape = tuple(tensors[key].shape)
         if info.shape != shape:
@@ -145,3 +147,51 @@ def weight_sources(model: torch.nn.Module, checkpoint: Checkpoint) -> dict[str, 
         for name in names:
             sources[name] = found[0]
     return sources
+
+
+def load_time_renames(model: Any, checkpoint: Checkpoint) -> tuple[dict[str, str], dict[str, str]]:
+    """The checkpoint keys `from_pretrained` renames, by transformers' own mapping for `model`
+    (`conversion_mapping.get_model_conversion_mapping`: its model-type renames and conversions, the legacy
+    `LayerNorm.gamma`/`beta` names, and the base-model prefix added or dropped, through
+    `core_model_loading.rename_source_key`).
+
+    Returns ({model key: checkpoint key} for 1:1 renames, whose tensor is the weight unchanged, and
+    {checkpoint key: converter} for keys that a `WeightConverter` turns into weights by an operation (experts
+    stacked, a fused qkv split), which one checkpoint tensor per weight cannot stream)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    meta = dict.fromkeys(model.state_dict(), True)
+    prefix = getattr(model, "base_model_prefix", None) or None
+    renamed: dict[str, str] = {}
+    converted: dict[str, str] = {}
+    for key in checkpoint.tensors:
+        target, pattern = rename_source_key(key, renamings, converters, prefix, meta)
+        if pattern is not None:
+            converter = next((c for c in converters if pattern in c.source_patterns), None)
+            operations = ", ".join(type(op).__name__ for op in getattr(converter, "operations", []))
+            converted[key] = f"{target!r} from {pattern!r} by {operations or 'a conversion'}"
+        elif target != key:
+            renamed.setdefault(target, key)
+    return renamed, converted
+
+
+def _missing(name: str, model: Any, checkpoint: Checkpoint, converted: dict[str, str]) -> str:
+    where = f"the weight {name!r} of {type(model).__name__} is not in the checkpoint {checkpoint.folder}"
+    if converted:
+        # The conversion that builds this weight, when one does; else any, as an example.
+        key, how = next(
+            ((k, v) for k, v in converted.items() if v.startswith(f"{name!r}")), next(iter(converted.items()))
+        )
+        return (
+            f"{where}: transformers builds weights of this model from checkpoint tensors by a conversion that is not "
+            f"a rename (e.g. {how}, reading {key!r}; {len(converted)} checkpoint tensor(s) so converted), and the "
+            "low-memory export streams one checkpoint tensor per weight; export without low_memory"
+        )
+    return (
+        f"{where}, under that name or a name transformers renames at load time (its conversion mapping, legacy "
+        "names, the base-model prefix)"
+    )

@@ -18,13 +18,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hfexport.checkpoints import Checkpoint
+from hfexport.checkpoints import WeightSource
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
 from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
@@ -89,14 +87,6 @@ def _apply_weight_options(onnx_program: Any, config: OnnxConfig) -> None:
         graph.inputs.extend(v for v in graph.initializers.values() if v not in graph.inputs)
     if not config.export_params:
         graph.initializers.clear()
-
-
-@dataclass(frozen=True)
-class WeightSource:
-    """Where a low-memory export's weights come from: the checkpoint and {initializer name: tensor name}."""
-
-    checkpoint: Checkpoint
-    names: Mapping[str, str]
 
 
 def _read_weight(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hfexport.checkpoints import WeightSource
 from hfexport.configs import OpenVINOConfig
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, paired_names, signature_names
 from hfexport.rewrites import engine
@@ -58,16 +59,34 @@ def _conversion_failure(exc: BaseException) -> str:
     return f"openvino.convert_model failed: {type(exc).__name__}: {summary}"
 
 
-def lower(program: torch.export.ExportedProgram, config: OpenVINOConfig, context: RewriteContext) -> Any:
-    """Convert `program` to an `openvino.Model` with the `openvino` stage applied; save it when asked."""
+def lower(
+    program: torch.export.ExportedProgram,
+    config: OpenVINOConfig,
+    context: RewriteContext,
+    weights: WeightSource | None = None,
+) -> Any:
+    """Convert `program` to an `openvino.Model` with the `openvino` stage applied; save it when asked.
+
+    `weights` (the low-memory export): the program's FakeTensor weights become placeholders for the converter,
+    and `openvino_weights.save_ir` writes them from the checkpoint when the model is saved.
+    """
     import openvino as ov
+
+    from hfexport.lowerings.openvino_weights import mark_streamed, place_weights
 
     # Names first: the program rules edit the graph, never the signature, but read it from the capture.
     names = signature_names(program)
     engine.apply("openvino", program, context, where=_on_program)
+    placed = None
+    if weights is not None:
+        with context.stage("weights"):
+            placed = place_weights(program, weights)
     with context.stage("convert", message=_conversion_failure):
         ov_model = ov.convert_model(program)
     engine.apply("openvino", ov_model, context, where=_on_model)
+    if placed is not None:
+        with context.stage("weights"):
+            mark_streamed(ov_model, placed)
 
     if names is None or len(names[0]) != len(ov_model.inputs) or len(names[1]) != len(ov_model.outputs):
         logger.warning("could not map the OpenVINO inputs/outputs to the forward signature; converter names kept")
