@@ -18,6 +18,8 @@ RULES: list[Rule] = load_rules(
         "executorch/quant-identity-requantize",
         "executorch/quant-computed-weight-linear-untagged",
         "executorch/quant-right-shift-verifier",
+        # A static cache written in place: edge passes and to_executorch's reinplace pass.
+        "executorch/inplace-cache-update",
         # Last: counts the calls the node rules leave in the graph.
         "executorch/sym-size-functions-verifier",
     ],
