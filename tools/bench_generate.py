@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from bench_onnx import build_model  # tools/ is on sys.path when this script runs
+from bench_onnx import _rss_bytes, build_model  # tools/ is on sys.path when this script runs
 
 # Backend rows that are a config variant of a format rather than the format's defaults.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -77,16 +77,11 @@ def _quantizer(backend: str, precision: str) -> Any:
     return hx.NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 class PeakRss:
     """Peak resident memory while the block runs, over the process's at its start (polled every 20 ms)."""
 
     def __enter__(self) -> PeakRss:
-        self.start = self.peak = _rss()
+        self.start = self.peak = _rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -94,12 +89,12 @@ class PeakRss:
 
     def _poll(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, _rss_bytes())
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss())
+        self.peak = max(self.peak, _rss_bytes())
 
     @property
     def megabytes(self) -> float:

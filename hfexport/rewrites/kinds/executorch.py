@@ -8,9 +8,8 @@
   `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's own knob for this), and the graph is
   left as it is. One call is one hit.
 - `ExecutorchEdgePassRule`: where `count(program)` finds its case in the ATen program, graph passes for the
-  edge program (`to_edge_transform_and_lower(transform_passes=...)`, before partitioning) and settings of
-  `ExecutorchBackendConfig` (executorch's own passes, such as `run_reinplace_pass`) that the lowering applies;
-  the ATen graph is left as it is. What `count` counts is one hit each.
+  edge program (`to_edge_transform_and_lower(transform_passes=...)`, before partitioning) that the lowering
+  applies; the ATen graph is left as it is. What `count` counts is one hit each.
 
 Building the registry never imports executorch; examples are checked by `hfexport.testing.harness`.
 """
@@ -125,38 +124,28 @@ def edge_compile_config(program: torch.export.ExportedProgram, config: Any = Non
 
 @dataclass
 class ExecutorchEdgePassRule(Rule):
-    """Where `count(program)` > 0: `edge_passes()` run on the edge program before partitioning, and
-    `backend_settings` are set on the `ExecutorchBackendConfig` of `to_executorch`."""
+    """Where `count(program)` > 0: `edge_passes()` run on the edge program before partitioning."""
 
     count: Callable[[torch.export.ExportedProgram], int] | None = None
     edge_passes: Callable[[], list[Any]] | None = None
-    backend_settings: dict[str, Any] = field(default_factory=dict)
     stage: str = field(init=False, default="executorch")
 
 
-# Where the lowering finds what the fired edge-pass rules ask for: [(passes factory, settings)] in rule order.
+# Where the lowering finds the edge passes the fired edge-pass rules ask for: [passes factory] in rule order.
 _EDGE_PASSES_KEY = "hfexport_edge_passes"
 
 
 def apply_edge_pass_rule(rule: ExecutorchEdgePassRule, program: torch.export.ExportedProgram) -> int:
-    """Count `rule`'s case in `program`; where it is found, record the rule's passes and settings."""
+    """Count `rule`'s case in `program`; where it is found, record the rule's passes."""
     hits = rule.count(program)
     if hits:
-        program.graph_module.meta.setdefault(_EDGE_PASSES_KEY, []).append((rule.edge_passes, rule.backend_settings))
+        program.graph_module.meta.setdefault(_EDGE_PASSES_KEY, []).append(rule.edge_passes)
     return hits
 
 
 def edge_transform_passes(program: torch.export.ExportedProgram) -> list[Any]:
     """The edge-program passes the fired edge-pass rules recorded on `program`, in rule order."""
-    return [p for factory, _ in program.graph_module.meta.get(_EDGE_PASSES_KEY, []) if factory for p in factory()]
-
-
-def backend_config_with_rules(program: torch.export.ExportedProgram, config: Any) -> Any:
-    """`config` (an `ExecutorchBackendConfig`) with the settings the fired edge-pass rules recorded on `program`."""
-    settings: dict[str, Any] = {}
-    for _, each in program.graph_module.meta.get(_EDGE_PASSES_KEY, []):
-        settings.update(each)
-    return dataclasses.replace(config, **settings) if settings else config
+    return [p for factory in program.graph_module.meta.get(_EDGE_PASSES_KEY, []) if factory for p in factory()]
 
 
 def apply(rule: Rule, target: Any) -> int:
