@@ -120,7 +120,8 @@ cache_input_no_write_back = ExecutorchEdgePassRule(
         "tensor), which torch removes only for buffers, so each step copied every cache tensor three times "
         "(index_put's own copy and the two write-backs) before attention read it: at the SmolLM2-135M shape 60 "
         "tensors of 196 KB. The write-back copies become the new value itself (an exact identity: same shape, "
-        "dtype and strides): `copy.out` 12 -> 0 on 2 layers. executorch's reinplace pass "
+        "dtype and strides): `copy.out` 12 -> 0 on 2 layers, decode step 0.78-0.93x the time (A/B, load 7-8). "
+        "executorch's reinplace pass "
         "(ExecutorchBackendConfig.run_reinplace_pass, which would also make index_put in place) is not used: "
         "with it the 2-layer SmolLM2 shape generated other tokens than eager from the second one",
         upstream="torch==2.13.0 torch/export/exported_program.py _remove_unnecessary_copy_op_pass (buffers and "
