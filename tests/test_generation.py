@@ -459,6 +459,34 @@ def test_vision_language_model_generates_like_eager() -> None:
         assert torch.equal(got, expected), scale
 
 
+def test_static_multi_token_decode_exports_one_program_for_prefill_and_decode(llama: torch.nn.Module) -> None:
+    # The decode graph takes the prompt on an empty cache, so prefill is that program, not a second export.
+    exporter = DynamoExporter()
+    components = exporter.export_for_generation(
+        llama, _sample(), DynamoConfig(dynamic=True), generation_config=_static(), multi_token_decode=True
+    )
+    assert list(components) == ["prefill", "decode"]
+    assert components["prefill"] is components["decode"]
+    assert any("shares the decode program" in note for note in exporter.reports["prefill"].notes)
+    # The shared program on the recorded prefill call (8 query tokens, an empty cache) equals the eager prefill.
+    module, kwargs = decompose_for_generation(llama, _sample(), generation_config=_static(), multi_token_decode=True)[
+        "prefill"
+    ]
+    with torch.no_grad():
+        expected = module(**copy.deepcopy(kwargs)).logits
+        got = components["prefill"].module()(**copy.deepcopy(kwargs)).logits
+    torch.testing.assert_close(got, expected)
+    # Not shared where the prefill trace may differ: static shapes, or a growing cache.
+    static_shapes = DynamoExporter().export_for_generation(
+        llama, _sample(), DynamoConfig(dynamic=False), generation_config=_static(), multi_token_decode=True
+    )
+    assert static_shapes["prefill"] is not static_shapes["decode"]
+    dynamic_cache = DynamoExporter().export_for_generation(
+        llama, _sample(), DynamoConfig(dynamic=True), multi_token_decode=True
+    )
+    assert dynamic_cache["prefill"] is not dynamic_cache["decode"]
+
+
 @pytest.mark.slow
 def test_executorch_caller_owned_buffers_generate_like_eager(llama: torch.nn.Module) -> None:
     # alloc_* = False: inputs, outputs and the mutable cache live in caller memory, not the planned arena.

@@ -1,6 +1,14 @@
 """Generation benchmark: decode tokens/s and time to first token, eager vs the peer vs hfexport per backend.
 
     python tools/bench_generate.py [--prompt 128] [--new 128] [--layers 30] [--backends onnx,executorch,...]
+        [--precisions fp32,int8,int4] [--quick]
+
+`--quick`: a 2-layer model, a 16-token prompt, 8 new tokens, one repeat (a smoke run of the whole table; its
+timings mean nothing). One table row per backend x precision: TTFT, decode tok/s, % of that precision's
+ceiling, x eager, tokens vs eager (fp32 eager), export seconds and the export's peak RSS over the process's
+before it (polled every 20 ms). Quantized rows use each backend's weight-only (or dynamic) recipe of
+`PRECISIONS`; their ceiling is the fp32 one times 32/bits (nominal: scales and the unquantized embedding
+gather are not counted).
 
 SmolLM2-135M-shaped Llama (random weights, seed 0), batch 1. Rows: eager `model.generate` (dynamic cache),
 the peer (`transformers.exporters`, ONNX, driven by the same loop where it can run), and hfexport's
@@ -15,20 +23,132 @@ than cache) and the decode ceiling it implies: bandwidth / weight bytes read per
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from bench_onnx import build_model  # tools/ is on sys.path when this script runs
+from bench_onnx import _rss_bytes, build_model  # tools/ is on sys.path when this script runs
 
 # Backend rows that are a config variant of a format rather than the format's defaults.
 VARIANTS: dict[str, dict[str, Any]] = {
     "openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True},
 }
+
+
+# Weight bits of each precision (the ceiling scales with them) and its recipe per backend: (quantizer factory).
+BITS = {"fp32": 32, "int8": 8, "int4": 4}
+
+
+def _quantizer(backend: str, precision: str) -> Any:
+    """The quantizer of `precision` on `backend`: int8 = dynamic activations / int8 weights where the backend has
+    it, int4 = NNCF int4 weights (group 32); None for fp32. Raises for a pair with no recipe."""
+    import hfexport as hx
+
+    if precision == "fp32":
+        return None
+    fmt = VARIANTS.get(backend, {}).get("export_format", backend)
+    int4 = hx.NNCFWeightCompressionConfig(mode="int4_sym", group_size=32)
+    int8 = hx.NNCFWeightCompressionConfig(mode="int8_sym")
+    if fmt == "onnx":
+        return (
+            hx.OnnxRuntimeQuantizer(hx.OnnxRuntimeDynamicConfig())
+            if precision == "int8"
+            else hx.NNCFOnnxQuantizer(int4)
+        )
+    if fmt == "openvino":
+        return hx.NNCFOpenVINOQuantizer(int8 if precision == "int8" else int4)
+    if fmt == "executorch" and precision == "int8":
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+
+        xnnpack = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+        return hx.PT2EQuantizer(xnnpack)
+    # Dynamo, and ExecuTorch int4: NNCF weight compression of the FX graph.
+    return hx.NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
+
+
+class PeakRss:
+    """Peak resident memory while the block runs, over the process's at its start (polled every 20 ms)."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    @property
+    def megabytes(self) -> float:
+        return (self.peak - self.start) / 1e6
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    run: str
+    precision: str
+    ttft: float = float("nan")
+    tps: float = float("nan")
+    tokens: str = ""
+    export_s: float = float("nan")
+    peak_mb: float = float("nan")
+    note: str = ""
+
+
+COLUMNS = (
+    "run",
+    "precision",
+    "TTFT ms",
+    "decode tok/s",
+    "% of ceiling",
+    "x eager",
+    "tokens",
+    "export s",
+    "peak MB",
+    "note",
+)
+
+
+def table(rows: list[Row], ceiling: float) -> str:
+    """The Markdown table of `rows`; the first row is eager fp32 (the x eager reference)."""
+    eager = rows[0].tps
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        share = 100 * r.tps / (ceiling * 32 / BITS[r.precision])
+        cells = (
+            r.run,
+            r.precision,
+            f"{r.ttft * 1e3:.0f}",
+            f"{r.tps:.1f}",
+            f"{share:.0f}%",
+            f"{r.tps / eager:.2f}",
+            r.tokens,
+            f"{r.export_s:.0f}",
+            f"{r.peak_mb:.0f}",
+            r.note,
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def matvec_bandwidth(megabytes: int = 512, repeats: int = 10) -> float:
@@ -84,8 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     # openvino-stateful: OpenVINOConfig(stateful=True), the cache kept in the infer request (vs openvino's fed back).
     parser.add_argument("--backends", default="onnx,executorch,openvino,openvino-stateful,dynamo")
+    parser.add_argument("--precisions", default="fp32,int8,int4")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 layers, 16-token prompt, 8 new tokens, 1 repeat")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.prompt, args.new, args.repeats = 2, 16, 8, 1
 
     from transformers import GenerationConfig
 
@@ -96,16 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(prompt)
     slots = args.prompt + args.new
-    bandwidth = matvec_bandwidth()
+    bandwidth = matvec_bandwidth(64 if args.quick else 512, 3 if args.quick else 10)
     per_token = weight_bytes_per_token(model)
     ceiling = bandwidth / per_token
+    load = os.getloadavg()[0]
     print(
-        f"torch threads {torch.get_num_threads()}; matvec bandwidth {bandwidth / 1e9:.1f} GB/s; "
-        f"weights read per token {per_token / 1e6:.0f} MB; decode ceiling {ceiling:.1f} tok/s",
+        f"torch threads {torch.get_num_threads()}; load {load:.1f}; matvec bandwidth {bandwidth / 1e9:.1f} GB/s; "
+        f"weights read per token {per_token / 1e6:.0f} MB; fp32 decode ceiling {ceiling:.1f} tok/s",
         flush=True,
     )
-
-    rows: list[tuple[str, float, float, str]] = []
 
     def eager(n: int) -> Any:
         with torch.no_grad():
@@ -119,54 +242,62 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     ttft, tps = timed(eager, args.new, args.repeats)
-    rows.append(("eager generate (dynamic cache)", ttft, tps, ""))
+    rows = [Row("eager generate (dynamic cache)", "fp32", ttft, tps, "reference")]
     print(f"eager: ttft {ttft * 1e3:.0f} ms, {tps:.1f} tok/s", flush=True)
     expected = eager(args.new)
 
     static = GenerationConfig(cache_implementation="static", max_cache_len=slots)
     sample = {"input_ids": prompt[:, :8], "attention_mask": mask[:, :8]}
     for backend in [b for b in args.backends.split(",") if b]:
-        try:
-            config = AutoExportConfig.from_dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
-            start = time.perf_counter()
-            components = AutoHfExporter.from_config(config).export_for_generation(
-                model, sample, config, generation_config=static, multi_token_decode=True
-            )
-            export_s = time.perf_counter() - start
+        for precision in [p for p in args.precisions.split(",") if p]:
+            row = Row(f"hfexport {backend} (static cache)", precision)
+            rows.append(row)
+            try:
+                settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
+                config = AutoExportConfig.from_dict(settings)
+                quantizer = _quantizer(backend, precision)
+                if quantizer is not None:
+                    config = dataclasses.replace(config, quantizer=quantizer)
+                start = time.perf_counter()
+                with PeakRss() as memory:
+                    components = AutoHfExporter.from_config(config).export_for_generation(
+                        model, sample, config, generation_config=static, multi_token_decode=True
+                    )
+                row.export_s, row.peak_mb = time.perf_counter() - start, memory.megabytes
 
-            def run(n: int, components: Any = components) -> Any:
-                return generate(components, prompt, mask, max_new_tokens=n, min_new_tokens=n)
+                def run(n: int, components: Any = components) -> Any:
+                    return generate(components, prompt, mask, max_new_tokens=n, min_new_tokens=n)
 
-            same = torch.equal(run(args.new), expected)
-            ttft, tps = timed(run, args.new, args.repeats)
-            note = f"export {export_s:.0f} s; tokens {'equal' if same else 'DIFFER'} to eager"
-            rows.append((f"hfexport {backend} (static cache)", ttft, tps, note))
-            print(f"{backend}: ttft {ttft * 1e3:.0f} ms, {tps:.1f} tok/s ({note})", flush=True)
-        except Exception as exc:  # a backend that cannot run is a row, not the end of the benchmark
-            traceback.print_exc()
-            rows.append((f"hfexport {backend}", float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"[:120]))
+                got = run(args.new)
+                same = int((got[:, args.prompt :] == expected[:, args.prompt :]).sum())
+                row.tokens = "equal" if torch.equal(got, expected) else f"{same}/{args.new} equal"
+                row.ttft, row.tps = timed(run, args.new, args.repeats)
+                print(
+                    f"{backend} {precision}: ttft {row.ttft * 1e3:.0f} ms, {row.tps:.1f} tok/s, {row.tokens}",
+                    flush=True,
+                )
+            except Exception as exc:  # a backend that cannot run is a row, not the end of the benchmark
+                traceback.print_exc()
+                row.note = f"{type(exc).__name__}: {exc}"[:120].replace("|", "/").replace("\n", " ")
     if not args.no_peer:
         rows.append(_peer(model, sample, static, prompt, mask, args))
 
-    eager_tps = rows[0][2]
-    print("\n| run | TTFT ms | decode tok/s | × eager | % of ceiling | note |\n|---|---|---|---|---|---|")
-    for name, ttft, tps, note in rows:
-        print(
-            f"| {name} | {ttft * 1e3:.0f} | {tps:.1f} | {tps / eager_tps:.2f} | {100 * tps / ceiling:.0f}% | {note} |"
-        )
+    print(f"\nload {load:.1f} -> {os.getloadavg()[0]:.1f} (1-minute average at start and end)")
+    print(table(rows, ceiling))
     return 0
 
 
-def _peer(model: Any, sample: Any, static: Any, prompt: Any, mask: Any, args: Any) -> tuple[str, float, float, str]:
+def _peer(model: Any, sample: Any, static: Any, prompt: Any, mask: Any, args: Any) -> Row:
     """transformers.exporters' ONNX export of the same single decode graph, driven by a plain ORT loop."""
     try:
         import onnxruntime as ort
         from transformers.exporters import OnnxConfig, OnnxExporter
 
         start = time.perf_counter()
-        exported = OnnxExporter().export_for_generation(
-            model, sample, OnnxConfig(dynamic=True), generation_config=static, multi_token_decode=True
-        )
+        with PeakRss() as memory:
+            exported = OnnxExporter().export_for_generation(
+                model, sample, OnnxConfig(dynamic=True), generation_config=static, multi_token_decode=True
+            )
         export_s = time.perf_counter() - start
         program = exported.components["decode"].program
         proto = program.model_proto if hasattr(program, "model_proto") else __import__("onnx_ir").to_proto(program)
@@ -211,10 +342,11 @@ def _peer(model: Any, sample: Any, static: Any, prompt: Any, mask: Any, args: An
             return np.concatenate(out_ids, 1)[:, : length + n]
 
         ttft, tps = timed(run, args.new, args.repeats)
-        return ("peer transformers.exporters onnx (static cache)", ttft, tps, f"export {export_s:.0f} s")
+        return Row("peer transformers.exporters onnx", "fp32", ttft, tps, "", export_s, memory.megabytes)
     except Exception as exc:
         traceback.print_exc()
-        return ("peer transformers.exporters onnx", float("nan"), float("nan"), f"{type(exc).__name__}: {exc}"[:120])
+        note = f"{type(exc).__name__}: {exc}"[:120].replace("|", "/").replace("\n", " ")
+        return Row("peer transformers.exporters onnx", "fp32", note=note)
 
 
 if __name__ == "__main__":

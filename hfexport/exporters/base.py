@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -166,7 +167,10 @@ class HfExporter(ABC):
         results.samples = {name: kwargs for name, (_, kwargs) in components.items()}
         results.runtime_components = {}
         self.reports: dict[str, ExportReport] = {}
+        shared = _prefill_shares_decode(components, configs, results.spec)
         for name, (submodule, kwargs) in components.items():
+            if name == shared:
+                continue  # exported below, once "decode" is
             logger.info("exporting component %s (%s)", name, type(submodule).__name__)
             self.report = None
             held = results.runtime_components if name in extra else results
@@ -183,6 +187,22 @@ class HfExporter(ABC):
                 if self.report is not None:
                     self.report.component = name
                     self.reports[name] = self.report
+        if shared is not None:
+            order = list(results)
+            results[shared] = results["decode"]
+            # The documented order (prefill before decode), as the components were recorded.
+            for name in [n for n in components if n in order]:
+                results[name] = results.pop(name)
+            if "decode" in self.reports:
+                decode_report = self.reports["decode"]
+                self.reports[shared] = dataclasses.replace(
+                    decode_report,
+                    component=shared,
+                    notes=[*decode_report.notes, SHARED_PREFILL_NOTE],
+                    rules=list(decode_report.rules),
+                    stage_seconds={},
+                    total_seconds=0.0,
+                )
         return results
 
     def _calibrate_components(
@@ -207,3 +227,34 @@ class HfExporter(ABC):
         return calibrate_components(
             model, config, configs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
+
+
+SHARED_PREFILL_NOTE = (
+    "prefill shares the decode program: with a static cache and multi_token_decode the decode graph takes the "
+    "whole prompt on an empty cache (what hfexport.runtime.generate runs), and the prefill call traces to the "
+    "same graph"
+)
+
+
+def _prefill_shares_decode(components: Mapping[str, Any], configs: Mapping[str, Any], spec: Any) -> str | None:
+    """`"prefill"` when its program would be the decode program, exported a second time; else None.
+
+    With a static cache and `multi_token_decode`, `generate` runs the prompt through the decode graph and never
+    calls prefill. The prefill call is the decode call with a longer query on an empty cache: when both are
+    exported with every axis dynamic (`dynamic=True`, no explicit `dynamic_shapes`), under equal configs, from
+    the same module with inputs of one structure (`same_graph`), the two traces give one graph, so the decode
+    program is returned for both and the export takes half the time (issue #19, goal 5)."""
+    from hfexport.frontends.calls import same_graph
+
+    if "prefill" not in components or "decode" not in components:
+        return None
+    if not (getattr(spec, "static_cache", False) and getattr(spec, "multi_token_decode", False)):
+        return None
+    config = configs.get("decode")
+    if config is None or configs.get("prefill") != config:
+        return None
+    if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None) is not None:
+        return None
+    if getattr(config, "quantizer", None) is not None:
+        return None  # calibrated per component: the components' calibration data differ
+    return "prefill" if same_graph(components["prefill"], components["decode"]) else None

@@ -155,6 +155,44 @@ def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torc
     return fixed_arguments(module, fixed, key), ordered
 
 
+def same_graph(first: tuple[torch.nn.Module, dict[str, Any]], second: tuple[torch.nn.Module, dict[str, Any]]) -> bool:
+    """Whether two recorded calls trace to one graph when every axis is dynamic: the same module (or the same
+    module behind equal fixed arguments), and inputs of one pytree structure whose tensors agree in dtype, rank
+    and in which axes have size 0 or 1 (`torch.export` specialises those, so a size-1 axis in one sample and not
+    the other would make the graphs differ)."""
+    import torch.utils._pytree as pytree
+
+    (module_a, kwargs_a), (module_b, kwargs_b) = first, second
+    if module_a is not module_b:
+        if not (isinstance(module_a, FixedArguments) and isinstance(module_b, FixedArguments)):
+            return False
+        if module_a.inner is not module_b.inner or module_a.cache_key != module_b.cache_key:
+            return False
+        plain = (bool, int, float, str, type(None))
+        fixed_a, fixed_b = module_a.fixed, module_b.fixed
+        values = [*fixed_a.values(), *fixed_b.values()]
+        if fixed_a.keys() != fixed_b.keys() or not all(isinstance(v, plain) for v in values):
+            return False
+        if any(type(fixed_a[k]) is not type(fixed_b[k]) or fixed_a[k] != fixed_b[k] for k in fixed_a):
+            return False
+    leaves_a, spec_a = pytree.tree_flatten(kwargs_a)
+    leaves_b, spec_b = pytree.tree_flatten(kwargs_b)
+    if spec_a != spec_b:
+        return False
+    for a, b in zip(leaves_a, leaves_b, strict=True):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return False
+        if not isinstance(a, torch.Tensor):
+            if type(a) is not type(b) or a != b:
+                return False
+            continue
+        if a.dtype != b.dtype or a.ndim != b.ndim:
+            return False
+        if [size if size < 2 else 2 for size in a.shape] != [size if size < 2 else 2 for size in b.shape]:
+            return False
+    return True
+
+
 def _plain_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Model outputs given as inputs (`encoder_outputs`) keep their class (a registered pytree node) with only
     their tensor fields: some forwards read `encoder_outputs.last_hidden_state` and cannot take a tuple."""

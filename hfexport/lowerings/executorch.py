@@ -273,7 +273,7 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
     """Lower `program` to an `ExecutorchProgramManager` with the `executorch` stage applied."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    from hfexport.rewrites.kinds.executorch import edge_compile_config
+    from hfexport.rewrites.kinds.executorch import edge_compile_config, edge_transform_passes
 
     engine.apply("executorch", program, context)
 
@@ -292,7 +292,11 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
         compile_config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
     # Plus the targets the stage's verifier-exception rules found (executorch/sym-size-functions-verifier).
     compile_config = edge_compile_config(program, compile_config)
+    # Plus the edge passes the stage's edge-pass rules asked for (executorch/cache-input-no-write-back).
+    passes = edge_transform_passes(program)
     with context.stage("edge"):
-        edge = to_edge_transform_and_lower(program, partitioner=_partitioners(config), compile_config=compile_config)
+        edge = to_edge_transform_and_lower(
+            program, transform_passes=passes or None, partitioner=_partitioners(config), compile_config=compile_config
+        )
     with context.stage("to_executorch"):
         return edge.to_executorch(backend_config(config))

@@ -206,12 +206,22 @@ def run(backend: str, result: Any, inputs: Mapping[str, Any]) -> Any:
     if backend == "executorch":
         from hfexport.runtime.executorch import ExecutorchProgram
 
-        return ExecutorchProgram(result).run(inputs)
+        # The method returns the inputs it mutates first (a cache written in place); eager returns only the
+        # forward's outputs, and leaves the mutation in the inputs.
+        outputs = ExecutorchProgram(result).run(inputs)
+        return outputs[_input_mutations(result) :]
     if backend == "openvino":
         from hfexport.runtime.openvino import OpenVINORunner
 
         return list(OpenVINORunner(result)(**inputs).values())
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def _input_mutations(manager: Any) -> int:
+    from torch.export.graph_signature import OutputKind
+
+    specs = manager.exported_program().graph_signature.output_specs
+    return sum(1 for spec in specs if spec.kind == OutputKind.USER_INPUT_MUTATION)
 
 
 def leaves(tree: Any) -> list[torch.Tensor]:

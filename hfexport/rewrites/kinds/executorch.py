@@ -7,6 +7,9 @@
   verifier wrongly refuses them; where the program calls one, `to_edge` gets it in
   `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's own knob for this), and the graph is
   left as it is. One call is one hit.
+- `ExecutorchEdgePassRule`: where `count(program)` finds its case in the ATen program, graph passes for the
+  edge program (`to_edge_transform_and_lower(transform_passes=...)`, before partitioning) that the lowering
+  applies; the ATen graph is left as it is. What `count` counts is one hit each.
 
 Building the registry never imports executorch; examples are checked by `hfexport.testing.harness`.
 """
@@ -119,9 +122,37 @@ def edge_compile_config(program: torch.export.ExportedProgram, config: Any = Non
     return dataclasses.replace(config, _core_aten_ops_exception_list=known + [t for t in exceptions if t not in known])
 
 
+@dataclass
+class ExecutorchEdgePassRule(Rule):
+    """Where `count(program)` > 0: `edge_passes()` run on the edge program before partitioning."""
+
+    count: Callable[[torch.export.ExportedProgram], int] | None = None
+    edge_passes: Callable[[], list[Any]] | None = None
+    stage: str = field(init=False, default="executorch")
+
+
+# Where the lowering finds the edge passes the fired edge-pass rules ask for: [passes factory] in rule order.
+_EDGE_PASSES_KEY = "hfexport_edge_passes"
+
+
+def apply_edge_pass_rule(rule: ExecutorchEdgePassRule, program: torch.export.ExportedProgram) -> int:
+    """Count `rule`'s case in `program`; where it is found, record the rule's passes."""
+    hits = rule.count(program)
+    if hits:
+        program.graph_module.meta.setdefault(_EDGE_PASSES_KEY, []).append(rule.edge_passes)
+    return hits
+
+
+def edge_transform_passes(program: torch.export.ExportedProgram) -> list[Any]:
+    """The edge-program passes the fired edge-pass rules recorded on `program`, in rule order."""
+    return [p for factory in program.graph_module.meta.get(_EDGE_PASSES_KEY, []) if factory for p in factory()]
+
+
 def apply(rule: Rule, target: Any) -> int:
     """The engine's applier of stage `executorch`."""
     if isinstance(rule, ExecutorchVerifierExceptionRule):
         return apply_verifier_exception_rule(rule, target)
+    if isinstance(rule, ExecutorchEdgePassRule):
+        return apply_edge_pass_rule(rule, target)
     assert isinstance(rule, ExecutorchNodeRule)
     return apply_executorch_rule(rule, target)

@@ -18,6 +18,8 @@ RULES: list[Rule] = load_rules(
         "executorch/quant-identity-requantize",
         "executorch/quant-computed-weight-linear-untagged",
         "executorch/quant-right-shift-verifier",
+        # A static cache input without to_edge's write-back copies (an edge pass).
+        "executorch/cache-input-no-write-back",
         # Last: counts the calls the node rules leave in the graph.
         "executorch/sym-size-functions-verifier",
     ],
