@@ -3,10 +3,10 @@
 transformers' `DynamicSlidingWindowLayer.update` keeps `full_key_states[:, :, -sliding_window + 1 :, :]`.
 Traced from a sample shorter than the window, torch's slice normalisation decides `-window + 1 + L < 0` on the
 sample and records the guard `L <= window - 2`: the Dynamo program refuses longer inputs ("Guard failed:
-input_ids.size()[1] <= 126" for gpt_oss, window 128, at 138 tokens). ONNX and OpenVINO programs keep no guards,
-so the sample's branch (keep everything) stays in the graph: past the window their returned cache held every
-token (138 instead of 127 for gpt_oss) while the logits still matched, a wrong cache that the next decode step
-reads.
+input_ids.size()[1] <= 126" for gpt_oss, window 128, at 138 tokens), and ExecuTorch plans memory for at most
+that length. ONNX programs keep no guards, so the sample's branch (keep everything) stays in the graph: past the
+window the returned cache held every token (138 instead of 127 for gpt_oss) while the logits still matched, a
+wrong cache that the next decode step reads. OpenVINO is not affected: its conversion keeps the negative start.
 
 The replacement keeps the same tokens with `index_select` over `arange(L - min(L, window - 1), L)`, with
 `torch.sym_min`: a fresh tensor, so no view of `full` exists whose contiguity torch's metadata would guard on
@@ -121,14 +121,8 @@ def _inputs(tokens: int, batch: int = 2, padded: bool = False) -> dict[str, Any]
     return {"input_ids": ids, "attention_mask": mask}
 
 
-# Fully masked query rows (the padded positions) need the SDPA fixes on ONNX (below opset 23) and OpenVINO;
-# OpenVINO converts neither `torch.sym_min` nor the cache's first `cat` onto an empty 1-D tensor by itself.
-_NEEDS = (
-    "aten/sdpa-fully-masked-rows",
-    "openvino/sdpa-fully-masked-rows",
-    "openvino/sym-min-max-to-floordiv",
-    "openvino/cat-drop-legacy-empty",
-)
+# Fully masked query rows (the padded positions) need the SDPA fix on ONNX (below opset 23).
+_NEEDS = ("aten/sdpa-fully-masked-rows",)
 
 
 def _static_mistral() -> Built:
@@ -139,12 +133,16 @@ sliding_window_cache_symbolic = ModuleFunctionPatch(
     RuleMeta(
         id="patch/sliding-window-cache-symbolic",
         why="a model with sliding-window attention exported from a sample shorter than its window refused longer "
-        "inputs on Dynamo ('Guard failed: input_ids.size()[1] <= 126', gpt_oss at 138 tokens) and, on ONNX, "
-        "OpenVINO and ExecuTorch, returned a cache of every token instead of the last window - 1 past the window: "
-        "the cache's `[-window + 1:]` slice is decided on the sample's length",
+        "inputs on Dynamo ('Guard failed: input_ids.size()[1] <= 126', gpt_oss at 138 tokens) and ExecuTorch "
+        "(planned for at most window - 2 tokens), and on ONNX returned a cache of every token instead of the last "
+        "window - 1 past the window (138 instead of 127): the cache's `[-window + 1:]` slice is decided on the "
+        "sample's length",
         upstream="transformers==5.24.0 cache_utils.py DynamicSlidingWindowLayer.update "
         "(`full_key_states[:, :, -self.sliding_window + 1 :, :]`); torch 2.13 slice normalisation and "
         "check_contiguous_sizes_strides guard on the sample",
+        # OpenVINO is not affected: its conversion keeps the slice's negative start, which its Slice clamps at
+        # run time (the examples match eager there without the rule).
+        backends=("dynamo", "onnx", "executorch"),
         models=("gpt_oss", "mistral", "gemma2", "cohere2", "olmo3"),
         examples=(
             Match(
