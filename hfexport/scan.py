@@ -271,9 +271,9 @@ class _Finder(cst.CSTVisitor):
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         # A size modulo a literal (`L % 2`) is parity, not a block boundary: only a named block size counts.
-        if self._in_function() and m.matches(node, _MODULO) and not isinstance(node.right, cst.Integer):
-            if self._is_size(node.left):
-                self.report("size-modulo", node, "")
+        modulo = m.matches(node, _MODULO) and not isinstance(node.right, cst.Integer)
+        if modulo and self._in_function() and self._is_size(node.left):
+            self.report("size-modulo", node, "")
 
     def visit_For(self, node: cst.For) -> None:
         if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):

@@ -29,7 +29,9 @@ from hfexport.rewrites.rule import RuleMeta
 _TARGET = "transformers.cache_utils.DynamicSlidingWindowLayer.update"
 
 
-def update(original: Any, layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+def update(
+    original: Any, layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+) -> Any:
     window = layer.sliding_window
     past = layer.keys.shape[-2] if layer.is_initialized else 0
     length = past + key_states.shape[-2]
