@@ -116,6 +116,25 @@ def _cause_models() -> list[str]:
     return sorted(models)
 
 
+def test_sites_of_causes_in_small_files_are_targeted_by_their_rules() -> None:
+    """The default tier: the shared cache layers and two small model files, a site of three causes each."""
+    from hfexport.scan import transformers_root
+
+    root = transformers_root()
+    files = [
+        root / "cache_utils.py",
+        root / "models/mamba/modeling_mamba.py",
+        root / "models/nllb_moe/modeling_nllb_moe.py",
+    ]
+    result = scan(paths=files)
+    assert not _uncovered(result), "\n".join(_uncovered(result))
+    found = {cause.id for site in result.sites for cause in causes_of(site)}
+    assert found == {"sliding-window-slice", "mamba-sequential-scan", "module-cast-in-forward"}, found
+    update = [s for s in result.sites if s.scope == "DynamicSlidingWindowLayer.update" and s.kind == "window-slice"]
+    assert len(update) == 2 and all("patch/sliding-window-cache-symbolic" in s.rules for s in update)
+
+
+@pytest.mark.slow
 def test_every_site_of_a_cause_is_targeted_by_its_rule_or_a_known_gap() -> None:
     """The models the cause rules name: every site of a cause there is a target of the cause's rule."""
     result = scan(models=_cause_models())
