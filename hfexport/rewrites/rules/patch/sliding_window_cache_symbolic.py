@@ -33,7 +33,8 @@ def update(
     original: Any, layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
 ) -> Any:
     window = layer.sliding_window
-    past = layer.keys.shape[-2] if layer.is_initialized else 0
+    # An initialised layer that holds nothing yet keeps a 1-D empty tensor (transformers' lazy initialisation).
+    past = layer.keys.shape[-2] if layer.is_initialized and layer.keys.dim() >= 2 else 0
     length = past + key_states.shape[-2]
     # A static length slices exactly as the original; `record_past` (assisted decoding) keeps everything; a window
     # below 2 makes the original's start non-negative (window 1 keeps every token), a case left to it.
