@@ -91,6 +91,25 @@ KNOWN_GAPS = {
     ("transformers.cache_utils", "StaticSlidingWindowLayer.update"): "the static sliding cache slices "
     "`[-max_cache_len:]` only once the window is full, where the concatenation is at least max_cache_len long "
     "(max_cache_len is the buffer's symbolic size): no sign to decide, not reproduced as a failure",
+    # Found by the full scan (2026-12-02), not examined yet: streaming convolution caches slice `[-left_pad:]`
+    # of their input (the same sign decision if a sample is shorter than the pad); SwitchTransformers' router
+    # casts its classifier as NLLB-MoE's does (patch/nllb-moe-router-cast targets NLLB only); Fuyu and Reformer
+    # index with an int, not a mask (a false positive of masked-size-branch).
+    **{
+        (f"transformers.models.{m}.modeling_{m}", scope): "found by the full scan, not examined yet (#17)"
+        for m, scope in (
+            ("muse_spark", "MuseSparkAudioConv1dCacheLayer.update"),
+            ("nemotron_asr_streaming", "NemotronAsrStreamingEncoderCausalConv1dCacheLayer.update"),
+            ("nemotron_asr_streaming", "NemotronAsrStreamingEncoderCausalConv2dCacheLayer.update"),
+            ("nemotron_asr_streaming", "NemotronAsrStreamingConv1dCacheLayer.update"),
+            ("vibevoice_acoustic_tokenizer", "VibeVoiceAcousticTokenizerConv1dCacheLayer.update"),
+            ("vibevoice_asr", "VibeVoiceAsrConv1dCacheLayer.update"),
+            ("voxtral_realtime", "VoxtralRealtimeConv1dCacheLayer.update"),
+            ("switch_transformers", "SwitchTransformersTop1Router.forward"),
+            ("fuyu", "FuyuModel.gather_continuous_embeddings"),
+            ("reformer", "ReformerDynamicCache.reorder_cache"),
+        )
+    },
 }
 
 
@@ -144,7 +163,9 @@ def test_every_site_of_a_cause_is_targeted_by_its_rule_or_a_known_gap() -> None:
     assert found == {cause.id for cause in CAUSES}, {cause.id for cause in CAUSES} - found
     # and every known gap is still a site of a cause (a gap fixed upstream leaves the list)
     sites = {(s.module, s.scope) for s in result.sites if causes_of(s)}
-    assert set(KNOWN_GAPS) <= sites, set(KNOWN_GAPS) - sites
+    scanned = {s.module for s in result.sites}
+    gaps = {gap for gap in KNOWN_GAPS if gap[0] in scanned}
+    assert gaps <= sites, gaps - sites
 
 
 @pytest.mark.slow
