@@ -13,7 +13,21 @@ Patterns (`Site.kind`):
 - `list-from-shape`: `list(range(<a tensor size>))` or `torch.tensor(<list/comprehension>)` over a size: the
   length is baked into the graph.
 
+- `window-slice`: a slice whose start is the negation of an attribute (`full[:, :, -self.sliding_window + 1 :]`):
+  torch decides the start's sign on the sample's length, so a sample shorter than the window guards the length
+  below it (Dynamo) or bakes "keep everything" into the graph (ONNX).
+- `size-modulo`: a tensor size modulo a block or chunk size (`pad = (chunk - L % chunk) % chunk`,
+  `if L % block != 0`): the padding branch and the chunk count are decided on the sample.
+- `size-min-max`: Python's `min`/`max` over a tensor size: a guard on which side won at the sample
+  (`torch.sym_min` keeps both).
+- `masked-size-branch`: a branch on the size of a boolean-mask selection (`if x[mask].numel() != n:`): the
+  selection's size is data-dependent and export cannot guard on it.
+- `module-to-in-forward`: `self.m = self.m.to(dtype)` while running: `Module.to` cannot swap a trace's fake
+  parameters (moves to a device, a cache's offloading, are left out).
+
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
+`CAUSES` maps the patterns that registered rules fix to those rules, so a scan of a newer transformers shows
+the copies of a cause that no rule targets yet (tests/test_scan.py asserts each is targeted or a known gap).
 These are heuristics over syntax (no types): they point at code to read, and each site says whether a
 registered rule targets its module, class or function.
 """
@@ -33,7 +47,19 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ByteSpanPositionProvider
 
-KINDS = ("tensor-control-flow", "raise-on-tensor", "item-tolist", "inplace-input", "loop-over-shape", "list-from-shape")
+KINDS = (
+    "tensor-control-flow",
+    "raise-on-tensor",
+    "item-tolist",
+    "inplace-input",
+    "loop-over-shape",
+    "list-from-shape",
+    "window-slice",
+    "size-modulo",
+    "size-min-max",
+    "masked-size-branch",
+    "module-to-in-forward",
+)
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
 # compiler/jit state, tensor constructors) is fine in a branch condition.
@@ -87,6 +113,19 @@ _TORCH_TENSOR_OF_SEQUENCE = m.Call(
     func=m.Attribute(value=m.Name("torch"), attr=m.Name("tensor")),
     args=[m.Arg(value=m.OneOf(m.ListComp(), m.List(), m.Call(func=m.Name("list")), m.Subscript())), m.ZeroOrMore()],
 )
+
+
+# `-self.sliding_window`, `-config.window`: a negated attribute, the start of a window slice.
+_NEGATED_ATTRIBUTE = m.UnaryOperation(operator=m.Minus(), expression=m.Attribute())
+_MODULO = m.BinaryOperation(operator=m.Modulo())
+_BUILTIN_MIN_MAX = m.Call(func=m.Name("min") | m.Name("max"))
+# `x[mask].numel()` / `x[mask].shape`: the size of an index selection (not of a slice).
+_SELECTION = m.Subscript(slice=[m.SubscriptElement(slice=m.Index(value=m.Name() | m.Attribute()))])
+_SELECTION_SIZE = m.OneOf(
+    m.Call(func=m.Attribute(value=_SELECTION, attr=m.Name("numel") | m.Name("size"))),
+    m.Attribute(value=_SELECTION, attr=m.Name("shape")),
+)
+_SELF_ATTRIBUTE = m.Attribute(value=m.Name("self"))
 
 
 def _is_inplace_name(name: str) -> bool:
@@ -183,10 +222,13 @@ class _Finder(cst.CSTVisitor):
 
     # -- patterns ----------------------------------------------------------------------------------------
     def visit_If(self, node: cst.If) -> None:
-        if not self._in_function() or not self._reads_values(node.test):
+        if not self._in_function():
             return
-        raises = m.findall(node.body, m.Raise())
-        self.report("raise-on-tensor" if raises else "tensor-control-flow", node.test, "if")
+        if m.findall(node.test, _SELECTION_SIZE):
+            self.report("masked-size-branch", node.test, "if")
+        elif self._reads_values(node.test):
+            raises = m.findall(node.body, m.Raise())
+            self.report("raise-on-tensor" if raises else "tensor-control-flow", node.test, "if")
 
     def visit_While(self, node: cst.While) -> None:
         if self._in_function() and self._reads_values(node.test):
@@ -205,6 +247,8 @@ class _Finder(cst.CSTVisitor):
             return
         if m.matches(node, _ITEM_OR_TOLIST):
             self.report("item-tolist", node, "")
+        elif m.matches(node, _BUILTIN_MIN_MAX) and any(self._is_size(arg.value) for arg in node.args):
+            self.report("size-min-max", node, "")
         elif self._is_list_from_shape(node):
             self.report("list-from-shape", node, "")
         elif m.matches(node, _INPLACE_METHOD):
@@ -212,6 +256,24 @@ class _Finder(cst.CSTVisitor):
             target = node.func.value.value  # type: ignore[attr-defined]
             if scope is not None and target in scope.params:
                 self.report("inplace-input", node, "")
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if not self._in_function():
+            return
+        for element in node.slice:
+            if isinstance(element.slice, cst.Slice) and element.slice.lower is not None:
+                lower = element.slice.lower
+                # The start itself, or its left operand (`-self.window + 1`), is a negated attribute.
+                head = lower.left if isinstance(lower, cst.BinaryOperation) else lower
+                if m.matches(head, _NEGATED_ATTRIBUTE):
+                    self.report("window-slice", node, "")
+                    return
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        # A size modulo a literal (`L % 2`) is parity, not a block boundary: only a named block size counts.
+        modulo = m.matches(node, _MODULO) and not isinstance(node.right, cst.Integer)
+        if modulo and self._in_function() and self._is_size(node.left):
+            self.report("size-modulo", node, "")
 
     def visit_For(self, node: cst.For) -> None:
         if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):
@@ -222,6 +284,14 @@ class _Finder(cst.CSTVisitor):
         if scope is None:
             return
         for target in node.targets:
+            if (
+                m.matches(target.target, _SELF_ATTRIBUTE)
+                and m.matches(node.value, m.Call(func=m.Attribute(value=_SELF_ATTRIBUTE, attr=m.Name("to"))))
+                and node.value.func.value.attr.value == target.target.attr.value  # type: ignore[attr-defined]
+                # A move (`.to(self.device)`, `.to("cpu")`) is a cache tensor's offloading, not a cast.
+                and not m.findall(node.value, m.Name("device") | m.Attribute(attr=m.Name("device")) | m.SimpleString())
+            ):
+                self.report("module-to-in-forward", node, "")
             subscript = target.target
             if not isinstance(subscript, cst.Subscript) or not isinstance(subscript.value, cst.Name):
                 continue
@@ -290,6 +360,88 @@ def scan_source(
     return sites
 
 
+# -- causes: the patterns that registered rules fix ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A pattern a registered rule fixes: sites of `kind` whose scope's last name matches `function` (a regex).
+
+    `rules` fix it where they target the site's module/class/function; tests/test_scan.py asserts that every
+    such site of the installed transformers is targeted by one of them or is a documented known gap, so a copy
+    of the code that a new transformers adds shows up as a failure rather than as a silent gap.
+    """
+
+    id: str
+    kind: str
+    function: str
+    rules: tuple[str, ...]
+    what: str
+
+    def covers(self, site: Site) -> bool:
+        import re
+
+        return site.kind == self.kind and re.fullmatch(self.function, site.scope.rsplit(".", 1)[-1]) is not None
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "sliding-window-slice",
+        "window-slice",
+        "update",
+        ("patch/sliding-window-cache-symbolic",),
+        "a cache layer keeps `full[:, :, -window + 1:]`: the sign of the start is decided on the sample",
+    ),
+    Cause(
+        "mamba-sequential-scan",
+        "loop-over-shape",
+        ".*selective_scan",
+        ("patch/mamba-selective-scan-hop", "patch/mamba-selective-scan-onnx"),
+        "a Python loop over the sequence in the Mamba-1 scan: unrolled for the sample's length",
+    ),
+    Cause(
+        "gated-delta-chunk-loop",
+        "loop-over-shape",
+        "torch_chunk_gated_delta_rule",
+        ("patch/gated-delta-chunk-scan-hop",),
+        "a Python loop over the chunks of linear attention: the chunk count is baked in",
+    ),
+    Cause(
+        "mamba2-chunk-padding",
+        "size-modulo",
+        "mamba2_chunk_scan",
+        ("patch/mamba2-chunk-scan-symbolic",),
+        "the Mamba-2 chunk padding `(chunk - L % chunk) % chunk`: its `> 0` branch and chunk count are the sample's",
+    ),
+    Cause(
+        "block-padding",
+        "size-modulo",
+        "_split_into_blocks",
+        ("patch/longt5-pad-blocks",),
+        "LongT5 pads to whole blocks only when `L % block != 0`: a guard on the sample's remainder",
+    ),
+    Cause(
+        "module-cast-in-forward",
+        "module-to-in-forward",
+        ".*",
+        ("patch/nllb-moe-router-cast",),
+        "a submodule cast with `Module.to` during the forward: the trace cannot swap its fake parameters",
+    ),
+    Cause(
+        "placeholder-count-check",
+        "masked-size-branch",
+        ".*",
+        ("patch/hunyuan-vl-placeholder-check",),
+        "a Python check of `x[mask].numel()`: a data-dependent size export cannot guard on",
+    ),
+)
+
+
+def causes_of(site: Site) -> list[Cause]:
+    """The causes in `CAUSES` that `site` is an instance of."""
+    return [cause for cause in CAUSES if cause.covers(site)]
+
+
 # -- which rules target a module / class / function ------------------------------------------------------
 
 
@@ -330,6 +482,10 @@ class RuleIndex:
 # -- files, models, results ------------------------------------------------------------------------------
 
 
+# Sources outside `models/` whose code runs inside every model's forward.
+_SHARED_SOURCES = ("cache_utils.py",)
+
+
 def transformers_root() -> Path:
     import importlib.util
 
@@ -340,10 +496,12 @@ def transformers_root() -> Path:
 
 
 def model_files(models: Sequence[str] | None = None) -> list[Path]:
-    """The modeling sources of the installed transformers: all of them, or those of `models` (model types)."""
+    """The modeling sources of the installed transformers: all of them, or those of `models` (model types); then
+    `cache_utils.py`, the cache layers every generative model runs (the sliding-window slice lives there)."""
+    shared = [transformers_root() / name for name in _SHARED_SOURCES]
     root = transformers_root() / "models"
     if not models:
-        return sorted(root.glob("*/modeling_*.py"))
+        return sorted(root.glob("*/modeling_*.py")) + shared
     files = []
     known = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_"))
     for name in models:
@@ -354,7 +512,7 @@ def model_files(models: Sequence[str] | None = None) -> list[Path]:
             hint = f"; did you mean {close}?" if close else ""
             raise ValueError(f"no modeling source for model type {name!r}{hint}")
         files += found
-    return files
+    return files + shared
 
 
 def _expand(paths: Iterable[str | Path]) -> list[Path]:

@@ -38,11 +38,6 @@ FAST = {
 # Known gaps, each with its cause; strict, so a fix shows up as a failure to remove the entry.
 KNOWN_FAILURES = {
     "deepseek_v4": "shape-dependent branches in DeepseekV4 attention (modeling_deepseek_v4.py:424) pin the length",
-    # Found by the 138-token shape (2026-12-02): transformers' DynamicSlidingWindowLayer.update keeps
-    # `full[:, :, -sliding_window + 1:]`; from a sample shorter than the window (8 < 128) torch's slice
-    # normalisation guards the length below the window ("Guard failed: input_ids.size()[1] <= 126"). The same
-    # cause reaches every sliding-window cache traced from a sample shorter than its window; no rule yet (#17).
-    "gpt_oss": "the sliding-window cache's negative slice start guards the length to < the window (126)",
 }
 
 CAUSAL_LM = load_corpus(family="causal_lm")

@@ -22,6 +22,7 @@ RULES: list[Rule] = load_rules(
         "patch/hunyuan-vl-placeholder-check",
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
+        "patch/sliding-window-cache-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
