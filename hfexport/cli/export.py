@@ -229,7 +229,11 @@ def _validate_low_memory(
     ok = weights.ok and reduced.ok
     streamed = {"checked": len(weights.checked), "mismatched": weights.mismatched}
     update_manifest(output, validation={**reduced.to_dict(), "ok": ok, "streamed_weights": streamed})
-    print(f"streamed weights: {len(weights.checked)} equal their checkpoint tensors, {len(weights.mismatched)} differ")
+    if weights.recorded == 0:
+        print("streamed weights: none (every weight is small enough to be read whole)")
+    else:
+        equal = len(weights.checked) - len(weights.mismatched)
+        print(f"streamed weights: {equal} equal their checkpoint tensors, {len(weights.mismatched)} differ")
     print(f"reduced depth ({layers} layer(s)): {reduced.validation}")
     if not ok:
         print("validation failed: the low-memory checks found a difference", file=sys.stderr)
