@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.errors import HfExportError, InputError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -143,6 +143,18 @@ class WeightSource:
 
     checkpoint: Checkpoint
     names: Mapping[str, str]
+
+    def key_of(self, name: str, what: str = "weight") -> str:
+        """The checkpoint tensor that holds the empty (FakeTensor) `name`; refused when none does, since a
+        low-memory export can only write what it reads from the checkpoint."""
+        key = self.names.get(name)
+        if key is None:
+            raise HfExportError(
+                f"the {what} {name!r} has no values (a FakeTensor) and is no checkpoint tensor: the low-memory "
+                "export can only write weights it reads from the checkpoint; export without low_memory",
+                stage="weights",
+            )
+        return key
 
 
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {

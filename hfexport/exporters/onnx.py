@@ -13,12 +13,12 @@ import torch
 from hfexport.configs import ExportConfigMixin, OnnxConfig
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.low_memory import low_memory_weights
+from hfexport.exporters.low_memory import LowMemoryExport
 from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
 
 
-class OnnxExporter(DynamoExporter):
+class OnnxExporter(LowMemoryExport, DynamoExporter):
     """Export to a `torch.onnx.ONNXProgram` (callable, `.save("model.onnx")`, run by ONNX Runtime)."""
 
     export_format: ClassVar[str] = ExportFormat.ONNX.value
@@ -31,22 +31,6 @@ class OnnxExporter(DynamoExporter):
         "onnx-ir": "1.1.0",
         "onnxruntime": "1.32.0",
     }
-
-    # The low-memory export's weight source, set for the duration of one `export` (exports run one at a time).
-    _weights: Any = None
-
-    def export(
-        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
-    ) -> Any:
-        config = self.check_config(config)
-        assert isinstance(config, OnnxConfig)
-        if not config.low_memory:
-            return self._capture_and_lower(model, sample_inputs, config)
-        self._weights = low_memory_weights(model, config)
-        try:
-            return self._capture_and_lower(model, sample_inputs, config)
-        finally:
-            self._weights = None
 
     def capture_options(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -11,34 +10,18 @@ import torch
 from hfexport.configs import ExportConfigMixin, OpenVINOConfig
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.low_memory import low_memory_weights
+from hfexport.exporters.low_memory import LowMemoryExport
 from hfexport.files import save_atomically
 from hfexport.formats import ExportFormat
 
 
-class OpenVINOExporter(DynamoExporter):
+class OpenVINOExporter(LowMemoryExport, DynamoExporter):
     """Export to an `openvino.Model` (compile with `openvino.Core().compile_model(model, "CPU")`)."""
 
     export_format: ClassVar[str] = ExportFormat.OPENVINO.value
     config_class: ClassVar[type[ExportConfigMixin]] = OpenVINOConfig
     required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
     tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
-
-    # The low-memory export's weight source, set for the duration of one `export` (exports run one at a time).
-    _weights: Any = None
-
-    def export(
-        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
-    ) -> Any:
-        config = self.check_config(config)
-        assert isinstance(config, OpenVINOConfig)
-        if not config.low_memory:
-            return self._capture_and_lower(model, sample_inputs, config)
-        self._weights = low_memory_weights(model, config)
-        try:
-            return self._capture_and_lower(model, sample_inputs, config)
-        finally:
-            self._weights = None
 
     def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         from hfexport.lowerings.openvino import lower

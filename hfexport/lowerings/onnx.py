@@ -173,13 +173,7 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
         raw = getattr(value.const_value, "raw", None)
         if not isinstance(raw, torch.Tensor) or not is_empty(raw):
             continue
-        key = source.names.get(name)
-        if key is None:
-            raise HfExportError(
-                f"the initializer {name!r} has no values (a FakeTensor) and is no checkpoint tensor: the low-memory "
-                "export can only write weights it reads from the checkpoint; export without low_memory",
-                stage="weights",
-            )
+        key = source.key_of(name, "initializer")
         read = functools.partial(_read_weight, source, key, raw.dtype, name)
         value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
         record[name] = [key, None]

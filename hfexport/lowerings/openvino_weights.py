@@ -110,13 +110,7 @@ def place_weights(program: torch.export.ExportedProgram, source: WeightSource) -
         for name, value in list(store.items()):
             if not isinstance(value, torch.Tensor) or not is_empty(value):
                 continue
-            key = source.names.get(name)
-            if key is None:
-                raise HfExportError(
-                    f"the weight {name!r} has no values (a FakeTensor) and is no checkpoint tensor: the low-memory "
-                    "export can only write weights it reads from the checkpoint; export without low_memory",
-                    stage="weights",
-                )
+            key = source.key_of(name, "weight")
             shape = tuple(value.shape)
             if value.numel() <= SMALL_WEIGHT:
                 real = source.checkpoint.load(key, value.dtype).reshape(shape)
