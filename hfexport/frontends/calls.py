@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -99,8 +100,6 @@ def _with_cache(out: Any, cache: Any) -> Any:
     in place on the next step. An exported graph is functional: a cache it does not return is lost, and the
     next step would get the empty one. Returning it gives the graph the same step the eager loop sees.
     """
-    import dataclasses
-
     from transformers.cache_utils import Cache
     from transformers.utils import ModelOutput
 
