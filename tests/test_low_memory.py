@@ -6,6 +6,7 @@ Every check runs the saved files in a real `onnxruntime.InferenceSession` (CPU).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,36 @@ def test_dtype_is_applied_while_streaming(checkpoint: dict[str, Any], tmp_path: 
         expected = checkpoint["model"].half()(**checkpoint["inputs"]).logits.float().numpy()
     checkpoint["model"].float()
     assert np.abs(_run(out, checkpoint["inputs"]).astype(np.float32) - expected).max() < 5e-2
+
+
+@pytest.mark.parametrize("perm", [None, (1, 0)])
+@pytest.mark.parametrize(
+    ("stored", "graph"),
+    [(torch.float32, torch.float32), (torch.float32, torch.float16), (torch.bfloat16, torch.float32)],
+)
+def test_weights_are_written_in_blocks_of_rows_with_the_whole_tensors_bytes(
+    tmp_path: Path, perm: tuple[int, ...] | None, stored: torch.dtype, graph: torch.dtype
+) -> None:
+    """The save writes each streamed initializer a block of rows at a time (`write_rows`); blocks of 3 rows of
+    an odd shape (37 x 11, the last block short), cast and transposed, give the bytes of the whole tensor's."""
+    from safetensors.torch import save_file
+
+    from hfexport.lowerings.onnx_weights import write_rows
+
+    weight = (torch.randn(37, 11, generator=torch.Generator().manual_seed(0)) * 1e3).to(stored)
+    # Another tensor in the shard, so that w's bytes do not start at the shard's first data byte.
+    save_file({"w": weight, "b": torch.arange(5.0)}, str(tmp_path / "model.safetensors"))
+    source = Checkpoint.open(tmp_path)
+    expected = weight.to(graph)
+    expected = expected.permute(perm).contiguous() if perm else expected
+    file = io.BytesIO()
+    file.write(b"head")  # the writer positions the file at the tensor's offset
+    write_rows(file, source, "w", graph, perm, block_bytes=3 * 11 * 4)
+    assert file.tell() == 4 + expected.numel() * graph.itemsize
+    file.write(b"tail")
+    assert file.getvalue() == b"head" + expected.view(torch.uint8).numpy().tobytes() + b"tail"
+    with pytest.raises(ValueError, match="2-D"):
+        write_rows(io.BytesIO(), source, "w", graph, (1, 0, 2))
 
 
 def test_reduced_depth_check_of_the_same_checkpoint(checkpoint: dict[str, Any]) -> None:

@@ -133,11 +133,30 @@ def write_checkpoint(folder: Path, shape: dict[str, Any], shard_bytes: int = 500
 
 
 CHILD = r"""
-import json, sys, time, torch
+import json, os, sys, threading, time
 from pathlib import Path
 folder, out, low, fmt = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
-from hfexport import OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter, empty_model, save
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1e6
+
+# Resident memory per stage: a thread samples VmRSS every 5 ms and keeps the largest value seen in each stage
+# (the stage the export's stage listener last announced; "build" and "save" are this script's own).
+stage, peaks, done = ["imports"], {}, threading.Event()
+def sample():
+    while not done.is_set():
+        rss = status("VmRSS")
+        peaks[stage[0]] = max(peaks.get(stage[0], 0.0), rss)
+        time.sleep(0.005)
+threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
+import torch
+from hfexport import OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter, empty_model, save
+from hfexport.rewrites.engine import stage_listener
+imports = {"rss_gb": status("VmRSS"), "hwm_gb": status("VmHWM"), "s": time.perf_counter() - start}
+stage[0] = "build"
 if low:
     model = empty_model(folder)
 else:
@@ -149,12 +168,43 @@ if fmt == "openvino":
     config, exporter = OpenVINOConfig(dynamic=True, low_memory=low), OpenVINOExporter()
 else:
     config, exporter = OnnxConfig(dynamic=True, low_memory=low), OnnxExporter()
-program = exporter.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, config)
+with stage_listener(lambda name: stage.__setitem__(0, name)):
+    program = exporter.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, config)
 exported = time.perf_counter() - start
+stage[0] = "save"
 save(program, out, config=config, report=exporter.report)
+done.set()
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"onnxruntime", "openvino", "onnx", "onnxscript", "onnx_ir",
+               "transformers", "safetensors", "numpy", "sympy", "executorch", "optimum"})
+if len(sys.argv) > 5:  # the modules this export imported, for the import baseline (IMPORTS_CHILD)
+    Path(sys.argv[5]).write_text("\n".join(sorted(m for m in sys.modules if not m.startswith("__"))))
 print("RESULT " + json.dumps({"build_s": built, "export_s": exported - built, "total_s": time.perf_counter() - start,
-      "stages": exporter.report.stage_seconds}))
+      "stages": exporter.report.stage_seconds, "imports": imports, "hwm_gb": status("VmHWM"),
+      "stage_peak_gb": {k: round(v, 3) for k, v in peaks.items()}, "modules": heavy}))
 """
+
+# The import baseline: a process that imports every module an export imported (the list its child wrote) and
+# does nothing else. Its peak is the part of an export's peak that no change to the export itself can remove.
+IMPORTS_CHILD = r"""
+import importlib, sys
+for name in open(sys.argv[1]).read().split():
+    try:
+        importlib.import_module(name)
+    except BaseException:  # a module that only imports in its package's context: its package imported it
+        pass
+hwm = [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+print("RESULT", hwm / 1e6)
+"""
+
+
+def import_baseline(modules: Path) -> float:
+    """Peak RSS (GB) of a process that only imports the modules listed in `modules`."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run([sys.executable, "-c", IMPORTS_CHILD, str(modules)], capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"the import baseline failed: {done.stderr.strip()[-500:]}")
+    return float(lines[-1].split()[1])
 
 
 def _rss_kb(pid: int) -> int:
@@ -167,12 +217,24 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def run_child(folder: Path, out: Path, low: bool, limit_gb: float | None, fmt: str = "onnx") -> dict[str, Any]:
-    """Export in a child process; its peak RSS (polled), wall time, and whether it was killed over the limit."""
+def run_child(
+    folder: Path, out: Path, low: bool, limit_gb: float | None, fmt: str = "onnx", modules: Path | None = None
+) -> dict[str, Any]:
+    """Export in a child process; its peak RSS (polled, and the child's own VmHWM), peak RSS per export stage,
+    wall time, and whether it was killed over the limit. `modules`: where the child lists the modules it imported."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     start = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(folder), str(out), "1" if low else "0", fmt],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(folder),
+            str(out),
+            "1" if low else "0",
+            fmt,
+            *([str(modules)] if modules else []),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -242,17 +304,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.only and args.only != name:
                 continue
             out = work / f"{fmt}-{name}"
-            result = run_child(folder, out, low, args.limit_gb, fmt)
+            modules = work / f"{fmt}-{name}.modules"
+            result = run_child(folder, out, low, args.limit_gb, fmt, modules)
             if low and not result.get("error") and not result["killed"]:
                 result["weights"] = check_weights(folder, out, fmt)
                 result["files"] = artifact_files(out)
+            if modules.is_file():
+                result["import_baseline_gb"] = import_baseline(modules)
             results[f"{fmt} {name}"] = result
             print(f"{fmt} {name}: {json.dumps(result)}", flush=True)
             if not args.keep:
                 shutil.rmtree(out, ignore_errors=True)
         if f"{fmt} low-memory" in results and f"{fmt} in-memory" in results:
-            low_rss, full_rss = results[f"{fmt} low-memory"]["peak_rss_gb"], results[f"{fmt} in-memory"]["peak_rss_gb"]
-            print(f"{fmt}: peak RSS ratio in-memory / low-memory: {full_rss / max(low_rss, 1e-9):.2f}")
+            low_run, full_run = results[f"{fmt} low-memory"], results[f"{fmt} in-memory"]
+            low_rss = max(low_run["peak_rss_gb"], low_run.get("hwm_gb", 0.0))
+            full_rss = max(full_run["peak_rss_gb"], full_run.get("hwm_gb", 0.0))
+            # The baseline of the two: both import the same modules (the larger, to be fair to neither).
+            base = max(low_run.get("import_baseline_gb", 0.0), full_run.get("import_baseline_gb", 0.0))
+            results[f"{fmt} ratio"] = {
+                "whole_process": low_rss / max(full_rss, 1e-9),
+                "above_imports": (low_rss - base) / max(full_rss - base, 1e-9),
+                "import_baseline_gb": base,
+            }
+            print(
+                f"{fmt}: peak RSS low-memory {low_rss:.3f} GB / in-memory {full_rss:.3f} GB = "
+                f"{low_rss / max(full_rss, 1e-9):.2f}; above the {base:.3f} GB import baseline: "
+                f"{low_rss - base:.3f} / {full_rss - base:.3f} = {results[f'{fmt} ratio']['above_imports']:.2f}",
+                flush=True,
+            )
     if args.work is None and not args.keep:
         shutil.rmtree(work, ignore_errors=True)  # the checkpoint too (8 GB at --target-gb 8)
     return results

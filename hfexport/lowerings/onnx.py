@@ -122,6 +122,8 @@ def _fold_streamed_transposes(
     """
     import onnx_ir as ir
 
+    from hfexport.lowerings.onnx_weights import StreamedTensor, write_rows
+
     folded = 0
     graph = model.graph
     for node in list(graph):
@@ -139,11 +141,12 @@ def _fold_streamed_transposes(
         output = node.outputs[0]
         shape = ir.Shape([weight.const_value.shape[i] for i in perm])
         read = functools.partial(_read_weight, source, key, dtype, output.name, perm)
+        write = functools.partial(write_rows, checkpoint=source.checkpoint, key=key, dtype=dtype, perm=perm)
         value = ir.Value(
             name=output.name,
             shape=shape,
             type=ir.TensorType(weight.const_value.dtype),
-            const_value=ir.LazyTensor(read, dtype=weight.const_value.dtype, shape=shape, name=output.name),
+            const_value=StreamedTensor(read, write, dtype=weight.const_value.dtype, shape=shape, name=output.name),
         )
         record[output.name] = [key, list(perm)]
         output.replace_all_uses_with(value, replace_graph_outputs=True)
@@ -166,6 +169,7 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
     import onnx_ir as ir
 
     from hfexport.frontends.empty_weights import is_empty
+    from hfexport.lowerings.onnx_weights import StreamedTensor, write_rows
 
     streamed: dict[int, tuple[str, torch.dtype]] = {}
     record: dict[str, Any] = {}
@@ -175,7 +179,10 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
             continue
         key = source.key_of(name, "initializer")
         read = functools.partial(_read_weight, source, key, raw.dtype, name)
-        value.const_value = ir.LazyTensor(read, dtype=value.const_value.dtype, shape=ir.Shape(raw.shape), name=name)
+        # Written in blocks of rows by the save (onnx_weights: the whole tensor is never held for it).
+        write = functools.partial(write_rows, checkpoint=source.checkpoint, key=key, dtype=raw.dtype)
+        shape = ir.Shape(raw.shape)
+        value.const_value = StreamedTensor(read, write, dtype=value.const_value.dtype, shape=shape, name=name)
         record[name] = [key, None]
         streamed[id(value.const_value)] = (key, raw.dtype)
     if fold_transposes:
