@@ -236,6 +236,9 @@ def lower(
     if weights is not None:
         with context.stage("weights"):
             stream_weights(onnx_program.model, weights, fold_transposes=config.optimize)
+            # The decomposed program torch.onnx translated (ONNXProgram keeps it only for its repr): freed now,
+            # not after the save, since a low-memory export peaks in the optimizer or the save (docs/benchmarks.md).
+            onnx_program.exported_program = None
 
     engine.apply("onnx", onnx_program.model, context, where=_is_fix)
 

@@ -54,7 +54,7 @@ _F16_MAX = 65504.0
 _F16_MIN_NORMAL = 6.103515625e-05
 
 # Rows of a weight read, converted and written at a time (with the conversion's temporaries: a few times this).
-_BLOCK_BYTES = 4 << 20
+_BLOCK_BYTES = 1 << 20
 
 _ELEMENT_TYPES: dict[str, torch.dtype] = {
     "f64": torch.float64,
