@@ -15,6 +15,7 @@ from `INFERENCE_PRECISION_HINT` (bf16 or f16 on CPUs that have them). Compile wi
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -87,6 +88,9 @@ def lower(
     if placed is not None:
         with context.stage("weights"):
             mark_streamed(ov_model, placed)
+            # The conversion's garbage (the frontend's decomposed program, in reference cycles) freed before the
+            # save, where a low-memory export peaks (docs/benchmarks.md).
+            gc.collect()
 
     if names is None or len(names[0]) != len(ov_model.inputs) or len(names[1]) != len(ov_model.outputs):
         logger.warning("could not map the OpenVINO inputs/outputs to the forward signature; converter names kept")
