@@ -7,6 +7,7 @@ Every check runs the saved files in a real `onnxruntime.InferenceSession` (CPU).
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from hfexport import ConfigError, InputError, OnnxConfig, OnnxExporter, empty_mo
 from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
 from hfexport.checkpoints import Checkpoint
 from hfexport.frontends.empty_weights import weight_sources
-from hfexport.lowerings.onnx import onnx_feed
+from hfexport.lowerings.onnx import STREAMED_KEY, onnx_feed
 from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]
@@ -173,6 +174,35 @@ def test_weights_are_written_in_blocks_of_rows_with_the_whole_tensors_bytes(
     assert file.getvalue() == b"head" + expected.view(torch.uint8).numpy().tobytes() + b"tail"
     with pytest.raises(ValueError, match="2-D"):
         write_rows(io.BytesIO(), source, "w", graph, (1, 0, 2))
+
+
+def test_the_save_writes_external_weights_without_reading_them_whole(
+    checkpoint: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save writes every external weight in blocks of rows: once the export is done, `Checkpoint.load` (a
+    whole tensor) is called only for the small weights stored inside model.onnx, and the saved weights are the
+    in-memory path's."""
+    program = OnnxExporter().export(
+        empty_model(checkpoint["folder"]), checkpoint["inputs"], OnnxConfig(dynamic=True, low_memory=True)
+    )
+    assert program.exported_program is None  # the decomposed torch program was freed after translation
+    loaded: list[str] = []
+    load = Checkpoint.load
+
+    def recording_load(self: Checkpoint, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        loaded.append(name)
+        return load(self, name, dtype)
+
+    monkeypatch.setattr(Checkpoint, "load", recording_load)
+    out = tmp_path / "model.onnx"
+    program.save(str(out), external_data=True)
+    monkeypatch.undo()
+    proto = onnx.load(str(out), load_external_data=False)
+    record = json.loads(next(p.value for p in proto.metadata_props if p.key == STREAMED_KEY))
+    # The checkpoint tensor of each external weight (folded transposes included: named after the Transpose).
+    external = {record[t.name][0] for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert len(external) >= 10 and not external & set(loaded), sorted(external & set(loaded))
+    assert _weights(out) == _weights(checkpoint["in_memory"])
 
 
 def test_reduced_depth_check_of_the_same_checkpoint(checkpoint: dict[str, Any]) -> None:
