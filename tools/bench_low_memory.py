@@ -15,7 +15,10 @@ it once it passes `--limit-gb`, so a path that needs the model in memory fails i
 on resident memory, not address space (`prlimit --as`): the OpenVINO path's placeholders are anonymous maps
 that reserve address space without memory, and torch/OpenVINO reserve large arenas. A cgroup memory limit would
 need a cgroup created in the container's hierarchy, which belongs to the machine, not to this tool. Prints and
-returns peak RSS and wall time per path; the low-memory artifact's weights are checked byte for byte against
+returns peak RSS (the poll and the child's VmHWM), the peak per export stage (a thread in the child samples VmRSS
+every 5 ms; OpenVINO's C++ calls that hold the GIL escape it, VmHWM does not), wall time per path, the import
+baseline (peak RSS of a process importing every module the export imported), and the ratios low-memory /
+in-memory of the whole process and above that baseline; the low-memory artifact's weights are checked byte for byte against
 the checkpoint (`check_streamed_weights`, one tensor at a time).
 """
 
