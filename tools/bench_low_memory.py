@@ -18,8 +18,8 @@ need a cgroup created in the container's hierarchy, which belongs to the machine
 returns peak RSS (the poll and the child's VmHWM), the peak per export stage (a thread in the child samples VmRSS
 every 5 ms; OpenVINO's C++ calls that hold the GIL escape it, VmHWM does not), wall time per path, the import
 baseline (peak RSS of a process importing every module the export imported), and the ratios low-memory /
-in-memory of the whole process and above that baseline; the low-memory artifact's weights are checked byte for byte against
-the checkpoint (`check_streamed_weights`, one tensor at a time).
+in-memory of the whole process and above that baseline; the low-memory artifact's weights are checked byte for
+byte against the checkpoint (`check_streamed_weights`, one tensor at a time).
 """
 
 from __future__ import annotations
