@@ -173,8 +173,8 @@ _DERIVED_SIZES: dict[str, tuple[str, int]] = {
 # the program. (Kept as "the keys' length" it matched only until the window was full; as a number, each step
 # was another pytree that the decode program refused.)
 _COUNTERS = frozenset({"cumulative_length"})
-# The counter leaf's dtype: it holds no element, only its shape is read.
-COUNTER_DTYPE = torch.uint8
+# The counter leaf's dtype: it holds no element, only its shape is read (int64: every runtime binds it).
+COUNTER_DTYPE = torch.int64
 
 
 # The counter leaves of live cache objects, by object and attribute. torch.export matches `dynamic_shapes` to
