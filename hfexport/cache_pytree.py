@@ -113,8 +113,9 @@ def _in_transformers(module_name: str) -> bool:
 
 
 def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) -> Skeleton:
-    # A SymInt appears when a layer keeps a Python int counter (e.g. `cumulative_length` of sliding-window
-    # layers) that the trace made symbolic: it must be an output of the graph, not a baked-in constant.
+    # A SymInt appears when a layer keeps a Python int counter that the trace made symbolic and that is not one of
+    # `_COUNTERS` (those are carried as the size of an empty leaf): it must be an output of the graph, not a
+    # baked-in constant.
     if isinstance(obj, (torch.Tensor, torch.SymInt)):
         leaves.append(obj)
         keys.append(path)
