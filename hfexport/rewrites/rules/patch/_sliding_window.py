@@ -51,17 +51,20 @@ class _PrefixThenStep(torch.nn.Module):
         self.config = model.config
 
     def forward(
-        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, prefix_mask: torch.Tensor, step_mask: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.config)
+        # The mask in two inputs: one of `prefix + step` tokens would be a derived dimension, whose guard function
+        # torch.onnx's decomposition cannot run.
+        attention_mask = torch.cat([prefix_mask, step_mask], dim=-1)
         prefix = prefix_ids.shape[1]
         # Positions count each row's real tokens (left padding), as generate's do.
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self.model(
             input_ids=prefix_ids,
-            attention_mask=attention_mask[:, :prefix],
+            attention_mask=prefix_mask,
             position_ids=positions[:, :prefix],
             past_key_values=cache,
             use_cache=True,
@@ -100,12 +103,18 @@ def _inputs(prefix: int, step: int, batch: int = 2, padding: int = 2) -> dict[st
     ids = torch.randint(3, 64, (batch, prefix + step), generator=generator)
     mask = torch.ones_like(ids)
     mask[1, :padding] = 0  # a left-padded row
-    return {"prefix_ids": ids[:, :prefix], "input_ids": ids[:, prefix:], "attention_mask": mask}
+    return {
+        "prefix_ids": ids[:, :prefix],
+        "input_ids": ids[:, prefix:],
+        "prefix_mask": mask[:, :prefix],
+        "step_mask": mask[:, prefix:],
+    }
 
 
 def _before_window() -> Built:
-    # The sample's counter (3) is below the window, as a generation sample's is.
-    return _mistral(), _inputs(3, 1)
+    # The sample's counter (3) is below the window, as a generation sample's is; a 2-token step keeps the step
+    # length dynamic.
+    return _mistral(), _inputs(3, 2)
 
 
 def static_example() -> Built:
@@ -124,9 +133,9 @@ def examples_past_the_window(needs: tuple[str, ...]) -> tuple[Match, ...]:
     return (
         Match(
             _before_window,
-            f"window {_WINDOW}: exported from a 3-token prefix, then a 16-token prefix (past the window)",
+            f"window {_WINDOW}: exported from a 3-token prefix, then a 16-token prefix and 2 new tokens (past it)",
             atol=1e-5,
-            other_inputs=lambda: _inputs(16, 1),
+            other_inputs=lambda: _inputs(16, 2),
             needs=needs,
         ),
         Match(

@@ -60,7 +60,9 @@ sdpa_causal_skip_traced = ModuleFunctionPatch(
         "under export) and refused every step past the window ('Guard failed: attention_mask.size()[1] <= 5')",
         upstream="transformers==5.24.0 masking_utils.py _ignore_causal_mask_sdpa (slices the padding mask before "
         "its `is_torchdynamo_exporting()` early return)",
-        backends=("dynamo", "onnx", "executorch", "openvino"),
+        # Generation past the window is measured on these two (tests/test_generation.py); ExecuTorch and OpenVINO
+        # generation past the window is not checked yet.
+        backends=("dynamo", "onnx"),
         models=("mistral", "gemma3_text", "cohere2", "granite_swa", "vaultgemma"),
         examples=(
             *examples_past_the_window(

@@ -55,7 +55,9 @@ sliding_window_mask_sizes_symbolic = ModuleFunctionPatch(
         "guarded on it: generation stopped at the window (17 causal-LM types: mistral, gemma3_text, cohere2, ...)",
         upstream="transformers==5.24.0 cache_utils.py DynamicSlidingWindowLayer.get_mask_sizes (Python branch "
         "and max on `self.cumulative_length`)",
-        backends=("dynamo", "onnx", "executorch", "openvino"),
+        # Generation past the window is measured on these two (tests/test_generation.py); ExecuTorch and OpenVINO
+        # generation past the window is not checked yet.
+        backends=("dynamo", "onnx"),
         models=("mistral", "gemma3_text", "cohere2", "granite_swa", "vaultgemma"),
         examples=(
             *examples_past_the_window(needs=("patch/sliding-window-cache-symbolic", "patch/sdpa-causal-skip-traced")),
