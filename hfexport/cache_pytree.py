@@ -10,12 +10,14 @@ serialises to JSON so that `torch.export.load` can rebuild a `StaticCache` input
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import json
 import re
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +113,9 @@ def _in_transformers(module_name: str) -> bool:
 
 
 def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) -> Skeleton:
-    # A SymInt appears when a layer keeps a Python int counter (e.g. `cumulative_length` of sliding-window
-    # layers) that the trace made symbolic: it must be an output of the graph, not a baked-in constant.
+    # A SymInt appears when a layer keeps a Python int counter that the trace made symbolic and that is not one of
+    # `_COUNTERS` (those are carried as the size of an empty leaf): it must be an output of the graph, not a
+    # baked-in constant.
     if isinstance(obj, (torch.Tensor, torch.SymInt)):
         leaves.append(obj)
         keys.append(path)
@@ -137,10 +140,18 @@ def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) ->
     # Sort the names only: TorchDynamo (strict export) cannot sort pairs that hold tensors.
     state = vars(obj)
     attrs = tuple(
-        (name, _derived(state, name) or _encode(state[name], f"{path}.{name}" if path else name, leaves, keys))
-        for name in sorted(state)
+        (name, _attribute(obj, name, f"{path}.{name}" if path else name, leaves, keys)) for name in sorted(state)
     )
     return ("O", _class_path(type(obj)), attrs)
+
+
+def _attribute(obj: Any, name: str, path: str, leaves: list[Any], keys: list[str]) -> Skeleton:
+    state = vars(obj)
+    return (
+        _derived(state, name)
+        or _counter(obj, state, name, path, leaves, keys)
+        or _encode(state[name], path, leaves, keys)
+    )
 
 
 # Layer attributes that record a size of one of the layer's own tensors. Kept as "the size of that axis"
@@ -154,12 +165,47 @@ _DERIVED_SIZES: dict[str, tuple[str, int]] = {
     "num_heads": ("keys", 1),
     "k_head_dim": ("keys", -1),
     "v_head_dim": ("values", -1),
-    # A sliding-window layer's Python-int token counter equals its keys' length until the window is full;
-    # kept as that size, one decode graph serves every step (as a number, each step was another pytree).
-    # Once the window is full the two differ, the counter is kept as a number, and a program traced before
-    # that refuses the cache loudly rather than masking with a wrong offset.
-    "cumulative_length": ("keys", -2),
 }
+
+# Layer attributes that are Python-int token counters (`cumulative_length` of sliding-window layers: every token
+# seen, while the keys keep the last `window - 1`). Each is carried as the last axis of an empty `[0, count]`
+# leaf: the context is the same at every step, so one decode graph serves the steps before, at and past the
+# window, and while tracing the counter is that symbolic size (a graph input and output), not a number baked into
+# the program. (Kept as "the keys' length" it matched only until the window was full; as a number, each step
+# was another pytree that the decode program refused.)
+_COUNTERS = frozenset({"cumulative_length"})
+# The counter leaf's dtype: it holds no element, only its shape is read (int64: every runtime binds it).
+COUNTER_DTYPE = torch.int64
+
+
+# The counter leaves of live cache objects, by object and attribute. torch.export matches `dynamic_shapes` to
+# the input leaves by identity, and the dynamo runtime hands a program the leaves it unflattened a cache from:
+# flattening the same object twice must give the same tensor, not a fresh one each time.
+_COUNTER_LEAVES: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _counter(
+    obj: Any, state: dict[str, Any], name: str, path: str, leaves: list[Any], keys: list[str]
+) -> Skeleton | None:
+    value = state[name]
+    if name not in _COUNTERS or isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        return None
+    known = _COUNTER_LEAVES.get(obj, {}).get(name)
+    # The same count: by identity for a SymInt (comparing would add a guard), by value for a number.
+    if known is not None and (known.shape[-1] is value or (isinstance(value, int) and known.shape[-1] == value)):
+        leaf = known
+    else:
+        leaf = torch.empty((0, value), dtype=COUNTER_DTYPE)
+        _remember_counter(obj, name, leaf)
+    leaves.append(leaf)
+    keys.append(path)
+    return ("N",)
+
+
+def _remember_counter(obj: Any, name: str, leaf: torch.Tensor) -> None:
+    # An object that cannot be weakly referenced gets a fresh leaf each time.
+    with contextlib.suppress(TypeError):
+        _COUNTER_LEAVES.setdefault(obj, {})[name] = leaf
 
 
 def _derived(state: dict[str, Any], name: str) -> Skeleton | None:
@@ -185,6 +231,8 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
     tag = skeleton[0]
     if tag == "T":
         return leaves.pop()
+    if tag == "N":
+        return leaves.pop().shape[-1]
     if tag == "V":
         return skeleton[1]
     if tag == "D":
@@ -204,6 +252,11 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
     for name, sub in skeleton[2]:
         if sub[0] == "S":
             sized.append((name, sub))
+            continue
+        if sub[0] == "N":
+            leaf = leaves.pop()
+            _remember_counter(obj, name, leaf)
+            object.__setattr__(obj, name, leaf.shape[-1])
             continue
         object.__setattr__(obj, name, _decode(sub, leaves))
     for name, (_, tensor_name, axis) in sized:
@@ -251,7 +304,7 @@ def _from_jsonable(data: Any, depth: int = 0) -> Any:
 
 _MAX_CONTEXT_DEPTH = 64
 # tag: (number of fields after the tag, what they are)
-_ARITY = {"T": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2}
+_ARITY = {"T": 0, "N": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2}
 
 
 def _check_skeleton(skeleton: Any) -> None:

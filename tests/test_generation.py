@@ -499,3 +499,86 @@ def test_executorch_caller_owned_buffers_generate_like_eager(llama: torch.nn.Mod
     ids, mask = _padded_prompt()
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
     assert torch.equal(got, _reference(llama, static=True))
+
+
+# -- sliding-window caches past the window -----------------------------------------------------------------------
+
+WINDOW = 5
+
+
+def _sliding_mistral() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=WINDOW,
+        max_position_embeddings=256,
+    )
+    return transformers.MistralForCausalLM(config).eval()
+
+
+def test_sliding_window_counter_is_a_leaf_with_one_context_before_at_and_past_the_window() -> None:
+    from transformers import DynamicCache
+
+    from hfexport.cache_pytree import flatten_cache, unflatten_cache
+
+    model = _sliding_mistral()
+    cache = DynamicCache(config=model.config)
+    contexts, counts = [], []
+    for step in range(WINDOW + 3):
+        keys = torch.randn(2, 1, 1, 8)
+        for layer in range(2):
+            cache.update(keys, keys, layer)
+        leaves, skeleton = flatten_cache(cache)
+        contexts.append(skeleton)
+        counter = [leaf for leaf in leaves if leaf.numel() == 0 and leaf.dim() == 2]
+        counts.append([tuple(leaf.shape) for leaf in counter])
+        rebuilt = unflatten_cache(leaves, skeleton)
+        assert [layer.cumulative_length for layer in rebuilt.layers] == [step + 1, step + 1]
+        assert rebuilt.layers[0].keys.shape[-2] == min(step + 1, WINDOW - 1)
+    # The kept keys stop growing at window - 1 while the counter goes on; the context never changes.
+    assert all(c == contexts[0] for c in contexts), "the pytree context changed at the window"
+    assert counts[-1] == [(0, WINDOW + 3)] * 2
+    # Flattening one object twice gives the same counter tensor (torch.export matches dynamic shapes by identity).
+    assert flatten_cache(cache)[0][1] is flatten_cache(cache)[0][1]
+
+
+_ONNX_PADDED_PAST_WINDOW = (
+    "open: on ONNX Runtime the row of 3 pads and 1 token gives another 7th new token (eager's margin there is "
+    "0.009 and ONNX picks a token outside eager's top 2); with 1 or 2 pads the tokens are equal. Not explained yet"
+)
+
+
+@pytest.mark.parametrize(
+    "backend", ["dynamo", pytest.param("onnx", marks=pytest.mark.xfail(reason=_ONNX_PADDED_PAST_WINDOW, strict=True))]
+)
+def test_sliding_window_generates_past_the_window(backend: str, tmp_path: Path) -> None:
+    # Window 5: exported from a 3-token prompt (decode sample before the window), then a prompt of 4 whose second
+    # row is 3 pads and 1 token, and 12 new tokens: the decode steps run before, at and long past the window on one
+    # decode program. The padding matters: the mask's columns are read at `kv_offset`, so an offset taken from the
+    # kept keys instead of the counter (ONNX before the counter was an input) masks real tokens as padding.
+    model = _sliding_mistral()
+    exporter_class, config_class = BACKENDS[backend]
+    sample = {"input_ids": torch.randint(3, 64, (2, 3), generator=torch.Generator().manual_seed(0))}
+    components = exporter_class().export_for_generation(model, sample, config_class(dynamic=True))
+    ids = torch.randint(3, 64, (2, 4), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+    new = 12
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )
+    got = generate(components, ids, mask, max_new_tokens=new, min_new_tokens=new)
+    assert torch.equal(got, expected), backend
+    if backend == "dynamo":
+        # The counter is a graph input and output (its context is saved as such): a loaded artifact generates too.
+        loaded = hfexport.load(hfexport.save(components, tmp_path / "gen"), trust=True)
+        assert torch.equal(generate(loaded, ids, mask, max_new_tokens=new, min_new_tokens=new), expected)

@@ -40,7 +40,17 @@ _XNNPACK_RESHAPE = (
     "dynamic dimension'), and the example's batch and length are both dynamic: an ExecuTorch coverage gap of the "
     "architecture (#17), not of the rule"
 )
+_ONNX_GUARDS_FN = (
+    "torch.onnx's decomposition (step 2/3) fails running the example program's `_guards_fn` ('NoneType' object has "
+    "no attribute 'size'): the example runs a prefix and a step in one graph, so the step's masks are sized by a "
+    "counter derived from an input; the rule's ONNX path is checked by tests/test_generation.py::"
+    "test_sliding_window_generates_past_the_window[onnx] on real generation components"
+)
 KNOWN_FAILURES = {
+    ("patch/sliding-window-mask-sizes-symbolic", 0, "onnx"): _ONNX_GUARDS_FN,
+    ("patch/sliding-window-mask-sizes-symbolic", 1, "onnx"): _ONNX_GUARDS_FN,
+    ("patch/sdpa-causal-skip-traced", 0, "onnx"): _ONNX_GUARDS_FN,
+    ("patch/sdpa-causal-skip-traced", 1, "onnx"): _ONNX_GUARDS_FN,
     ("patch/longt5-pad-blocks", 0, "executorch"): _XNNPACK_RESHAPE,
     ("patch/moonshine-conv-lengths", 0, "executorch"): _XNNPACK_RESHAPE,
     ("fx/complex-to-real", 0, "executorch"): _XNNPACK_RESHAPE,

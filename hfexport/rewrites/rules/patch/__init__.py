@@ -23,6 +23,8 @@ RULES: list[Rule] = load_rules(
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
         "patch/sliding-window-cache-symbolic",
+        "patch/sliding-window-mask-sizes-symbolic",
+        "patch/sdpa-causal-skip-traced",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",

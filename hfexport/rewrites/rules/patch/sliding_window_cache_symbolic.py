@@ -25,6 +25,7 @@ import torch
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._sliding_window import uses_sliding_layer_method
 
 _TARGET = "transformers.cache_utils.DynamicSlidingWindowLayer.update"
 
@@ -53,29 +54,8 @@ def update(
     return full_key_states, full_value_states
 
 
-def _inherits_update(cls: Any) -> bool:
-    """Whether `cls` is a DynamicSlidingWindowLayer that runs its `update` (not an override of it)."""
-    from transformers.cache_utils import DynamicSlidingWindowLayer
-
-    for klass in getattr(cls, "__mro__", ()):
-        if klass is DynamicSlidingWindowLayer:
-            return True
-        if "update" in klass.__dict__:
-            return False
-    return False
-
-
 def _uses_sliding_cache(model: torch.nn.Module) -> bool:
-    """Whether the dynamic cache transformers builds for this model's config has a layer running this `update`:
-    the layer types of the config (`layer_types`, or a `sliding_window` per layer) mapped to their classes."""
-    from transformers import cache_utils
-
-    config = getattr(model, "config", None)
-    try:
-        layer_types, _ = cache_utils.get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    except (AttributeError, TypeError, ValueError):
-        return False
-    return any(_inherits_update(cache_utils.DYNAMIC_LAYER_TYPE_MAPPING.get(t)) for t in layer_types)
+    return uses_sliding_layer_method(model, "update")
 
 
 _WINDOW = 8
