@@ -23,6 +23,7 @@ RULES: list[Rule] = load_rules(
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
         "patch/sliding-window-cache-symbolic",
+        "patch/eos-pooling-gather",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
