@@ -211,6 +211,27 @@ def pools_eos_rows(module: torch.nn.Module) -> bool:
     return function is not None and _rewritten(function) is not None
 
 
+def covers(module: str, scope: str) -> bool:
+    """Whether the rule binds to the function `module.scope` (for `hfexport scan`): a class's `forward` that
+    `pools_eos_rows` accepts."""
+    import importlib
+
+    owner, _, name = scope.rpartition(".")
+    if name != "forward" or not owner or "." in owner:
+        return False
+    try:
+        cls = getattr(importlib.import_module(module), owner, None)
+    except Exception:  # a file scanned by path that is not importable: not a class the rule can see
+        return False
+    function = getattr(cls, "__dict__", {}).get("forward")
+    return isinstance(function, types.FunctionType) and _rewritten(function) is not None
+
+
+# What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.
+pools_eos_rows.scan_kind = "mask-row-pooling"  # type: ignore[attr-defined]
+pools_eos_rows.covers = covers  # type: ignore[attr-defined]
+
+
 def pooled_forward(original: Any, self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The class's own forward with the pooling rewritten (see the module docstring)."""
     function = _class_forward(self)
@@ -280,8 +301,8 @@ eos_pooling_gather = MethodPatch(
         models=("bart", "mbart", "plbart", "mvp", "bigbird_pegasus", "t5", "mt5", "umt5"),
         examples=(
             Match(
-                lambda: _classifier("mbart"),
-                "MBart classifier, two EOS per row and a left-padded row; then batch 3, length 8, one EOS per row",
+                lambda: _classifier("bart"),
+                "BART classifier, two EOS per row and a left-padded row; then batch 3, length 8, one EOS per row",
                 other_inputs=_other_inputs,
                 needs=("aten/is-all-true", "executorch/is-all-true-as-any"),
             ),
