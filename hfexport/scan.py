@@ -130,6 +130,13 @@ _SELECTION_SIZE = m.OneOf(
     m.Attribute(value=_SELECTION, attr=m.Name("shape")),
 )
 _SELF_ATTRIBUTE = m.Attribute(value=m.Name("self"))
+# `X[mask, :]`: the selection `mask-row-pooling` starts from (the rule's matcher then checks its uses).
+_ROW_SELECTION = m.Subscript(
+    slice=[
+        m.SubscriptElement(slice=m.Index(value=m.Name())),
+        m.SubscriptElement(slice=m.Slice(lower=None, upper=None, step=None)),
+    ]
+)
 
 
 def _is_inplace_name(name: str) -> bool:
@@ -166,6 +173,8 @@ class _Scope:
     is_class: bool
     params: set[str] = field(default_factory=set)
     sizes: set[str] = field(default_factory=set)
+    # Whether the function has an `X[mask, :]` selection: only then is it matched for `mask-row-pooling`.
+    selects_rows: bool = False
 
 
 class _Finder(cst.CSTVisitor):
@@ -203,7 +212,7 @@ class _Finder(cst.CSTVisitor):
         return node.name.value not in _SKIPPED_FUNCTIONS
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        if original_node.name.value not in _SKIPPED_FUNCTIONS:
+        if self.scopes[-1].selects_rows and original_node.name.value not in _SKIPPED_FUNCTIONS:
             # The rule's own matcher (patch/eos-pooling-gather), so the scan and the rule agree on the pattern.
             from hfexport.rewrites.rules.patch.eos_pooling_gather import pooled_selections
 
@@ -270,6 +279,9 @@ class _Finder(cst.CSTVisitor):
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if not self._in_function():
             return
+        scope = self._function()
+        if scope is not None and m.matches(node, _ROW_SELECTION):
+            scope.selects_rows = True
         for element in node.slice:
             if isinstance(element.slice, cst.Slice) and element.slice.lower is not None:
                 lower = element.slice.lower
