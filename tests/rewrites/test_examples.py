@@ -31,6 +31,8 @@ NEEDED_ELSEWHERE = {
     "without the rule XNNPACK frees a buffer twice and aborts the process",
     "onnx/fold-shared-weight-transpose": "tests/rewrites/test_quant_rules.py shows it: without the rule "
     "NNCFOnnxQuantizer fails on a tied head; without a quantizer nothing needs it",
+    "patch/eos-pooling-gather": "tests/rewrites/test_patch_eos_pooling.py shows it: without the rule the saved "
+    "Dynamo program does not load (unbacked symbols), while the harness runs the program in memory",
 }
 
 
