@@ -31,8 +31,6 @@ NEEDED_ELSEWHERE = {
     "without the rule XNNPACK frees a buffer twice and aborts the process",
     "onnx/fold-shared-weight-transpose": "tests/rewrites/test_quant_rules.py shows it: without the rule "
     "NNCFOnnxQuantizer fails on a tied head; without a quantizer nothing needs it",
-    "patch/eos-pooling-gather": "tests/rewrites/test_patch_eos_pooling.py shows it: without the rule the saved "
-    "Dynamo program does not load (unbacked symbols), while the harness runs the program in memory",
 }
 
 
@@ -51,9 +49,6 @@ KNOWN_FAILURES = {
     ("patch/deepseek-v4-overlap-windows", 0, "executorch"): "to_edge refuses the DeepSeek-V4 program "
     "(SpecViolationError in the edge verifier): an ExecuTorch coverage gap of the architecture (#17)",
     ("patch/deepseek-v4-overlap-windows", 1, "executorch"): "as Match 0 on ExecuTorch (edge verifier)",
-    ("patch/eos-pooling-gather", 1, "onnx"): "torch.onnx's decomposition of the dynamic T5 classifier fails in T5 "
-    "itself ('Cannot view a tensor with shape [s72, s53, 2, 8] ... as (s72, s53, 16)', an attention output viewed "
-    "after a transpose), before the pooling: an ONNX coverage gap of T5 (#17), not of the rule",
 }
 
 
