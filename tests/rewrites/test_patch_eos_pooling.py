@@ -69,3 +69,25 @@ def test_the_rule_binds_to_every_class_the_scan_lists() -> None:
     assert all(s.rules == (rule.meta.id,) for s in sites)
     bart = transformers.BartForSequenceClassification(transformers.BartConfig(d_model=16, encoder_layers=1))
     assert rule.target(bart) and not rule.target(bart.model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_helpers_equal_the_original_expressions_whenever_the_checks_hold(dtype: torch.dtype) -> None:
+    from hfexport.rewrites.rules.patch.eos_pooling_gather import last_true_rows, same_count
+
+    generator = torch.Generator().manual_seed(0)
+    for batch, length, hidden, count in [(1, 1, 3, 1), (2, 7, 5, 1), (3, 9, 4, 3), (4, 6, 1, 6)]:
+        x = torch.randn(batch, length, hidden, generator=generator).to(dtype)
+        mask = torch.zeros(batch, length, dtype=torch.bool)
+        for row in range(batch):
+            mask[row, torch.randperm(length, generator=generator)[:count]] = True
+        original = x[mask, :].view(batch, -1, hidden)[:, -1, :]
+        assert torch.equal(last_true_rows(x, mask).view(batch, -1, hidden)[:, -1, :], original)
+        assert bool(same_count(mask.sum(1))) == (torch.unique_consecutive(mask.sum(1)).numel() == 1)
+    uneven = torch.tensor([[True, False, True], [False, False, True]])
+    assert not same_count(uneven.sum(1)) and not same_count(torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one <eos>"):
+        last_true_rows(torch.randn(2, 3, 4), torch.tensor([[True, False, False], [False, False, False]]))
+    # Not a [B, L] boolean mask of a [B, L, H] tensor: the original indexing, unchanged.
+    index = torch.tensor([0, 2])
+    assert torch.equal(last_true_rows(torch.arange(12.0).view(3, 4), index), torch.arange(12.0).view(3, 4)[index, :])
