@@ -24,6 +24,9 @@ Patterns (`Site.kind`):
   selection's size is data-dependent and export cannot guard on it.
 - `module-to-in-forward`: `self.m = self.m.to(dtype)` while running: `Module.to` cannot swap a trace's fake
   parameters (moves to a device, a cache's offloading, are left out).
+- `mask-row-pooling`: rows selected by a boolean mask and pooled to the last one per example
+  (`hidden[eos_mask, :].view(B, -1, H)[:, -1, :]`, inline or through one local): the selection's row count is
+  data-dependent (an unbacked size the saved program cannot be loaded with).
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
 `CAUSES` maps the patterns that registered rules fix to those rules, so a scan of a newer transformers shows
@@ -59,6 +62,7 @@ KINDS = (
     "size-min-max",
     "masked-size-branch",
     "module-to-in-forward",
+    "mask-row-pooling",
 )
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
@@ -126,6 +130,13 @@ _SELECTION_SIZE = m.OneOf(
     m.Attribute(value=_SELECTION, attr=m.Name("shape")),
 )
 _SELF_ATTRIBUTE = m.Attribute(value=m.Name("self"))
+# `X[mask, :]`: the selection `mask-row-pooling` starts from (the rule's matcher then checks its uses).
+_ROW_SELECTION = m.Subscript(
+    slice=[
+        m.SubscriptElement(slice=m.Index(value=m.Name())),
+        m.SubscriptElement(slice=m.Slice(lower=None, upper=None, step=None)),
+    ]
+)
 
 
 def _is_inplace_name(name: str) -> bool:
@@ -162,6 +173,8 @@ class _Scope:
     is_class: bool
     params: set[str] = field(default_factory=set)
     sizes: set[str] = field(default_factory=set)
+    # Whether the function has an `X[mask, :]` selection: only then is it matched for `mask-row-pooling`.
+    selects_rows: bool = False
 
 
 class _Finder(cst.CSTVisitor):
@@ -199,6 +212,12 @@ class _Finder(cst.CSTVisitor):
         return node.name.value not in _SKIPPED_FUNCTIONS
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        if self.scopes[-1].selects_rows and original_node.name.value not in _SKIPPED_FUNCTIONS:
+            # The rule's own matcher (patch/eos-pooling-gather), so the scan and the rule agree on the pattern.
+            from hfexport.rewrites.rules.patch.eos_pooling_gather import pooled_selections
+
+            for selection in pooled_selections(original_node):
+                self.report("mask-row-pooling", selection, "")
         self.scopes.pop()
 
     def _in_function(self) -> bool:
@@ -260,6 +279,9 @@ class _Finder(cst.CSTVisitor):
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if not self._in_function():
             return
+        scope = self._function()
+        if scope is not None and m.matches(node, _ROW_SELECTION):
+            scope.selects_rows = True
         for element in node.slice:
             if isinstance(element.slice, cst.Slice) and element.slice.lower is not None:
                 lower = element.slice.lower
@@ -355,7 +377,7 @@ def scan_source(
         if key in seen:
             continue
         seen.add(key)
-        rules = rule_index.rules_for(module, scope) if rule_index else ()
+        rules = rule_index.rules_for(module, scope, kind) if rule_index else ()
         sites.append(Site(kind, path, module, line, scope, snippet[:120], rules))
     return sites
 
@@ -428,6 +450,13 @@ CAUSES: tuple[Cause, ...] = (
         "a submodule cast with `Module.to` during the forward: the trace cannot swap its fake parameters",
     ),
     Cause(
+        "eos-mask-pooling",
+        "mask-row-pooling",
+        ".*",
+        ("patch/eos-pooling-gather",),
+        "BART-style classifiers pool `hidden[eos_mask, :].view(B, -1, H)[:, -1, :]`: a data-dependent row count",
+    ),
+    Cause(
         "placeholder-count-check",
         "masked-size-branch",
         ".*",
@@ -451,6 +480,10 @@ class RuleIndex:
 
     targets: dict[str, list[str]] = field(default_factory=dict)  # dotted target -> rule ids
     model_types: dict[str, list[str]] = field(default_factory=dict)  # model_type -> rule ids
+    # Rules whose target is a predicate over modules: (site kind, covers(module, scope)) -> rule id. `covers`
+    # says whether the rule binds to the function at `module.scope` (it imports the module), so it is asked
+    # only about sites of the kind the rule fixes.
+    predicates: dict[tuple[str, Callable[[str, str], bool]], list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_registry(cls) -> RuleIndex:
@@ -462,16 +495,23 @@ class RuleIndex:
             for t in (target,) if isinstance(target, str) else (target if isinstance(target, tuple) else ()):
                 if t:
                     index.targets.setdefault(t, []).append(rule.id)
+            covers, kind = getattr(target, "covers", None), getattr(target, "scan_kind", None)
+            if callable(target) and callable(covers) and isinstance(kind, str):
+                index.predicates.setdefault((kind, covers), []).append(rule.id)
             for model_type in rule.meta.models:
                 index.model_types.setdefault(model_type, []).append(rule.id)
         return index
 
-    def rules_for(self, module: str, scope: str) -> tuple[str, ...]:
-        """Rules whose target is `module.scope`, an enclosing class of it, or a function it is in."""
+    def rules_for(self, module: str, scope: str, kind: str | None = None) -> tuple[str, ...]:
+        """Rules whose target is `module.scope`, an enclosing class of it, or a function it is in; and, for a
+        site of `kind`, the predicate rules of that kind that bind to the function."""
         found: list[str] = []
         qualified = f"{module}.{scope}" if module else scope
         for target, ids in self.targets.items():
             if qualified == target or qualified.startswith(target + ".") or target.startswith(qualified + "."):
+                found += [i for i in ids if i not in found]
+        for (rule_kind, covers), ids in self.predicates.items():
+            if kind == rule_kind and covers(module, scope):
                 found += [i for i in ids if i not in found]
         return tuple(found)
 

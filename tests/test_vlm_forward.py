@@ -15,7 +15,7 @@ import torch
 
 import hfexport
 from hfexport import DynamoConfig, DynamoExporter, OnnxConfig, OnnxExporter
-from hfexport.frontends.multimodal import pixel_layouts
+from hfexport.frontends.multimodal import is_vision_tower, pixel_layouts
 from hfexport.testing.corpus import CorpusEntry, load_entry
 from hfexport.testing.corpus_check import check_entry, failures
 
@@ -120,3 +120,38 @@ def test_the_corpus_check_skips_another_layout_the_artifact_refuses_but_not_a_wr
 
     bad = {c.name: c for c in check_entry(entry, model, answering_the_sample, tolerance=1e-4)}
     assert not bad["batch+1"].ok and not bad["grown"].ok
+
+
+# -- a vision tower on its own (`AutoModel` of a `*_vision` config): its patches are `hidden_states`, not pixels ---
+
+FEATURE_EXTRACTION = Path(__file__).parent / "fixtures" / "corpus_all" / "feature_extraction"
+
+
+def test_a_vision_tower_alone_is_a_pixel_forward_whatever_its_patches_are_called() -> None:
+    entry = load_entry(FEATURE_EXTRACTION / "qwen3_5_vision.json")
+    model = entry.build_model()
+    inputs = entry.sample_inputs()  # hidden_states [32, 96] and grid_thw [[1, 4, 4], [1, 4, 4]]
+    assert is_vision_tower(model) and pixel_layouts(inputs) == {}
+    assert pixel_layouts(inputs, vision_tower=True) == {"grid_thw": ([[1, 4, 4], [1, 4, 4]], torch.int64)}
+    assert not is_vision_tower(_entry(QWEN2_VL).build_model())  # the whole VLM is not a tower
+
+
+def test_a_vision_tower_alone_exports_to_dynamo_and_refuses_another_grid(tmp_path: Path) -> None:
+    entry = load_entry(FEATURE_EXTRACTION / "glm4v_vision.json")
+    model = entry.build_model()
+    exporter = DynamoExporter()
+    program = exporter.export(model, entry.sample_inputs(), DynamoConfig(dynamic=True))
+    hits = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
+    assert hits.get("patch/fake-constant-layouts", 0) > 0
+    hfexport.save(program, tmp_path / "out", report=exporter.report)
+    loaded = hfexport.load(tmp_path / "out", trust=True)
+    checks = check_entry(entry, model, loaded.run, tolerance=1e-4)
+    assert checks[0].name == "sample" and checks[0].ok and not checks[0].skipped
+    assert not failures(checks), " | ".join(failures(checks))
+
+    other = entry.sample_inputs()
+    other["grid_thw"] = torch.tensor([[1, 2, 8], [1, 8, 2]])  # the same patch count, another layout
+    with torch.no_grad():
+        model(**other)  # eager takes it: the artifact must refuse it, not answer for the sample's grid
+    with pytest.raises(RuntimeError, match=r"grid_thw=\[\[1, 4, 4\], \[1, 4, 4\]\].*export again"):
+        loaded.run(other)

@@ -132,14 +132,24 @@ _PIXEL_INPUT = re.compile(r"^(pixel_values(_\w+)?|image_patches|flattened_patche
 Layout = dict[str, tuple[list[Any], torch.dtype]]
 
 
-def pixel_layouts(inputs: Mapping[str, Any]) -> Layout:
+def is_vision_tower(model: Any) -> bool:
+    """Whether `model` is a multimodal model's vision tower on its own (`AutoModel` of a `*_vision` config): its
+    config is a vision sub-config (`base_config_key == "vision_config"`). Such a tower takes the patches under
+    another name than `pixel_values` (`hidden_states` with `grid_thw` for the Qwen-VL/GLM-4V family)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "base_config_key", None) == "vision_config"
+
+
+def pixel_layouts(inputs: Mapping[str, Any], vision_tower: bool = False) -> Layout:
     """The image layout inputs of a pixel-input forward's sample (`image_grid_thw`, `image_sizes`,
-    `spatial_shapes`...), with their values and dtypes; {} for any other forward.
+    `spatial_shapes`...), with their values and dtypes; {} for any other forward. A vision tower's forward
+    (`vision_tower`, see `is_vision_tower`) is a pixel-input forward whatever its patches are called.
 
     A layout is a small integer tensor (`_is_layout`) that is not per token: token-type ids and anything with
     the text's `[batch, length]` axes stay inputs, so the text length stays dynamic.
     """
-    if not any(_PIXEL_INPUT.match(k) and isinstance(v, torch.Tensor) for k, v in inputs.items()):
+    pixels = any(_PIXEL_INPUT.match(k) and isinstance(v, torch.Tensor) for k, v in inputs.items())
+    if not pixels and not vision_tower:
         return {}
     text = inputs.get("input_ids")
     text_axes = tuple(text.shape[:2]) if isinstance(text, torch.Tensor) and text.ndim >= 2 else None

@@ -19,7 +19,7 @@ import torch
 
 from hfexport.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
 from hfexport.errors import InputError
-from hfexport.frontends.multimodal import bake_layout, pixel_layouts
+from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts
 from hfexport.generation_spec import LAYOUT_META, LayoutSpecialised
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
@@ -302,7 +302,8 @@ def capture(
 
     # A pixel-input forward's image layout (grid_thw, image_sizes...) is baked in: the vision tower splits its
     # patches with Python ints from it, which torch.export can only trace as data-dependent values.
-    layout = pixel_layouts(inputs)
+    # A vision tower exported alone gets the same treatment (its `grid_thw` splits the patches likewise).
+    layout = pixel_layouts(inputs, vision_tower=is_vision_tower(model))
     if layout and options.dynamic_shapes is None and dynamic_shapes is not None:
         dynamic_shapes.update(dict.fromkeys(layout))  # static: the graph holds for these values only
 

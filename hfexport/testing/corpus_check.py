@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hfexport.artifacts.validation import ShapeCheck, check_shapes
-from hfexport.frontends.multimodal import pixel_layouts
+from hfexport.frontends.multimodal import is_vision_tower, pixel_layouts
 from hfexport.naming import named_outputs
 
 from .corpus import CorpusEntry
@@ -44,7 +44,8 @@ def check_entry(
     if shapes:
         feeds.update(entry.shape_inputs())
     checks = []
-    sample_layout = pixel_layouts(feeds["sample"])
+    tower = is_vision_tower(model)
+    sample_layout = pixel_layouts(feeds["sample"], tower)
     for name, feed in feeds.items():
         # atol = rtol = tolerance gives tolerance * (1 + max|eager|): the corpus bound, max(1, ...), is tighter
         # only where max|eager| < 1, so compare with rtol alone and a floor of `tolerance`.
@@ -59,7 +60,7 @@ def check_entry(
         )
         for diff in check.outputs:
             diff.tolerance = max(diff.tolerance, tolerance)
-        if check.problem and pixel_layouts(feed) != sample_layout:
+        if check.problem and pixel_layouts(feed, tower) != sample_layout:
             # A pixel-input forward is exported for the sample's image layout (batch+1 cycles the images into
             # another grid list): refusing another one is the documented behaviour, a wrong answer stays a failure.
             check.skipped = f"another image layout than the sample's, refused: {check.problem}"

@@ -25,6 +25,7 @@ RULES: list[Rule] = load_rules(
         "patch/sliding-window-cache-symbolic",
         "patch/sliding-window-mask-sizes-symbolic",
         "patch/sdpa-causal-skip-traced",
+        "patch/eos-pooling-gather",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
