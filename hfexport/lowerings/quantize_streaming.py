@@ -17,9 +17,13 @@ the weight gives the group size and its axis, and otherwise the scale's size-1 a
 
 from __future__ import annotations
 
+import functools
+import json
+import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -178,3 +182,180 @@ class QuantizedWriter:
         if not any(s in quantized.parts for s in blobs):
             del self._pending[quantized.name]
         yield blob
+
+
+# -- ONNX ----------------------------------------------------------------------------------------------------------
+#
+# NNCF's ONNX backend reads each weight from the model proto (`get_tensor_value`), external data included, and
+# adds `<W>_quantized`, `<W>_scale` and `<W>_zero_point` initializers for a compressed weight `W`, read by a
+# `MatMulNBits` (int4 at opset <= 20, which replaces the MatMul) or a `DequantizeLinear` (int8, or int4 at opset
+# 21 and up) (`ONNXWeightCompressionAlgoBackend.transform_model`, nncf 3.4). The low-memory export gives NNCF the
+# model with every streamed weight as external data in a sparse file of zeros (no memory, no disk), then gives
+# each new initializer a lazy value computed from its weight's checkpoint tensor when the model is saved.
+
+# Model metadata of a quantized low-memory export: {initializer: [the streamed weight it was computed from,
+# part suffix, mode, group size, reduction axis, op that reads it, block size]}, for `check_streamed_quantized`.
+ONNX_QUANTIZED_KEY = "hfexport.streamed_quantized"
+ONNX_PARTS = ("_quantized", "_scale", "_zero_point")
+_SPARSE_FILE = "streamed-placeholders.bin"
+
+
+@dataclass(frozen=True)
+class OnnxQuantized:
+    """How NNCF compressed a streamed ONNX weight, read back from the graph it built."""
+
+    weight: str  # the streamed initializer (NNCF removed it)
+    mode: str
+    group_size: int  # -1: per channel
+    axis: int  # the reduction axis of the weight
+    op: str  # "MatMulNBits" or "DequantizeLinear"
+    block_size: int  # DequantizeLinear's (0: per channel)
+
+    def to_list(self) -> list[Any]:
+        return [self.weight, self.mode, self.group_size, self.axis, self.op, self.block_size]
+
+
+def _attributes(node: Any) -> dict[str, Any]:
+    return {name: attr.value for name, attr in node.attributes.items()}
+
+
+def _onnx_layout(model: Any, weight: str, shape: tuple[int, ...]) -> OnnxQuantized:
+    import onnx_ir as ir
+
+    quantized = model.graph.initializers[f"{weight}_quantized"]
+    readers = [node for node, _ in quantized.uses()]
+    node = readers[0] if len(readers) == 1 else None
+    if node is not None and node.op_type == "MatMulNBits":
+        attributes = _attributes(node)
+        has_zero_point = len(node.inputs) > 3 and node.inputs[3] is not None
+        mode = "int4_asym" if has_zero_point else "int4_sym"
+        if attributes.get("bits") == 4 and (attributes.get("K"), attributes.get("N")) == shape:
+            return OnnxQuantized(weight, mode, int(attributes["block_size"]), 0, "MatMulNBits", 0)
+    if node is not None and node.op_type == "DequantizeLinear" and len(shape) == 2:
+        attributes = _attributes(node)
+        modes = {
+            ir.DataType.INT4: "int4_sym",
+            ir.DataType.UINT4: "int4_asym",
+            ir.DataType.INT8: "int8_sym",
+            ir.DataType.UINT8: "int8_asym",
+        }
+        mode = modes.get(quantized.const_value.dtype)
+        block = int(attributes.get("block_size", 0))
+        dq_axis = int(attributes.get("axis", 1)) % len(shape)
+        if mode is not None:
+            # Blocked: NNCF dequantizes along axis 0, the reduction axis; per channel: `axis` is the channel.
+            axis = dq_axis if block else 1 - dq_axis
+            return OnnxQuantized(weight, mode, block if block else -1, axis, "DequantizeLinear", block)
+    raise HfExportError(
+        f"NNCF compressed the streamed weight {weight!r} into a graph the low-memory export cannot recompute from "
+        f"the checkpoint (read by {[n.op_type for n in readers]}); export without low_memory",
+        stage="quantize",
+    )
+
+
+def _onnx_parts(layout: OnnxQuantized, weight: Any) -> dict[str, Any]:
+    """{part suffix: TensorProto} NNCF writes for `weight` (the numpy array of the streamed initializer, exactly
+    as the in-memory export holds it), by NNCF's own functions in the order `transform_model` calls them."""
+    import numpy as np
+    import onnx
+    from nncf.onnx.graph.onnx_helper import pack_4_bits, pack_int4_to_uint8
+    from nncf.parameters import CompressWeightsMode
+    from nncf.quantization.algorithms.weight_compression.config import WeightCompressionConfig
+    from nncf.quantization.algorithms.weight_compression.onnx_backend import ONNXWeightCompressionAlgoBackend
+    from nncf.quantization.algorithms.weight_compression.weight_lowering import compress_weight
+    from nncf.tensor import Tensor
+
+    mode = CompressWeightsMode(layout.mode)
+    config = WeightCompressionConfig(mode=mode, group_size=layout.group_size)
+    compressed = compress_weight(Tensor(weight), (layout.axis,), config)
+    dtype = ONNXWeightCompressionAlgoBackend.MODE_TO_WEIGHT_DTYPE[mode]
+    # `_preprocess_compressed_weight` reads no state of the backend (nncf 3.4): called unbound, it is NNCF's own
+    # reshaping of the results, so the bytes cannot drift from what the in-memory path writes.
+    preprocess = ONNXWeightCompressionAlgoBackend._preprocess_compressed_weight
+    if layout.op == "MatMulNBits":
+        tensor, scale, zero_point = preprocess(None, compressed, weight.shape, layout.axis, None, True)
+        tensor = pack_int4_to_uint8(tensor, layout.group_size, signed=dtype == onnx.TensorProto.INT4)
+        uint8 = onnx.TensorProto.UINT8
+        parts = {"_quantized": onnx.helper.make_tensor("", uint8, tensor.shape, tensor.tobytes(), True)}
+        if zero_point is not None:
+            parts["_zero_point"] = onnx.helper.make_tensor(
+                "", onnx.TensorProto.UINT8, zero_point.shape, zero_point.tobytes(), True
+            )
+    else:
+        tensor, scale, zero_point = preprocess(None, compressed, weight.shape, layout.axis, layout.block_size)
+        shape, zero_shape = tensor.shape, None if zero_point is None else zero_point.shape
+        if dtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            tensor = pack_4_bits(tensor)
+            zero_point = None if zero_point is None else pack_4_bits(zero_point)
+        parts = {"_quantized": onnx.helper.make_tensor("", dtype, shape, tensor.tobytes(), True)}
+        if zero_point is not None:
+            parts["_zero_point"] = onnx.helper.make_tensor("", dtype, zero_shape, zero_point.tobytes(), True)
+    parts["_scale"] = onnx.numpy_helper.from_array(np.array(scale, dtype=np.float32))
+    return parts
+
+
+class _OnnxParts:
+    """Lazy values of the new initializers: a weight is read and compressed when one of its parts is first asked
+    for, and its parts are kept until another weight is (onnx_ir writes a weight's parts one after another)."""
+
+    def __init__(self, layouts: Mapping[str, OnnxQuantized], weights: Mapping[str, Any]) -> None:
+        self.layouts = layouts
+        self.weights = weights  # {streamed initializer: its LazyTensor}
+        self._current: tuple[str, dict[str, Any]] | None = None
+
+    def tensor(self, weight: str, suffix: str) -> Any:
+        import onnx_ir as ir
+
+        if self._current is None or self._current[0] != weight:
+            self._current = None  # drop the last weight's parts before reading the next weight
+            self._current = (weight, _onnx_parts(self.layouts[weight], self.weights[weight].numpy()))
+        return ir.serde.TensorProtoTensor(self._current[1][suffix])
+
+
+def compress_streamed_onnx(model: Any, run: Callable[[Any, str], Any]) -> Any:
+    """Run `run(proto, external_data_dir)` (NNCF's weight compression) on `model`, an `onnx_ir.Model` whose
+    streamed weights are lazy, without reading them; return the compressed `onnx_ir.Model` whose new
+    initializers are computed from the checkpoint when saved, and whose untouched streamed weights stay lazy."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    lazies = {name: v.const_value for name, v in graph.initializers.items() if isinstance(v.const_value, ir.LazyTensor)}
+    with tempfile.TemporaryDirectory(prefix="hfexport-nncf-") as tmp:
+        offset = 0
+        try:
+            for name, lazy in lazies.items():
+                graph.initializers[name].const_value = ir.ExternalTensor(
+                    _SPARSE_FILE, offset, lazy.nbytes, lazy.dtype, shape=lazy.shape, name=name, base_dir=tmp
+                )
+                offset += -(-lazy.nbytes // 4096) * 4096
+            with open(Path(tmp) / _SPARSE_FILE, "wb") as zeros:
+                zeros.truncate(offset)  # a sparse file: reads give zeros, nothing is stored
+            proto = ir.to_proto(model)
+        finally:
+            for name, lazy in lazies.items():
+                graph.initializers[name].const_value = lazy
+        quantized = ir.from_proto(run(proto, tmp))
+        del proto
+        layouts: dict[str, OnnxQuantized] = {}
+        for name in list(quantized.graph.initializers):
+            if name in lazies:
+                quantized.graph.initializers[name].const_value = lazies[name]
+            elif name.endswith("_quantized") and name.removesuffix("_quantized") in lazies:
+                weight = name.removesuffix("_quantized")
+                layouts[weight] = _onnx_layout(quantized, weight, tuple(lazies[weight].shape.numpy()))
+        parts = _OnnxParts(layouts, lazies)
+        record: dict[str, list[Any]] = {}
+        for weight, layout in layouts.items():
+            for suffix in ONNX_PARTS:
+                value = quantized.graph.initializers.get(f"{weight}{suffix}")
+                if value is None:
+                    continue
+                old = value.const_value
+                read = functools.partial(parts.tensor, weight, suffix)
+                value.const_value = ir.LazyTensor(read, dtype=old.dtype, shape=old.shape, name=value.name)
+                record[value.name] = [suffix, *layout.to_list()]
+        left = [n for n, v in quantized.graph.initializers.items() if isinstance(v.const_value, ir.ExternalTensor)]
+        if left:
+            raise HfExportError(f"NNCF left placeholder initializers {left[:3]} unfilled", stage="quantize")
+    quantized.metadata_props[ONNX_QUANTIZED_KEY] = json.dumps(record, sort_keys=True)
+    return quantized

@@ -296,12 +296,33 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
                 "opsets. Weight compression (NNCFWeightCompressionConfig) works at any opset"
             )
 
+    def streaming_refusal(self, export_format: str | ExportFormat) -> str | None:
+        # Runs on the model with placeholder weights (external data of zeros): the graph is NNCF's, the values are
+        # computed per weight from the checkpoint when saved (hfexport/lowerings/quantize_streaming.py).
+        return _weight_compression_refusal(self.config, self.calibration_dataset)
+
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
         import onnx_ir as ir
 
+        from hfexport.lowerings.onnx import STREAMED_KEY
+
+        if STREAMED_KEY in model.metadata_props:  # a low-memory export: its weights are lazy, never all read
+            from hfexport.lowerings.quantize_streaming import compress_streamed_onnx
+
+            return compress_streamed_onnx(model, self._compress_external)
         names = [value.name for value in model.graph.inputs]
         proto = ir.to_proto(model)
         return self._run(proto, sample_inputs, lambda sample: onnx_feed(names, traced_inputs(sample)))
+
+    def _compress_external(self, proto: Any, external_data_dir: str) -> Any:
+        """Data-free weight compression of `proto`, whose weights are external data in `external_data_dir`."""
+        import nncf
+        from nncf.onnx.quantization.backend_parameters import BackendParameters
+
+        kwargs = self.config.nncf_kwargs()  # streaming_refusal: weight compression, no advanced_parameters
+        params = {BackendParameters.EXTERNAL_DATA_DIR: external_data_dir}
+        kwargs["advanced_parameters"] = nncf.AdvancedCompressionParameters(backend_params=params)
+        return nncf.compress_weights(proto, **kwargs)
 
 
 class NNCFOpenVINOQuantizer(_NNCFQuantizer):
