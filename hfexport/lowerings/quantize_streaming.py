@@ -156,32 +156,31 @@ def _bytes(const: Any) -> bytes:
 
 
 class QuantizedWriter:
-    """The bytes of each Const NNCF computed from a streamed weight, for `_write_streamed` and the check: the
-    weight is compressed once, when its first Const is asked for, and kept until its last Const is taken."""
+    """The bytes of each Const NNCF computed from a streamed weight, for `_write_streamed` and the check: a weight
+    is read and compressed when one of its Consts is first asked for, and its Consts are kept until another
+    weight's are (the IR lists a weight's Consts one after another): one weight in memory at a time."""
 
     def __init__(self, consts: Mapping[str, tuple[QuantizedWeight, str]], checkpoint: Checkpoint) -> None:
         self.consts = consts
         self.checkpoint = checkpoint
-        self._pending: dict[str, dict[str, bytes]] = {}
+        self._current: tuple[str, dict[str, bytes]] | None = None
 
     def __contains__(self, name: str) -> bool:
         return name in self.consts
 
     def chunks(self, name: str) -> Iterator[bytes]:
         quantized, suffix = self.consts[name]
-        blobs = self._pending.get(quantized.name)
-        if blobs is None:
-            blobs = self._pending[quantized.name] = compress(quantized, self.checkpoint)
+        if self._current is None or self._current[0] != quantized.name:
+            self._current = None  # the last weight's Consts go before the next weight is read
+            self._current = (quantized.name, compress(quantized, self.checkpoint))
+        blobs = self._current[1]
         if suffix not in blobs:
             raise HfExportError(
                 f"the Const {name!r}: NNCF computes no {suffix or 'compressed weight'} for this weight from the "
                 "checkpoint, though the IR has one",
                 stage="save",
             )
-        blob = blobs.pop(suffix)
-        if not any(s in quantized.parts for s in blobs):
-            del self._pending[quantized.name]
-        yield blob
+        yield blobs[suffix]
 
 
 # -- ONNX ----------------------------------------------------------------------------------------------------------
@@ -193,8 +192,9 @@ class QuantizedWriter:
 # model with every streamed weight as external data in a sparse file of zeros (no memory, no disk), then gives
 # each new initializer a lazy value computed from its weight's checkpoint tensor when the model is saved.
 
-# Model metadata of a quantized low-memory export: {initializer: [the streamed weight it was computed from,
-# part suffix, mode, group size, reduction axis, op that reads it, block size]}, for `check_streamed_quantized`.
+# Model metadata of a quantized low-memory export: {initializer: [part suffix, the streamed weight it was computed
+# from, mode, group size, reduction axis, op that reads it, block size, checkpoint tensor, permutation, ONNX dtype of
+# the weight]}, for `check_streamed_quantized`.
 ONNX_QUANTIZED_KEY = "hfexport.streamed_quantized"
 ONNX_PARTS = ("_quantized", "_scale", "_zero_point")
 _SPARSE_FILE = "streamed-placeholders.bin"
@@ -253,7 +253,7 @@ def _onnx_layout(model: Any, weight: str, shape: tuple[int, ...]) -> OnnxQuantiz
     )
 
 
-def _onnx_parts(layout: OnnxQuantized, weight: Any) -> dict[str, Any]:
+def onnx_parts(layout: OnnxQuantized, weight: Any) -> dict[str, Any]:
     """{part suffix: TensorProto} NNCF writes for `weight` (the numpy array of the streamed initializer, exactly
     as the in-memory export holds it), by NNCF's own functions in the order `transform_model` calls them."""
     import numpy as np
@@ -308,7 +308,7 @@ class _OnnxParts:
 
         if self._current is None or self._current[0] != weight:
             self._current = None  # drop the last weight's parts before reading the next weight
-            self._current = (weight, _onnx_parts(self.layouts[weight], self.weights[weight].numpy()))
+            self._current = (weight, onnx_parts(self.layouts[weight], self.weights[weight].numpy()))
         return ir.serde.TensorProtoTensor(self._current[1][suffix])
 
 
@@ -318,8 +318,18 @@ def compress_streamed_onnx(model: Any, run: Callable[[Any, str], Any]) -> Any:
     initializers are computed from the checkpoint when saved, and whose untouched streamed weights stay lazy."""
     import onnx_ir as ir
 
+    from hfexport.lowerings.onnx import STREAMED_KEY
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import TRANSPOSED_FROM
+
     graph = model.graph
     lazies = {name: v.const_value for name, v in graph.initializers.items() if isinstance(v.const_value, ir.LazyTensor)}
+    # Which checkpoint tensor (and permutation) each lazy weight holds, the tied head's transposed copy included.
+    sources: dict[str, list[Any]] = json.loads(model.metadata_props.get(STREAMED_KEY, "{}"))
+    for name in lazies:
+        origin = graph.initializers[name].meta.get(TRANSPOSED_FROM)
+        if name not in sources and origin in sources:
+            key, perm = sources[origin]
+            sources[name] = [key, [1, 0] if perm is None else [perm[1], perm[0]]]
     with tempfile.TemporaryDirectory(prefix="hfexport-nncf-") as tmp:
         offset = 0
         try:
@@ -353,9 +363,11 @@ def compress_streamed_onnx(model: Any, run: Callable[[Any, str], Any]) -> Any:
                 old = value.const_value
                 read = functools.partial(parts.tensor, weight, suffix)
                 value.const_value = ir.LazyTensor(read, dtype=old.dtype, shape=old.shape, name=value.name)
-                record[value.name] = [suffix, *layout.to_list()]
+                key, perm = sources.get(weight, [None, None])
+                record[value.name] = [suffix, *layout.to_list(), key, perm, lazies[weight].dtype.value]
         left = [n for n, v in quantized.graph.initializers.items() if isinstance(v.const_value, ir.ExternalTensor)]
         if left:
             raise HfExportError(f"NNCF left placeholder initializers {left[:3]} unfilled", stage="quantize")
+    quantized.metadata_props[STREAMED_KEY] = json.dumps(sources, sort_keys=True)
     quantized.metadata_props[ONNX_QUANTIZED_KEY] = json.dumps(record, sort_keys=True)
     return quantized
