@@ -278,5 +278,7 @@ def test_cli_low_memory_int4_export_and_validation(
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     validation = json.loads((out / "manifest.json").read_text())["validation"]
-    assert validation["ok"] and validation["streamed_weights"]["checked"] >= 28
+    # OpenVINO: 10 streamed linears (int4_sym: compressed weight and scale) and the tied embedding (int8_asym
+    # backup: with a zero point); ONNX: the float weights left (norms) and every compressed part, 14 linears too.
+    assert validation["ok"] and validation["streamed_weights"]["checked"] >= 23
     assert not validation["streamed_weights"]["mismatched"]
