@@ -1,4 +1,5 @@
-"""Weight-only quantization of a low-memory OpenVINO export, computed from the checkpoint one weight at a time.
+"""Weight-only quantization of a low-memory export (OpenVINO, ONNX), computed from the checkpoint one weight at a
+time. This first part is OpenVINO's; the ONNX part follows (`compress_streamed_onnx`).
 
 NNCF's data-free weight compression (`nncf.compress_weights`, int8/int4, no dataset, no AWQ/GPTQ/scale
 estimation, every weight in the chosen mode) computes each compressed weight, scale and zero point from that one
