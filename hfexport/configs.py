@@ -199,12 +199,20 @@ class DynamoConfig(ExportConfigMixin):
             raise ConfigError(f"rules must be a RuleSelection, got {type(self.rules).__name__}")
 
 
+def check_streaming_quantizer(config: Any) -> None:
+    """Refuse a quantizer that cannot quantize a low-memory export (`ExportQuantizer.streaming_refusal`)."""
+    quantizer = config.quantizer
+    refusal = None if quantizer is None else quantizer.streaming_refusal(config.export_format)
+    if refusal:
+        raise ConfigError(f"low_memory=True cannot quantize with {quantizer!r}: {refusal}")
+
+
 def _check_low_memory(config: Any) -> None:
     """The checks of `low_memory`/`checkpoint` that ONNX and OpenVINO configs share."""
     if config.checkpoint is not None:
         config.checkpoint = str(config.checkpoint)
-    if config.low_memory and config.quantizer is not None:
-        raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
+    if config.low_memory:
+        check_streaming_quantizer(config)
     if config.checkpoint is not None and not config.low_memory:
         raise ConfigError("checkpoint= is the low-memory export's weight source: set low_memory=True with it")
 

@@ -5,6 +5,8 @@
     python tools/bench_low_memory.py --shape wide          # TinyLlama-1.1B width, 4 layers: 1.2 GB
     python tools/bench_low_memory.py --shape llama7b --target-gb 8 --limit-gb 3 --formats onnx,openvino
                                                            # the issue's 8 GB / 3 GB run
+    python tools/bench_low_memory.py --target-gb 1 --formats onnx,openvino --quantize int4_sym
+                                                           # NNCF weight compression on both paths
 
 Writes a sharded safetensors checkpoint of random weights (fixed seed; SmolLM2-135M shape by default: hidden
 576, 9 heads, 3 kv heads, intermediate 1536, vocab 49152, tied embeddings; `--target-gb` sets the number of
@@ -154,6 +156,8 @@ def sample():
         peaks[stage[0]] = max(peaks.get(stage[0], 0.0), rss)
         time.sleep(0.005)
 threading.Thread(target=sample, daemon=True).start()
+modules_out = None if sys.argv[5] == "-" else sys.argv[5]
+mode, group = (sys.argv[6], int(sys.argv[7])) if len(sys.argv) > 6 else (None, None)
 start = time.perf_counter()
 import torch
 from hfexport import OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter, empty_model, save
@@ -167,10 +171,15 @@ else:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
 built = time.perf_counter() - start
 ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+quantizer = None
+if mode:  # imported only here: the unquantized runs' import baseline must not count NNCF
+    from hfexport.quantizers import NNCFOnnxQuantizer, NNCFOpenVINOQuantizer, NNCFWeightCompressionConfig
+    compression = NNCFWeightCompressionConfig(mode=mode, group_size=None if mode.startswith("int8") else group)
+    quantizer = (NNCFOpenVINOQuantizer if fmt == "openvino" else NNCFOnnxQuantizer)(compression)
 if fmt == "openvino":
-    config, exporter = OpenVINOConfig(dynamic=True, low_memory=low), OpenVINOExporter()
+    config, exporter = OpenVINOConfig(dynamic=True, low_memory=low, quantizer=quantizer), OpenVINOExporter()
 else:
-    config, exporter = OnnxConfig(dynamic=True, low_memory=low), OnnxExporter()
+    config, exporter = OnnxConfig(dynamic=True, low_memory=low, quantizer=quantizer), OnnxExporter()
 with stage_listener(lambda name: stage.__setitem__(0, name)):
     program = exporter.export(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, config)
 exported = time.perf_counter() - start
@@ -179,8 +188,8 @@ save(program, out, config=config, report=exporter.report)
 done.set()
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"onnxruntime", "openvino", "onnx", "onnxscript", "onnx_ir",
                "transformers", "safetensors", "numpy", "sympy", "executorch", "optimum"})
-if len(sys.argv) > 5:  # the modules this export imported, for the import baseline (IMPORTS_CHILD)
-    Path(sys.argv[5]).write_text("\n".join(sorted(m for m in sys.modules if not m.startswith("__"))))
+if modules_out:  # the modules this export imported, for the import baseline (IMPORTS_CHILD)
+    Path(modules_out).write_text("\n".join(sorted(m for m in sys.modules if not m.startswith("__"))))
 print("RESULT " + json.dumps({"build_s": built, "export_s": exported - built, "total_s": time.perf_counter() - start,
       "stages": exporter.report.stage_seconds, "imports": imports, "hwm_gb": status("VmHWM"),
       "stage_peak_gb": {k: round(v, 3) for k, v in peaks.items()}, "modules": heavy}))
@@ -221,12 +230,21 @@ def _rss_kb(pid: int) -> int:
 
 
 def run_child(
-    folder: Path, out: Path, low: bool, limit_gb: float | None, fmt: str = "onnx", modules: Path | None = None
+    folder: Path,
+    out: Path,
+    low: bool,
+    limit_gb: float | None,
+    fmt: str = "onnx",
+    modules: Path | None = None,
+    quantize: str | None = None,
+    group_size: int = 32,
 ) -> dict[str, Any]:
-    """Export in a child process; its peak RSS (polled, and the child's own VmHWM), peak RSS per export stage,
-    wall time, and whether it was killed over the limit. `modules`: where the child lists the modules it imported."""
+    """Export in a child process (with NNCF weight compression in mode `quantize`, if set); its peak RSS (polled,
+    and the child's own VmHWM), peak RSS per export stage, wall time, and whether it was killed over the limit.
+    `modules`: where the child lists the modules it imported."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     start = time.perf_counter()
+    quantizer = [quantize, str(group_size)] if quantize else []
     child = subprocess.Popen(
         [
             sys.executable,
@@ -236,7 +254,8 @@ def run_child(
             str(out),
             "1" if low else "0",
             fmt,
-            *([str(modules)] if modules else []),
+            str(modules) if modules else "-",
+            *quantizer,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -261,16 +280,21 @@ def run_child(
     return result
 
 
-def check_weights(folder: Path, out: Path, fmt: str = "onnx") -> dict[str, Any]:
-    """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time."""
-    from hfexport.artifacts.low_memory import check_streamed_ir, check_streamed_weights
+def check_weights(folder: Path, out: Path, fmt: str = "onnx", quantized: bool = False) -> dict[str, Any]:
+    """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time (quantized ones
+    recomputed from it)."""
+    from hfexport.artifacts.low_memory import check_streamed_ir, check_streamed_quantized, check_streamed_weights
     from hfexport.checkpoints import Checkpoint
 
     if fmt == "openvino":
         result = check_streamed_ir(out / "model.xml", Checkpoint.open(folder))
     else:
         result = check_streamed_weights(out / "model.onnx", Checkpoint.open(folder))
-    return {"checked": len(result.checked), "mismatched": result.mismatched}
+    checked = {"checked": len(result.checked), "mismatched": result.mismatched}
+    if quantized and fmt == "onnx":
+        result = check_streamed_quantized(out / "model.onnx", Checkpoint.open(folder))
+        checked.update(quantized_checked=len(result.checked), quantized_mismatched=result.mismatched)
+    return checked
 
 
 def artifact_files(out: Path) -> dict[str, Any]:
@@ -288,6 +312,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--work", type=Path, default=None, help="folder for the checkpoint and artifacts (kept)")
     parser.add_argument("--formats", default="onnx", help="comma-separated: onnx, openvino (default onnx)")
     parser.add_argument("--keep", action="store_true", help="keep the artifacts (and a temporary work folder)")
+    parser.add_argument(
+        "--quantize",
+        choices=("int8_asym", "int8_sym", "int4_sym", "int4_asym"),
+        help="NNCF data-free weight compression on both paths (NNCFOnnxQuantizer / NNCFOpenVINOQuantizer)",
+    )
+    parser.add_argument("--group-size", type=int, default=32, help="int4 group size (default 32; SmolLM2: 576)")
     args = parser.parse_args(argv)
 
     shape = dict(SHAPES[args.shape])
@@ -302,16 +332,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shards = len(list(folder.glob("*.safetensors")))
     print(f"checkpoint: {size / 1e9:.2f} GB in {shards} shard(s), {shape['num_hidden_layers']} layers ({folder})")
     results: dict[str, Any] = {"checkpoint_gb": size / 1e9, "layers": shape["num_hidden_layers"]}
+    if args.quantize:
+        results["quantize"] = {"mode": args.quantize, "group_size": args.group_size}
     for fmt in args.formats.split(","):
         for name, low in (("low-memory", True), ("in-memory", False)):
             if args.only and args.only != name:
                 continue
             out = work / f"{fmt}-{name}"
             modules = work / f"{fmt}-{name}.modules"
-            result = run_child(folder, out, low, args.limit_gb, fmt, modules)
+            result = run_child(folder, out, low, args.limit_gb, fmt, modules, args.quantize, args.group_size)
             if low and not result.get("error") and not result["killed"]:
-                result["weights"] = check_weights(folder, out, fmt)
-                result["files"] = artifact_files(out)
+                result["weights"] = check_weights(folder, out, fmt, quantized=bool(args.quantize))
+            if not result.get("error") and not result["killed"]:
+                result["files"] = artifact_files(out)  # both paths: equal sha256 is equal artifacts
             if modules.is_file():
                 result["import_baseline_gb"] = import_baseline(modules)
             results[f"{fmt} {name}"] = result

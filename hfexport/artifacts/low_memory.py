@@ -93,6 +93,7 @@ def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedW
     import xml.etree.ElementTree as ET
 
     from hfexport.lowerings.openvino_weights import RECORD_KEY, streamed_chunks
+    from hfexport.lowerings.quantize_streaming import QuantizedWriter, quantized_weights
 
     xml_path = Path(xml_path)
     root = ET.parse(xml_path).getroot()
@@ -100,23 +101,73 @@ def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedW
     recorded = json.loads(item.get("value", "{}")) if item is not None else {}
     checked: list[str] = []
     mismatched: list[str] = []
+    # Consts a weight-only quantizer computed from streamed weights: recomputed from the checkpoint.
+    quantized = QuantizedWriter(quantized_weights(root, recorded, checkpoint), checkpoint)
     with open(xml_path.with_suffix(".bin"), "rb") as weights:
         for layer in root.iter("layer"):
             name, data = layer.get("name", ""), layer.find("data")
             base = name if name in recorded else name.removesuffix("_compressed")
-            if layer.get("type") != "Const" or data is None or base not in recorded:
+            if layer.get("type") != "Const" or data is None or (base not in recorded and name not in quantized):
                 continue
-            key, dtype = recorded[base]
             element_type, size = data.get("element_type", ""), int(data.get("size", "0"))
             weights.seek(int(data.get("offset", "0")))
             same, read = True, 0
-            for chunk in streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint):
+            if name in quantized:
+                chunks: Any = quantized.chunks(name)
+            else:
+                key, dtype = recorded[base]
+                chunks = streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint)
+            for chunk in chunks:
                 same = same and weights.read(len(chunk)) == chunk
                 read += len(chunk)
             if not same or read != size:
                 mismatched.append(name)
             checked.append(name)
     return StreamedWeights(checked, mismatched, recorded=len(recorded))
+
+
+def check_streamed_quantized(onnx_path: str | Path, checkpoint: Checkpoint) -> StreamedWeights:
+    """Compare each initializer of `onnx_path` that a weight-only quantizer computed from a streamed weight
+    (compressed weight, scale, zero point; recorded by the low-memory export) with the same computation (NNCF's
+    `compress_weight` and its layout) redone on the weight's checkpoint tensor, one weight at a time."""
+    import onnx
+
+    from hfexport.lowerings.quantize_streaming import ONNX_QUANTIZED_KEY, OnnxQuantized, onnx_parts
+
+    onnx_path = Path(onnx_path)
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    recorded = json.loads({e.key: e.value for e in proto.metadata_props}.get(ONNX_QUANTIZED_KEY, "{}"))
+    by_weight: dict[str, list[Any]] = {}
+    for tensor in proto.graph.initializer:
+        if tensor.name in recorded:
+            by_weight.setdefault(recorded[tensor.name][1], []).append(tensor)
+    checked: list[str] = []
+    mismatched: list[str] = []
+    for tensors in by_weight.values():
+        _, *layout, key, perm, data_type = recorded[tensors[0].name]
+        if key is None:  # a weight whose checkpoint tensor is not recorded: nothing to compare with
+            continue
+        expected = checkpoint.load(key, _TORCH_DTYPES.get(data_type))
+        if perm is not None:
+            expected = expected.permute(tuple(perm)).contiguous()
+        parts = onnx_parts(OnnxQuantized(*layout), expected.numpy())
+        del expected
+        for tensor in tensors:
+            if _saved_bytes(onnx_path, tensor) != parts[recorded[tensor.name][0]].raw_data:
+                mismatched.append(tensor.name)
+            checked.append(tensor.name)
+    return StreamedWeights(checked, mismatched, recorded=len(recorded))
+
+
+def _saved_bytes(onnx_path: Path, tensor: Any) -> bytes:
+    import onnx
+
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return bytes(tensor.raw_data)
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    with open(onnx_path.parent / info["location"], "rb") as data:
+        data.seek(int(info.get("offset", 0)))
+        return data.read(int(info["length"]))
 
 
 # ONNX TensorProto data types -> torch dtypes, for the weights a checkpoint holds.

@@ -204,12 +204,24 @@ def _validate_low_memory(
     import torch
 
     from hfexport.artifacts import update_manifest
-    from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_ir, check_streamed_weights
+    from hfexport.artifacts.low_memory import (
+        StreamedWeights,
+        check_reduced_depth,
+        check_streamed_ir,
+        check_streamed_quantized,
+        check_streamed_weights,
+    )
     from hfexport.checkpoints import Checkpoint
 
     progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
     check = check_streamed_ir if args.format == "openvino" else check_streamed_weights
     weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
+    if args.format == "onnx" and config.quantizer is not None:
+        # The quantized initializers, recomputed from the checkpoint; the weights left in float, as above.
+        quantized = check_streamed_quantized(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
+        weights = StreamedWeights(
+            weights.checked + quantized.checked, weights.mismatched + quantized.mismatched, quantized.recorded
+        )
     layers = args.check_layers or 2
     progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
     rtol = args.rtol if args.rtol is not None else _default_rtol(config)
@@ -234,6 +246,8 @@ def _validate_low_memory(
     else:
         equal = len(weights.checked) - len(weights.mismatched)
         print(f"streamed weights: {equal} equal their checkpoint tensors, {len(weights.mismatched)} differ")
+        if config.quantizer is not None:
+            print("  (quantized weights: recomputed from the checkpoint with the quantizer's arithmetic)")
     print(f"reduced depth ({layers} layer(s)): {reduced.validation}")
     if not ok:
         print("validation failed: the low-memory checks found a difference", file=sys.stderr)

@@ -325,6 +325,8 @@ def config_json(value: str | None) -> dict[str, Any]:
 
 
 QUANTIZE_RECIPES = ("ort-dynamic", "ort-static", "pt2e-x86", "nncf-int8", "nncf-int4")
+# The recipes a low-memory export applies while streaming (NNCF's data-free weight compression, ONNX and OpenVINO).
+LOW_MEMORY_RECIPES = ("nncf-int4",)
 
 
 def _quantizer(recipe: str, export_format: str) -> Any:

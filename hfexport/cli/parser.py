@@ -13,7 +13,14 @@ from hfexport.cli.audit import cmd_audit
 from hfexport.cli.check import cmd_check
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
 from hfexport.cli.export import check_file_target, check_writable, cmd_export
-from hfexport.cli.models import DTYPES, QUANTIZE_RECIPES, TASK_CHOICES, check_model_spec, config_json
+from hfexport.cli.models import (
+    DTYPES,
+    LOW_MEMORY_RECIPES,
+    QUANTIZE_RECIPES,
+    TASK_CHOICES,
+    check_model_spec,
+    config_json,
+)
 from hfexport.cli.noise import quiet_third_party
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
 from hfexport.cli.scan import cmd_scan
@@ -252,8 +259,14 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 f"--low-memory: --format onnx or openvino (not {args.format}): torch.export.save writes a .pt2 with "
                 "its weights, which the capture on fake weights does not have"
             )
-        if args.generation or args.quantize:
-            raise UsageError("--low-memory exports one graph without quantization: drop --generation/--quantize")
+        if args.generation:
+            raise UsageError("--low-memory exports one graph: drop --generation")
+        if args.quantize and args.quantize not in LOW_MEMORY_RECIPES:
+            raise UsageError(
+                f"--low-memory --quantize {args.quantize}: only {', '.join(LOW_MEMORY_RECIPES)} (data-free weight "
+                "compression, computed weight by weight as the weights stream); ort-* quantizes the whole ONNX "
+                "model in memory, nncf-int8 and pt2e-x86 calibrate activations on the model's real weights"
+            )
     if args.command == "export" and args.check_layers is not None and not (args.low_memory and args.validate):
         raise UsageError("--check-layers sets the reduced depth --low-memory --validate checks: add both or drop it")
     if args.command == "export" and args.generation and args.new_tokens is not None and not args.validate:

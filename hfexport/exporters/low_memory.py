@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from hfexport.checkpoints import Checkpoint, WeightSource
+from hfexport.configs import check_streaming_quantizer
 from hfexport.errors import ConfigError
 
 
@@ -19,8 +20,7 @@ def low_memory_weights(model: torch.nn.Module, config: Any) -> WeightSource:
     from hfexport.frontends.empty_weights import weight_sources
 
     check_devices(model, {}, low_memory=True)
-    if config.quantizer is not None:
-        raise ConfigError("low_memory=True cannot quantize yet: quantizers calibrate and rewrite real weights")
+    check_streaming_quantizer(config)  # set after the config was built (the CLI's --quantize)
     folder = config.checkpoint or getattr(model, "name_or_path", None)
     if not folder or not Path(folder).is_dir():
         raise ConfigError(

@@ -238,9 +238,13 @@ def _has_nan(blob: bytes, element_type: str) -> bool:
 
 
 def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], checkpoint: Checkpoint) -> None:
+    from hfexport.lowerings.quantize_streaming import QuantizedWriter, quantized_weights
+
     tree = ET.parse(draft)
     root = tree.getroot()
     written: dict[bytes, list[tuple[int, int]]] = {}
+    # Consts a weight-only quantizer computed from placeholders: recomputed from the checkpoint.
+    quantized = QuantizedWriter(quantized_weights(root, record, checkpoint), checkpoint)
     with open(draft.with_suffix(".bin"), "rb") as old, open(path.with_suffix(".bin"), "w+b") as new:
         for layer in root.iter("layer"):
             data = layer.find("data")
@@ -249,9 +253,12 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
             name = layer.get("name", "")
             base = name if name in record else name.removesuffix("_compressed")
             element_type, size = data.get("element_type", ""), int(data.get("size", "0"))
-            if base in record:
+            chunks: Any
+            if name in quantized:
+                chunks = quantized.chunks(name)
+            elif base in record:
                 key, dtype = record[base]
-                chunks: Any = streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint)
+                chunks = streamed_chunks(base, key, getattr(torch, dtype), element_type, checkpoint)
             else:
                 old.seek(int(data.get("offset", "0")))
                 blob = old.read(size)

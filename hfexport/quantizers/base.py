@@ -176,6 +176,12 @@ class ExportQuantizer:
         """Whether `quantize` reads calibration data (data-free quantizers override this to False)."""
         return True
 
+    def streaming_refusal(self, export_format: str | ExportFormat) -> str | None:
+        """Why this quantizer cannot quantize a low-memory export, whose weights stream from the checkpoint one at
+        a time when saved (None: it can, docs/low-memory.md). By default it cannot: calibration runs the model on
+        its real weights, and a rewrite of the model reads all of them at once."""
+        return "it calibrates or rewrites the model on its real weights, which a low-memory export never holds"
+
     def check_format(self, export_format: str | ExportFormat) -> None:
         """Raise `ConfigError` when this quantizer cannot quantize for `export_format` (before tracing)."""
         formats = [str(f) for f in self.supported_formats]

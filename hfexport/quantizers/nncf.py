@@ -145,6 +145,37 @@ class NNCFWeightCompressionConfig:
 
 NNCFConfig = NNCFQuantizationConfig | NNCFWeightCompressionConfig
 
+# Weight compression modes whose every output (compressed weight, scale, zero point) NNCF computes from one weight
+# alone, with integer arithmetic the low-memory export repeats per weight (`compress_weight`).
+STREAMING_MODES = ("int8_asym", "int8_sym", "int4_sym", "int4_asym")
+
+
+def _weight_compression_refusal(config: NNCFConfig, calibration_dataset: Any) -> str | None:
+    """Why `config` cannot compress a low-memory export's weights one at a time as they stream (None: it can)."""
+    if not isinstance(config, NNCFWeightCompressionConfig):
+        return (
+            "NNCFQuantizationConfig quantizes activations, calibrated by running the model on data; the low-memory "
+            f"export compresses weights only, data-free: NNCFWeightCompressionConfig(mode={'|'.join(STREAMING_MODES)})"
+        )
+    if _value(config.mode) not in STREAMING_MODES:
+        return f"mode {_value(config.mode)!r}: the low-memory export compresses in {', '.join(STREAMING_MODES)}"
+    data_aware = [name for name in ("awq", "scale_estimation", "gptq", "lora_correction") if getattr(config, name)]
+    if data_aware:
+        return (
+            f"{', '.join(data_aware)} read(s) activations of the whole model on calibration data, and the result of "
+            "each weight depends on them; only data-free compression works weight by weight"
+        )
+    if calibration_dataset is not None:
+        return "a calibration_dataset makes NNCF's int4 compression data-aware; drop it to compress weight by weight"
+    if (config.ratio is not None and config.ratio != 1) or config.sensitivity_metric is not None:
+        return (
+            "a ratio below 1 (or a sensitivity_metric) ranks the weights by their sensitivity, computed from every "
+            "weight of the model, to choose which stay int8: set ratio=None or 1"
+        )
+    if config.advanced_parameters is not None:
+        return "advanced_parameters can change NNCF's arithmetic, which the low-memory export does not repeat"
+    return None
+
 
 class _NNCFQuantizer(ExportQuantizer):
     """Shared by the three NNCF quantizers: the recipe, the calibration and the call into NNCF."""
@@ -265,12 +296,33 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
                 "opsets. Weight compression (NNCFWeightCompressionConfig) works at any opset"
             )
 
+    def streaming_refusal(self, export_format: str | ExportFormat) -> str | None:
+        # Runs on the model with placeholder weights (external data of zeros): the graph is NNCF's, the values are
+        # computed per weight from the checkpoint when saved (hfexport/lowerings/quantize_streaming.py).
+        return _weight_compression_refusal(self.config, self.calibration_dataset)
+
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
         import onnx_ir as ir
 
+        from hfexport.lowerings.onnx import STREAMED_KEY
+
+        if STREAMED_KEY in model.metadata_props:  # a low-memory export: its weights are lazy, never all read
+            from hfexport.lowerings.quantize_streaming import compress_streamed_onnx
+
+            return compress_streamed_onnx(model, self._compress_external)
         names = [value.name for value in model.graph.inputs]
         proto = ir.to_proto(model)
         return self._run(proto, sample_inputs, lambda sample: onnx_feed(names, traced_inputs(sample)))
+
+    def _compress_external(self, proto: Any, external_data_dir: str) -> Any:
+        """Data-free weight compression of `proto`, whose weights are external data in `external_data_dir`."""
+        import nncf
+        from nncf.onnx.quantization.backend_parameters import BackendParameters
+
+        kwargs = self.config.nncf_kwargs()  # streaming_refusal: weight compression, no advanced_parameters
+        params = {BackendParameters.EXTERNAL_DATA_DIR: external_data_dir}
+        kwargs["advanced_parameters"] = nncf.AdvancedCompressionParameters(backend_params=params)
+        return nncf.compress_weights(proto, **kwargs)
 
 
 class NNCFOpenVINOQuantizer(_NNCFQuantizer):
@@ -278,6 +330,11 @@ class NNCFOpenVINOQuantizer(_NNCFQuantizer):
 
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.OPENVINO,)
     required_packages: ClassVar[tuple[str, ...]] = ("nncf", "openvino")
+
+    def streaming_refusal(self, export_format: str | ExportFormat) -> str | None:
+        # Runs on the model built on placeholders: the graph is NNCF's, the values are recomputed per weight from
+        # the checkpoint when saved (hfexport/lowerings/quantize_streaming.py).
+        return _weight_compression_refusal(self.config, self.calibration_dataset)
 
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
         return self._run(model, sample_inputs, lambda sample: openvino_feed(traced_inputs(sample), model))

@@ -17,6 +17,7 @@ a full-precision export gains nothing from it; a weight-compressing quantizer tu
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -47,6 +48,16 @@ def _unique_name(value: Any) -> str:
     return name
 
 
+# `Value.meta` key of a transposed copy made of a lazy (streamed) weight: the weight's initializer name.
+TRANSPOSED_FROM = "hfexport.transposed_from"
+
+
+def _transposed(source: Any, name: str) -> Any:
+    import onnx_ir as ir
+
+    return ir.tensor(source.numpy().T.copy(), name=name)
+
+
 def _rule() -> Any:
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
@@ -66,8 +77,16 @@ def _rule() -> Any:
 
         def rewrite(self, op: Any, weight: Any, transposed: Any, **_: Any) -> Any:
             name = _unique_name(weight)
-            array = weight.const_value.numpy().T.copy()
-            return op.initializer(ir.tensor(array, name=name), name=name)
+            source = weight.const_value
+            if isinstance(source, ir.LazyTensor):
+                # A low-memory export's streamed weight (read from the checkpoint when written): the copy is
+                # transposed when written too, so the weight is never held; `TRANSPOSED_FROM` says of which.
+                shape = ir.Shape(list(reversed(source.shape.dims)))
+                read = functools.partial(_transposed, source, name)
+                value = op.initializer(ir.LazyTensor(read, dtype=source.dtype, shape=shape, name=name), name=name)
+                value.meta[TRANSPOSED_FROM] = weight.name
+                return value
+            return op.initializer(_transposed(source, name), name=name)
 
     return FoldSharedWeightTranspose.rule()
 
