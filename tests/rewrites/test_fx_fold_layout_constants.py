@@ -34,3 +34,32 @@ def test_the_folded_example_matches_eager_in_onnx_runtime() -> None:
         expected = module(**inputs)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
     assert len(session.get_inputs()) == 1  # the layout is no input: it is folded into the graph
+
+
+class _ReturnsItsLayout(torch.nn.Module):
+    """Returns a value computed from the baked layout alone, beside one that reads an input."""
+
+    def forward(self, x: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        frames = grid_thw[:, 1] * grid_thw[:, 2]
+        return x * frames.sum(), frames
+
+
+def test_a_folded_value_the_program_returns_saves_and_loads(tmp_path) -> None:
+    # Found on gemma2/exaone4 sequence classifiers: the output spec still named the replaced node, and
+    # torch.export.save refused the program ("User output _folded_layout_0 is not in the correct order").
+    from hfexport import load, save
+    from hfexport.generation_spec import LayoutSpecialised
+
+    module = LayoutSpecialised(_ReturnsItsLayout().eval(), {"grid_thw": ([[1, 2, 3], [2, 3, 1]], torch.int64)})
+    inputs = {"x": torch.randn(2, 3)}
+    config = AutoExportConfig.from_dict({"export_format": "dynamo"})
+    exporter = AutoHfExporter.from_config(config)
+    program = exporter.export(module, inputs, config)
+    assert rule.meta.id in exporter.report.fired
+    save(program, tmp_path, config=config)
+    got = list(load(tmp_path, trust=True).run(inputs).values())
+    with torch.no_grad():
+        expected = module(**inputs)
+    assert len(got) == 2
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(torch.as_tensor(g), e)

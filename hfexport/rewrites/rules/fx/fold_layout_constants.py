@@ -107,8 +107,15 @@ def fold_layout_constants(program: torch.export.ExportedProgram) -> int:
                 position, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(name=name), target=name)
             )
             node.replace_all_uses_with(replacement, delete_user_cb=lambda user: user not in done)
+            # A folded value the program returns: its output spec names the node it replaced, and the verifier
+            # (torch.export.save) refuses the program unless the spec follows ("User output ... is not in the
+            # correct order"; gemma2/exaone4 sequence classifiers, whose sliding-window caches are outputs).
+            for out_spec in signature.output_specs:
+                if isinstance(out_spec.arg, TensorArgument) and out_spec.arg.name == node.name:
+                    out_spec.arg = TensorArgument(name=replacement.name)
         else:
-            for user in [u for u in node.users if u not in done]:
+            # A Python number cannot be a graph output: a returned scalar keeps its node (and its inputs).
+            for user in [u for u in node.users if u not in done and u.op != "output"]:
                 user.args = fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
                 user.kwargs = fx.node.map_arg(user.kwargs, lambda n, node=node, value=value: value if n is node else n)
     for node in reversed(list(graph.nodes)):
