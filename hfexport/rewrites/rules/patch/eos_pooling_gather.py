@@ -177,11 +177,17 @@ def _split_decorators(source: str) -> tuple[str, list[str]]:
 
 @functools.cache
 def _rewritten(function: types.FunctionType) -> types.FunctionType | None:
-    """The class's `forward` (the decorated function of the class body) recompiled with the pooling rewritten."""
+    """The class's `forward` (the decorated function of the class body) recompiled with the pooling rewritten.
+
+    Cached per function: the predicate asks it for every module class of every exported model, and the patched
+    forward for every call."""
     raw = inspect.unwrap(function)
     try:
         source = inspect.getsource(raw)
     except (OSError, TypeError):
+        return None
+    # Cheap necessary condition of the pooling pattern (`.view(...)[:, -1, :]`) before parsing with LibCST.
+    if "view" not in source or "[" not in source:
         return None
     rewritten = rewrite_source(source)
     if rewritten is None or raw.__code__.co_freevars:
