@@ -412,6 +412,32 @@ def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(
     assert torch.equal(got, expected)
 
 
+def test_model_that_makes_its_own_cache_in_the_first_forward_generates_like_eager() -> None:
+    # MiniMax (linear + full attention) is handed no cache by generate and builds its own in the first forward:
+    # the prefill graph has no cache input, the decode graph takes the cache the prefill returned. The Dynamo
+    # driver asked the prefill sample for a cache ("KeyError: 'past_key_values'"); ONNX's named feeds did not.
+    from hfexport.testing.corpus import load_entry
+
+    entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/minimax.json")
+    model = entry.build_model()
+    config = AutoExportConfig.from_dict({"export_format": "dynamo", "dynamic": True})
+    components = AutoHfExporter.from_config(config).export_for_generation(model, entry.sample_inputs(), config)
+    takes_cache = {
+        name: any(i.startswith("past_key_values") for i in components[name].graph_signature.user_inputs)
+        for name in ("prefill", "decode")
+    }
+    assert takes_cache == {"prefill": False, "decode": True}
+    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    assert torch.equal(got, expected)
+
+
 def test_encoder_decoder_generates_like_eager() -> None:
     tiny = get_tiny_model("tiny-t5")
     model = tiny.build()

@@ -28,7 +28,9 @@ class DynamoDriver(Driver):
 
         key = self.spec.cache_key
         self.cache = None
-        if key is None:
+        # A model that makes its own cache in the first forward (MiniMax: generate hands it none) has a prefill
+        # without a cache input; the cache is what that graph returns.
+        if key is None or key not in self.samples[first]:
             return
         sample = self.samples[first][key]
         leaves, skeleton = flatten_cache(sample)
@@ -42,7 +44,7 @@ class DynamoDriver(Driver):
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         kwargs = self._kwargs(name, step)
-        if self.spec.cache_key is not None:
+        if self.spec.cache_key is not None and self.spec.cache_key in self.samples[name]:
             kwargs[self.spec.cache_key] = self.cache
         with torch.no_grad():
             out = self.modules[name](**kwargs)
