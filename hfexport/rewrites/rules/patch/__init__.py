@@ -26,6 +26,7 @@ RULES: list[Rule] = load_rules(
         "patch/sliding-window-mask-sizes-symbolic",
         "patch/sdpa-causal-skip-traced",
         "patch/eos-pooling-gather",
+        "patch/reformer-axial-positions-gather",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
