@@ -11,6 +11,7 @@ RULES: list[Rule] = load_rules(
         "patch/mamba-selective-scan-hop",
         "patch/mamba2-chunk-scan-symbolic",
         "patch/gated-delta-chunk-scan-hop",
+        "patch/kimi-delta-chunk-scan-hop",
         "patch/cpmant-mask-arange",
         "patch/mamba-selective-scan-onnx",
         "patch/fake-constant-layouts",
