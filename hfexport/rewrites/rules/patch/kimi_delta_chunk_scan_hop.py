@@ -128,6 +128,9 @@ def _kda_layer_kwargs() -> dict[str, Any]:
         "linear_conv_kernel_dim": 4,
         "layer_types": ["linear_attention"],
         "mlp_layer_types": ["dense"],
+        "pad_token_id": 63,
+        "eos_token_id": 62,
+        "bos_token_id": 61,
     }
 
 
