@@ -432,7 +432,7 @@ CAUSES: tuple[Cause, ...] = (
         "kimi-delta-chunk-loop",
         "loop-over-shape",
         "chunk_kimi_delta_attention",
-        ("patch/kimi-delta-chunk-scan-hop",),
+        ("patch/kimi-delta-chunk-scan-hop", "patch/kimi-delta-chunk-scan-onnx"),
         "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is baked in",
     ),
     Cause(

@@ -14,6 +14,7 @@ RULES: list[Rule] = load_rules(
         "patch/kimi-delta-chunk-scan-hop",
         "patch/cpmant-mask-arange",
         "patch/mamba-selective-scan-onnx",
+        "patch/kimi-delta-chunk-scan-onnx",
         "patch/fake-constant-layouts",
         "patch/mrope-index-tensor",
         "patch/longt5-pad-blocks",

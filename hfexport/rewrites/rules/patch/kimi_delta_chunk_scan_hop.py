@@ -29,7 +29,7 @@ from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.patch._delta_rule import unit_lower_inverse
 
 # The modules that define `chunk_kimi_delta_attention` (grep over transformers/models, transformers==5.24.0).
-_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
+FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -37,8 +37,19 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def scan_chunk_kimi_delta_attention(
-    original: Any,
+def _detached(value: torch.Tensor) -> torch.Tensor:
+    # For ONNX: torch.onnx's type-promotion pass re-runs the program on fake tensors with grad enabled, and a scan
+    # whose inputs require grad takes its autograd path, whose fake kernel fails ('SymInt' object has no attribute
+    # 'unsqueeze'); see patch/mamba-selective-scan-onnx. A detached view still windows its base's storage, whose
+    # size the scan's nested trace cannot fakify, so views are copied. Neither changes a value.
+    return value.detach().clone() if value._is_view() else value.detach()
+
+
+def scan_chunk_kimi_delta_attention(original: Any, *args: Any, **kwargs: Any) -> Any:
+    return chunk_scan(*args, detach_scan_inputs=False, **kwargs)
+
+
+def chunk_scan(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -48,8 +59,12 @@ def scan_chunk_kimi_delta_attention(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    detach_scan_inputs: bool,
     **kwargs: Any,
 ) -> Any:
+    """upstream's `chunk_kimi_delta_attention`, scanned; `detach_scan_inputs` cuts the scan's inputs from autograd
+    (for torch.onnx, see patch/kimi-delta-chunk-scan-onnx), which changes no value."""
     batch_size, sequence_length, num_heads, k_head_dim = key.shape
     # A static length traces fine as it is (the unrolled loops are exact for that length); the rewrite is for a
     # symbolic one, where it must not cost an extra chunk for nothing.
@@ -104,8 +119,10 @@ def scan_chunk_kimi_delta_attention(
         out = attn_inter + intra @ v_new
         return state * c_decay + k.transpose(-1, -2) @ v_new, out
 
-    per_chunk = (new_values, k_cumdecay, query, intra_chunk_attn, chunk_decay, key)
-    state, outputs = scan(step, state, tuple(x.movedim(2, 0) for x in per_chunk))
+    per_chunk = tuple(x.movedim(2, 0) for x in (new_values, k_cumdecay, query, intra_chunk_attn, chunk_decay, key))
+    if detach_scan_inputs:
+        state, per_chunk = _detached(state), tuple(_detached(x) for x in per_chunk)
+    state, outputs = scan(step, state, per_chunk)
     core_attn_out = outputs.movedim(0, 2).reshape(batch_size, num_heads, num_chunks * chunk_size, v_head_dim)
     # pad_size >= 1, so this slice never spans the whole padded length (no "multiple of chunk_size" guard).
     core_attn_out = core_attn_out[:, :, :sequence_length].transpose(1, 2)
@@ -134,15 +151,15 @@ def _kda_layer_kwargs() -> dict[str, Any]:
     }
 
 
-def _bailing_hybrid(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+def bailing_hybrid_example(tokens: int, layer_type: str = "linear_attention") -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import BailingHybridConfig, BailingHybridModel
 
     torch.manual_seed(0)
-    config = BailingHybridConfig(**_kda_layer_kwargs())
+    config = BailingHybridConfig(**{**_kda_layer_kwargs(), "layer_types": [layer_type]})
     return BailingHybridModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
-def _kimi_linear(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+def kimi_linear_example(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import KimiLinearConfig, KimiLinearModel
 
     torch.manual_seed(0)
@@ -160,25 +177,25 @@ kimi_delta_chunk_scan_hop = ModuleFunctionPatch(
         "copies in bailing_hybrid, glm5_next); torch 0/1 specialisation of derived sizes "
         "(cf. https://github.com/pytorch/pytorch/issues/151582)",
         backends=("dynamo",),
-        models=_FAMILIES,
+        models=FAMILIES,
         examples=(
             Match(
-                lambda: _bailing_hybrid(8),
+                lambda: bailing_hybrid_example(8),
                 "bailing_hybrid from 8 tokens (one chunk), then 73 tokens and another batch",
                 other_inputs=lambda: token_inputs(3, 73),
             ),
             Match(
-                lambda: _kimi_linear(8),
+                lambda: kimi_linear_example(8),
                 "kimi_linear from 8 tokens, then exactly two chunks plus ten (138 tokens)",
                 other_inputs=lambda: token_inputs(1, 138),
             ),
             NoMatch(
-                lambda: _bailing_hybrid(8),
+                lambda: bailing_hybrid_example(8),
                 "bailing_hybrid exported for 8 tokens only (static)",
                 reason="the replacement declines a concrete sequence length: the original's unrolled loops are exact",
             ),
         ),
     ),
-    target=tuple(f"transformers.models.{f}.modeling_{f}.chunk_kimi_delta_attention" for f in _FAMILIES),
+    target=tuple(f"transformers.models.{f}.modeling_{f}.chunk_kimi_delta_attention" for f in FAMILIES),
     replacement=scan_chunk_kimi_delta_attention,
 )
