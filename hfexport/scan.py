@@ -429,6 +429,13 @@ CAUSES: tuple[Cause, ...] = (
         "a Python loop over the chunks of linear attention: the chunk count is baked in",
     ),
     Cause(
+        "kimi-delta-chunk-loop",
+        "loop-over-shape",
+        "chunk_kimi_delta_attention",
+        ("patch/kimi-delta-chunk-scan-hop", "patch/kimi-delta-chunk-scan-onnx"),
+        "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is baked in",
+    ),
+    Cause(
         "mamba2-chunk-padding",
         "size-modulo",
         "mamba2_chunk_scan",

@@ -31,6 +31,7 @@ from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._delta_rule import unit_lower_inverse
 
 _FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini", "qwen4_exp")
 
@@ -38,24 +39,6 @@ _FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini",
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # The same formula as the modules' `l2norm` (FLA's convention), so numerics do not move.
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def _unit_lower_inverse(ut_system: torch.Tensor) -> torch.Tensor:
-    """(I + strict_lower(ut_system))^-1 without a triangular solver and without a loop over rows.
-
-    Upstream's export path builds this inverse by forward substitution with in-place row writes (63 unrolled
-    steps whose broadcast checks pin the chunk count). With N = -strict_lower, N is nilpotent (N^C = 0), so
-    (I - N)^-1 = I + N + ... + N^(C-1) = (I + N)(I + N^2)(I + N^4)...: about log2(C) squarings.
-    """
-    size = ut_system.shape[-1]
-    nilpotent = -ut_system.tril(-1)
-    inverse = torch.eye(size, dtype=ut_system.dtype, device=ut_system.device) + nilpotent
-    power, covered = nilpotent, 2  # `inverse` holds the powers 0 .. covered-1
-    while covered < size:
-        power = power @ power  # N^covered
-        inverse = inverse + inverse @ power
-        covered *= 2
-    return inverse
 
 
 def scan_chunk_gated_delta_rule(
@@ -110,7 +93,7 @@ def scan_chunk_gated_delta_rule(
     ut_system = (k_beta @ key.transpose(-1, -2)) * pairwise_decay
     intra_chunk_attn = (query @ key.transpose(-1, -2)) * pairwise_decay
     decayed_k_beta = k_beta * cum_decay.exp().unsqueeze(-1)
-    ut_inverse = _unit_lower_inverse(ut_system)
+    ut_inverse = unit_lower_inverse(ut_system)
     new_values, k_cumdecay = ut_inverse @ v_beta, ut_inverse @ decayed_k_beta
 
     if initial_state is None:
