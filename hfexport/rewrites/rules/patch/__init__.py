@@ -15,6 +15,7 @@ RULES: list[Rule] = load_rules(
         "patch/cpmant-mask-arange",
         "patch/mamba-selective-scan-onnx",
         "patch/kimi-delta-chunk-scan-onnx",
+        "patch/gated-delta-chunk-scan-onnx",
         "patch/fake-constant-layouts",
         "patch/mrope-index-tensor",
         "patch/longt5-pad-blocks",

@@ -25,3 +25,14 @@ def unit_lower_inverse(ut_system: torch.Tensor) -> torch.Tensor:
         inverse = inverse + inverse @ power
         covered *= 2
     return inverse
+
+
+def detached_scan_input(value: torch.Tensor) -> torch.Tensor:
+    """A scan input cut from autograd, for torch.onnx (the `*-onnx` variants of the chunk-scan rules).
+
+    torch.onnx's type-promotion pass re-runs the program on fake tensors with grad enabled, and a scan whose inputs
+    require grad takes its autograd path, whose fake kernel fails ('SymInt' object has no attribute 'unsqueeze');
+    see patch/mamba-selective-scan-onnx. A detached view still windows its base's storage, whose size the scan's
+    nested trace cannot fakify, so views are copied. Neither changes a value.
+    """
+    return value.detach().clone() if value._is_view() else value.detach()

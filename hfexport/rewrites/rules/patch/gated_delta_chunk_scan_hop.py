@@ -31,9 +31,9 @@ from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._delta_rule import unit_lower_inverse
+from hfexport.rewrites.rules.patch._delta_rule import detached_scan_input, unit_lower_inverse
 
-_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini", "qwen4_exp")
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini", "qwen4_exp")
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -52,8 +52,12 @@ def scan_chunk_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    detach_scan_inputs: bool = False,
     **kwargs: Any,
 ) -> Any:
+    """Upstream's `torch_chunk_gated_delta_rule`, scanned; `detach_scan_inputs` cuts the scan's inputs from autograd
+    (for torch.onnx, see patch/gated-delta-chunk-scan-onnx), which changes no value."""
     batch_size, sequence_length, num_k_heads, k_head_dim = key.shape
     # A static length traces fine as it is (the unrolled loop is exact for that length); the rewrite is for a
     # symbolic one, where it must not cost an extra chunk for nothing.
@@ -113,8 +117,10 @@ def scan_chunk_gated_delta_rule(
         out = q @ state + intra @ v_new
         return state * c_decay + k.transpose(-1, -2) @ v_new, out
 
-    per_chunk = (new_values, k_cumdecay, query, intra_chunk_attn, chunk_decay, key)
-    state, outputs = scan(step, state, tuple(x.movedim(2, 0) for x in per_chunk))
+    per_chunk = tuple(x.movedim(2, 0) for x in (new_values, k_cumdecay, query, intra_chunk_attn, chunk_decay, key))
+    if detach_scan_inputs:
+        state, per_chunk = detached_scan_input(state), tuple(detached_scan_input(x) for x in per_chunk)
+    state, outputs = scan(step, state, per_chunk)
     core_attn_out = outputs.movedim(0, 2).reshape(batch_size, num_v_heads, num_chunks * chunk_size, v_head_dim)
     # pad_size >= 1, so this slice never spans the whole padded length and torch's contiguity question
     # has the same answer for every length (no guard that pins "multiple of chunk_size").
@@ -142,7 +148,7 @@ def _linear_attention_layer_kwargs() -> dict[str, Any]:
     }
 
 
-def _qwen3_next(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+def qwen3_next_example(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import Qwen3NextConfig, Qwen3NextModel
 
     torch.manual_seed(0)
@@ -167,10 +173,10 @@ gated_delta_chunk_scan_hop = ModuleFunctionPatch(
         upstream="transformers==5.24.0 models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule (and its "
         "copies); torch 0/1 specialisation of derived sizes (cf. https://github.com/pytorch/pytorch/issues/151582)",
         backends=("dynamo",),
-        models=_FAMILIES,
+        models=FAMILIES,
         examples=(
             Match(
-                lambda: _qwen3_next(8),
+                lambda: qwen3_next_example(8),
                 "qwen3_next from 8 tokens (one chunk), then 2*64+3 tokens and another batch",
                 other_inputs=lambda: token_inputs(3, 2 * 64 + 3),
             ),
@@ -180,12 +186,12 @@ gated_delta_chunk_scan_hop = ModuleFunctionPatch(
                 other_inputs=lambda: token_inputs(2, 128),
             ),
             NoMatch(
-                lambda: _qwen3_next(8),
+                lambda: qwen3_next_example(8),
                 "qwen3_next exported for 8 tokens only (static)",
                 reason="the replacement declines a concrete sequence length: the original's unrolled loop is exact",
             ),
         ),
     ),
-    target=tuple(f"transformers.models.{f}.modeling_{f}.torch_chunk_gated_delta_rule" for f in _FAMILIES),
+    target=tuple(f"transformers.models.{f}.modeling_{f}.torch_chunk_gated_delta_rule" for f in FAMILIES),
     replacement=scan_chunk_gated_delta_rule,
 )

@@ -26,7 +26,7 @@ from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._delta_rule import unit_lower_inverse
+from hfexport.rewrites.rules.patch._delta_rule import detached_scan_input, unit_lower_inverse
 
 # The modules that define `chunk_kimi_delta_attention` (grep over transformers/models, transformers==5.24.0).
 FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
@@ -35,14 +35,6 @@ FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # The KDA modules' `l2norm`: divide by the square root (not Qwen's multiply by rsqrt), so numerics do not move.
     return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def _detached(value: torch.Tensor) -> torch.Tensor:
-    # For ONNX: torch.onnx's type-promotion pass re-runs the program on fake tensors with grad enabled, and a scan
-    # whose inputs require grad takes its autograd path, whose fake kernel fails ('SymInt' object has no attribute
-    # 'unsqueeze'); see patch/mamba-selective-scan-onnx. A detached view still windows its base's storage, whose
-    # size the scan's nested trace cannot fakify, so views are copied. Neither changes a value.
-    return value.detach().clone() if value._is_view() else value.detach()
 
 
 def scan_chunk_kimi_delta_attention(original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -121,7 +113,7 @@ def chunk_scan(
 
     per_chunk = tuple(x.movedim(2, 0) for x in (new_values, k_cumdecay, query, intra_chunk_attn, chunk_decay, key))
     if detach_scan_inputs:
-        state, per_chunk = _detached(state), tuple(_detached(x) for x in per_chunk)
+        state, per_chunk = detached_scan_input(state), tuple(detached_scan_input(x) for x in per_chunk)
     state, outputs = scan(step, state, per_chunk)
     core_attn_out = outputs.movedim(0, 2).reshape(batch_size, num_heads, num_chunks * chunk_size, v_head_dim)
     # pad_size >= 1, so this slice never spans the whole padded length (no "multiple of chunk_size" guard).
