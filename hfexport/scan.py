@@ -301,6 +301,11 @@ class _Finder(cst.CSTVisitor):
         if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):
             self.report("loop-over-shape", node.iter, "for")
 
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        # A comprehension unrolls the same way (`cat([... for i in range(batch_size)])`, Reformer's axial positions).
+        if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):
+            self.report("loop-over-shape", node.iter, "comprehension")
+
     def visit_Assign(self, node: cst.Assign) -> None:
         scope = self._function()
         if scope is None:
@@ -387,7 +392,8 @@ def scan_source(
 
 @dataclass(frozen=True)
 class Cause:
-    """A pattern a registered rule fixes: sites of `kind` whose scope's last name matches `function` (a regex).
+    """A pattern a registered rule fixes: sites of `kind` whose scope's last name matches `function` (a regex;
+    one with a dot, `Class\\.method`, matches the whole scope: a method name alone such as `forward` says nothing).
 
     `rules` fix it where they target the site's module/class/function; tests/test_scan.py asserts that every
     such site of the installed transformers is targeted by one of them or is a documented known gap, so a copy
@@ -403,7 +409,9 @@ class Cause:
     def covers(self, site: Site) -> bool:
         import re
 
-        return site.kind == self.kind and re.fullmatch(self.function, site.scope.rsplit(".", 1)[-1]) is not None
+        # A pattern with an escaped dot (`Class\.method`) matches the whole scope, not its last name.
+        name = site.scope if "\\." in self.function else site.scope.rsplit(".", 1)[-1]
+        return site.kind == self.kind and re.fullmatch(self.function, name) is not None
 
 
 CAUSES: tuple[Cause, ...] = (
@@ -425,7 +433,7 @@ CAUSES: tuple[Cause, ...] = (
         "gated-delta-chunk-loop",
         "loop-over-shape",
         "torch_chunk_gated_delta_rule",
-        ("patch/gated-delta-chunk-scan-hop",),
+        ("patch/gated-delta-chunk-scan-hop", "patch/gated-delta-chunk-scan-onnx"),
         "a Python loop over the chunks of linear attention: the chunk count is baked in",
     ),
     Cause(
@@ -434,6 +442,13 @@ CAUSES: tuple[Cause, ...] = (
         "chunk_kimi_delta_attention",
         ("patch/kimi-delta-chunk-scan-hop", "patch/kimi-delta-chunk-scan-onnx"),
         "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is baked in",
+    ),
+    Cause(
+        "axial-positions-batch-loop",
+        "loop-over-shape",
+        r"AxialPositionEmbeddings\.forward",
+        ("patch/reformer-axial-positions-gather",),
+        "a Python loop over the batch selects each row's axial position encodings: the batch is baked in",
     ),
     Cause(
         "mamba2-chunk-padding",

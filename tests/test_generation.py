@@ -533,20 +533,9 @@ WINDOW = 5
 
 
 def _sliding_mistral() -> torch.nn.Module:
-    import transformers
+    from hfexport.rewrites.example_models import sliding_mistral
 
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=WINDOW,
-        max_position_embeddings=256,
-    )
-    return transformers.MistralForCausalLM(config).eval()
+    return sliding_mistral(WINDOW)
 
 
 def test_sliding_window_counter_is_a_leaf_with_one_context_before_at_and_past_the_window() -> None:

@@ -37,3 +37,23 @@ def dense_decoder() -> Built:
         num_attention_heads=2,
         num_key_value_heads=2,
     )
+
+
+def sliding_mistral(window: int, attention: str = "sdpa") -> torch.nn.Module:
+    """A two-layer Mistral causal LM (fixed seed) whose every layer attends through a `window`-token sliding window:
+    the sliding-window cache rules' examples and tests."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=window,
+        max_position_embeddings=256,
+        attn_implementation=attention,
+    )
+    return transformers.MistralForCausalLM(config).eval()

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from hfexport.rewrites.example_models import sliding_mistral
 from hfexport.rewrites.examples import Built, Match
 
 
@@ -81,21 +82,7 @@ class _PrefixThenStep(torch.nn.Module):
 
 
 def _mistral(attention: str = "sdpa") -> torch.nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=_WINDOW,
-        max_position_embeddings=256,
-        attn_implementation=attention,
-    )
-    return _PrefixThenStep(transformers.MistralForCausalLM(config).eval()).eval()
+    return _PrefixThenStep(sliding_mistral(_WINDOW, attention)).eval()
 
 
 def _inputs(prefix: int, step: int, batch: int = 2, padding: int = 2) -> dict[str, Any]:

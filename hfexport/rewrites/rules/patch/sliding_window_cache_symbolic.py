@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hfexport.rewrites.example_models import sliding_mistral
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
@@ -78,20 +79,7 @@ class _WithCache(torch.nn.Module):
 
 def _mistral(tokens: int, padded: bool = False) -> Built:
     """A two-layer Mistral with an 8-token window and its cache as outputs; `padded` left-pads the second row."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=_WINDOW,
-        max_position_embeddings=256,
-    )
-    model = transformers.MistralForCausalLM(config).eval()
+    model = sliding_mistral(_WINDOW)
     return _WithCache(model).eval(), _inputs(tokens, padded=padded)
 
 
