@@ -11,6 +11,7 @@ import gc
 import json
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -390,18 +391,18 @@ def test_state_space_model_generates_like_eager() -> None:
     assert torch.equal(generate(components, ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
-def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(backend: str) -> None:
-    # A BERT-style decoder built with is_decoder=False (bert-generation as a causal LM) writes each step into the
-    # cache it is handed but returns none; generate reads it in place. The graphs must return it.
+def _corpus_generation(name: str, backend: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A generated-corpus causal LM and its generation components (`dynamic=True`)."""
     from hfexport.testing.corpus import load_entry
 
-    entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/bert-generation.json")
+    entry = load_entry(Path(__file__).parent / f"fixtures/corpus_all/causal_lm/{name}.json")
     model = entry.build_model()
-    assert not model.config.is_decoder
     config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
-    components = AutoHfExporter.from_config(config).export_for_generation(model, entry.sample_inputs(), config)
-    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(3))
+    return model, AutoHfExporter.from_config(config).export_for_generation(model, entry.sample_inputs(), config)
+
+
+def _assert_left_padded_generation_like_eager(model: torch.nn.Module, components: Any, seed: int) -> None:
+    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     with torch.no_grad():
@@ -410,32 +411,28 @@ def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(
         )
     got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(backend: str) -> None:
+    # A BERT-style decoder built with is_decoder=False (bert-generation as a causal LM) writes each step into the
+    # cache it is handed but returns none; generate reads it in place. The graphs must return it.
+    model, components = _corpus_generation("bert-generation", backend)
+    assert not model.config.is_decoder
+    _assert_left_padded_generation_like_eager(model, components, seed=3)
 
 
 def test_model_that_makes_its_own_cache_in_the_first_forward_generates_like_eager() -> None:
     # MiniMax (linear + full attention) is handed no cache by generate and builds its own in the first forward:
     # the prefill graph has no cache input, the decode graph takes the cache the prefill returned. The Dynamo
     # driver asked the prefill sample for a cache ("KeyError: 'past_key_values'"); ONNX's named feeds did not.
-    from hfexport.testing.corpus import load_entry
-
-    entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/minimax.json")
-    model = entry.build_model()
-    config = AutoExportConfig.from_dict({"export_format": "dynamo", "dynamic": True})
-    components = AutoHfExporter.from_config(config).export_for_generation(model, entry.sample_inputs(), config)
+    model, components = _corpus_generation("minimax", "dynamo")
     takes_cache = {
         name: any(i.startswith("past_key_values") for i in components[name].graph_signature.user_inputs)
         for name in ("prefill", "decode")
     }
     assert takes_cache == {"prefill": False, "decode": True}
-    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    with torch.no_grad():
-        expected = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
-        )
-    got = generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
-    assert torch.equal(got, expected)
+    _assert_left_padded_generation_like_eager(model, components, seed=5)
 
 
 def test_encoder_decoder_generates_like_eager() -> None:
