@@ -14,7 +14,9 @@ writes every constant of the model. The low-memory export keeps both and never h
    it holds; the marks are set back to zero. Until saved with `save_ir`, the `openvino.Model` holds
    placeholders, not weights.
 3. `save_ir`: `openvino.save_model` into a temporary folder first. The placeholders are zeros, and OpenVINO's
-   writer stores identical blobs once, so that `.bin` holds about one placeholder per weight shape. The final
+   writer stores identical blobs once, so that `.bin` holds about one placeholder per weight shape. With
+   `compress_to_fp16`, the f32 placeholders are handed over as f16 zero Consts behind decompression Converts,
+   the graph OpenVINO's own compression makes, so that its writer does not convert them one by one. The final
    `.bin` is then written constant by constant in the `.xml`'s order: a streamed constant from its checkpoint
    tensor (cast to the graph's dtype, compressed to f16 as OpenVINO does), every other one copied from the
    temporary `.bin`; identical blobs once, as OpenVINO's writer does. The `.xml` gets the new offsets. A
@@ -190,10 +192,61 @@ def save_ir(model: Any, path: str | Path, compress_to_fp16: bool = True) -> None
         ov.save_model(model, str(path), compress_to_fp16=compress_to_fp16)
         return
     record = json.loads(_rt_info(model, RECORD_KEY) or "{}")
+    zero_maps: list[mmap.mmap] = []
+    if compress_to_fp16:
+        model = _compressed_placeholders(model, record, zero_maps)
     with tempfile.TemporaryDirectory(prefix=".hfexport-ir-", dir=path.parent) as tmp:
         draft = Path(tmp) / "model.xml"
         ov.save_model(model, str(draft), compress_to_fp16=compress_to_fp16)
+        del model, zero_maps  # the clone and its f16 zero maps: the final write needs neither
         _write_streamed(draft, path, record, Checkpoint.open(folder))
+
+
+def _decompression_convert() -> Any:
+    """A `Convert` to f32 carrying OpenVINO's `decompression` mark, made by OpenVINO's own fp16 compression of a
+    one-element model (Python cannot set that runtime attribute on a node it builds)."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+    from openvino._offline_transformations import compress_model_transformation
+
+    source = ops.parameter([1], np.float32)
+    tiny = ov.Model([ops.add(source, ops.constant(np.ones(1, np.float32)))], [source])
+    compress_model_transformation(tiny)
+    return next(op for op in tiny.get_ordered_ops() if op.get_type_name() == "Convert")
+
+
+def _compressed_placeholders(model: Any, record: dict[str, list[str]], zero_maps: list[mmap.mmap]) -> Any:
+    """A clone of `model` in which every streamed f32 placeholder is already what `compress_to_fp16` makes of it:
+    an f16 Const named `<weight>_compressed`, of zeros on an anonymous map, behind a `Convert` marked as
+    decompression and named after the weight. The draft saved from it is the same `.xml` and `.bin` as OpenVINO's
+    own compression gives, but OpenVINO's writer no longer converts each placeholder into an f16 buffer of its
+    own as it writes it: that buffer (the largest weight's size in f16, 57 MB for SmolLM2-135M's embedding) was
+    the low-memory save's peak. The maps are appended to `zero_maps`, which must outlive the save."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    clone = model.clone()
+    for op in _constants(clone):
+        name = op.get_friendly_name()
+        if name not in record or op.get_element_type() != ov.Type.f32:
+            continue
+        shape = [int(size) for size in op.get_output_shape(0)]
+        count = int(np.prod(shape, dtype=np.int64))
+        zero_maps.append(mmap.mmap(-1, max(count, 1) * 2, flags=mmap.MAP_PRIVATE))
+        zeros = np.frombuffer(zero_maps[-1], dtype=np.float16, count=count).reshape(shape)
+        compressed = ops.constant(zeros, shared_memory=True)
+        compressed.set_friendly_name(f"{name}_compressed")
+        compressed.output(0).get_tensor().set_names(op.output(0).get_names())  # as OpenVINO's compression keeps them
+        convert = _decompression_convert()
+        convert.input(0).replace_source_output(compressed.output(0))
+        convert.validate_and_infer_types()
+        convert.set_friendly_name(name)
+        for consumer in list(op.output(0).get_target_inputs()):
+            consumer.replace_source_output(convert.output(0))
+    clone.validate_nodes_and_infer_types()
+    return clone
 
 
 def streamed_chunks(
