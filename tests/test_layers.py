@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
         "hfexport.scan",
         "hfexport.sweep",
         "hfexport.sweep_ray",
+        "hfexport.bench",
         "hfexport.render",
     ),
     ("hfexport.cli", "hfexport.__main__", "hfexport"),

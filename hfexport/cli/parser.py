@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from hfexport.cli.audit import cmd_audit
+from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
 from hfexport.cli.export import check_file_target, check_writable, cmd_export
@@ -207,7 +208,31 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--html", help="write the heatmap as a static HTML table")
     sweep.add_argument("--png", help="write the heatmap as a PNG (needs matplotlib)")
     sweep.set_defaults(func=cmd_sweep)
-    for command in (export, audit, listing, show, scan, check, sweep):
+
+    bench = sub.add_parser(
+        "bench", help="time generation of a causal LM exported to each backend: TTFT, decode tok/s, %% of ceiling"
+    )
+    bench.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
+    bench.add_argument(
+        "--backends",
+        action="append",
+        help="comma-separated: onnx, executorch, openvino, openvino-stateful, dynamo (default: all but "
+        "openvino-stateful)",
+    )
+    bench.add_argument("--precisions", action="append", help="comma-separated: fp32, int8, int4 (default fp32)")
+    bench.add_argument("--prompt", type=int, default=128, help="prompt tokens (batch 1, random ids; default 128)")
+    bench.add_argument("--new", type=int, default=128, help="new tokens generated greedily (default 128)")
+    bench.add_argument("--repeats", type=int, default=3, help="timings are medians of this many runs (default 3)")
+    bench.add_argument("--dtype", choices=DTYPES, help="load the model in this dtype (default: the checkpoint's)")
+    bench.add_argument(
+        "--bandwidth-mb", type=int, default=512, help="fp32 matrix torch.mv streams to measure bandwidth (512)"
+    )
+    bench.add_argument(
+        "--trust-remote-code", action="store_true", help="let transformers run the folder's own modeling code"
+    )
+    bench.add_argument("--json", help="also write the rows and the ceiling as JSON to this file")
+    bench.set_defaults(func=cmd_bench, backends=None, precisions=None)
+    for command in (export, audit, listing, show, scan, check, sweep, bench):
         _debug_option(command)
     return parser
 
@@ -216,6 +241,9 @@ def _check_combinations(args: argparse.Namespace) -> None:
     """Refuse flags that would do nothing in this combination, and a model or output refused later anyway."""
     if args.command in ("export", "audit", "sweep"):
         config_json(args.config)  # a JSON mistake is refused before any import of torch
+    if args.command == "bench":
+        check_model_spec(args.model, "causal-lm")
+        bench_choices(args)
     if args.command in ("export", "audit"):
         check_model_spec(args.model, args.task)
         for flag, value in (("--batch-size", args.batch_size), ("--sequence-length", args.sequence_length)):

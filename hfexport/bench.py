@@ -1,0 +1,320 @@
+"""How fast a model's exported generation runs on this machine (`hfexport bench`, issue #19, goal 7).
+
+For each backend x precision: `export_for_generation` with a static cache (one multi-token decode graph that
+also takes the prompt), then `hfexport.runtime.generate` from a random prompt, against the model's own
+`generate` (dynamic cache) in the same process. A row has the time to the first token (TTFT: a one-token
+generate), decode tokens/s ((new - 1) / (time of `new` tokens - TTFT)), whether the tokens equal eager's, the
+export's seconds and peak memory over the process's before it, and the share of the decode ceiling: this
+machine's matrix-vector bandwidth (fp32 `torch.mv` over a matrix larger than the caches, measured in the same
+run) over the bytes of weights one decode step reads (scaled by 32 / bits for a quantized row; scales and the
+unquantized embedding are not counted). Timings are medians over `repeats`; a loaded machine inflates them, so
+the load is recorded at the start and the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# Weight bits of each precision: a quantized row's ceiling is the fp32 one times 32 / bits.
+PRECISION_BITS = {"fp32": 32, "int8": 8, "int4": 4}
+# Backend names that are a config variant of a format rather than the format's defaults.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True},
+}
+BACKENDS = ("onnx", "executorch", "openvino", "openvino-stateful", "dynamo")
+DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format (`hfexport bench` without --backends)
+
+
+def quantizer_for(backend: str, precision: str) -> Any:
+    """Each backend's weight-only (or dynamic) recipe for `precision`: int8 = dynamic activations with int8
+    weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = NNCF int4 weights,
+    symmetric, groups of 32. None for fp32."""
+    from hfexport.quantizers.nncf import (
+        NNCFOnnxQuantizer,
+        NNCFOpenVINOQuantizer,
+        NNCFTorchFXQuantizer,
+        NNCFWeightCompressionConfig,
+    )
+    from hfexport.quantizers.onnxruntime import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
+    from hfexport.quantizers.pt2e import PT2EQuantizer
+
+    if precision == "fp32":
+        return None
+    if precision not in PRECISION_BITS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISION_BITS)}")
+    fmt = VARIANTS.get(backend, {}).get("export_format", backend)
+    int4 = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32)
+    int8 = NNCFWeightCompressionConfig(mode="int8_sym")
+    if fmt == "onnx":
+        if precision == "int8":
+            return OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
+        return NNCFOnnxQuantizer(int4)
+    if fmt == "openvino":
+        return NNCFOpenVINOQuantizer(int8 if precision == "int8" else int4)
+    if fmt == "executorch" and precision == "int8":
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+
+        xnnpack = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+        return PT2EQuantizer(xnnpack)
+    # Dynamo, and ExecuTorch int4: NNCF weight compression of the FX graph.
+    return NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux `/proc/self/statm`)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Peak resident memory while the block runs, over the process's at its start (polled every 20 ms)."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def megabytes(self) -> float:
+        return (self.peak - self.start) / 1e6
+
+
+def matvec_bandwidth(megabytes: int = 512, repeats: int = 10) -> float:
+    """Bytes per second that `torch.mv` streams from an fp32 matrix of `megabytes` (the kernel decode is bound
+    by), median of `repeats`."""
+    import torch
+
+    cols = 4096
+    rows = max(1, megabytes * 1024 * 1024 // (4 * cols))
+    matrix = torch.randn(rows, cols)
+    vector = torch.randn(cols)
+    torch.mv(matrix, vector)
+    times = [_time(lambda: torch.mv(matrix, vector)) for _ in range(repeats)]
+    return matrix.numel() * 4 / statistics.median(times)
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every parameter once (a tied head shares the embedding's), less
+    the input embedding when the head does not reuse it (a gather reads one row per token)."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if param.data_ptr() not in seen:
+            seen.add(param.data_ptr())
+            total += param.numel() * param.element_size()
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is None or head.weight.data_ptr() != embed.data_ptr():
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def timed(fn: Callable[[int], Any], new: int, repeats: int) -> tuple[float, float]:
+    """(TTFT seconds, decode tokens/s) of `fn(max_new_tokens)`: medians over `repeats`, after one warm-up."""
+    fn(2)  # sessions, allocations, first-call compilation
+    first = statistics.median(_time(lambda: fn(1)) for _ in range(repeats))
+    full = statistics.median(_time(lambda: fn(new)) for _ in range(repeats))
+    return first, (new - 1) / max(full - first, 1e-9)
+
+
+@dataclass
+class BenchRow:
+    """One line of the table: a run (eager, or a backend) at one precision."""
+
+    run: str
+    precision: str
+    ttft_s: float = float("nan")
+    tokens_per_s: float = float("nan")
+    tokens: str = ""
+    export_s: float = float("nan")
+    peak_mb: float = float("nan")
+    note: str = ""
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+COLUMNS = ("run", "precision", "TTFT ms", "decode tok/s", "% of ceiling", "x eager", "tokens", "export s", "peak MB")
+
+
+@dataclass
+class BenchResult:
+    """A benchmark run: its rows (the first is eager fp32, the x eager reference) and what the ceiling is from."""
+
+    rows: list[BenchRow]
+    bandwidth: float  # bytes/s that torch.mv streamed
+    weight_bytes: int  # weights one decode step reads
+    prompt: int
+    new: int
+    load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
+    threads: int = field(default_factory=_torch_threads)
+
+    @property
+    def ceiling(self) -> float:
+        """fp32 decode tokens/s if every step only streamed its weights at the measured bandwidth."""
+        return self.bandwidth / self.weight_bytes
+
+    def table(self) -> str:
+        """The rows as a Markdown table (the note column last)."""
+        eager = self.rows[0].tokens_per_s
+        header = [*COLUMNS, "note"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in self.rows:
+            share = 100 * r.tokens_per_s / (self.ceiling * 32 / PRECISION_BITS[r.precision])
+            cells = (
+                r.run,
+                r.precision,
+                f"{r.ttft_s * 1e3:.0f}",
+                f"{r.tokens_per_s:.1f}",
+                f"{share:.0f}%",
+                f"{r.tokens_per_s / eager:.2f}",
+                r.tokens,
+                f"{r.export_s:.0f}",
+                f"{r.peak_mb:.0f}",
+                r.note,
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line: threads, load, bandwidth, weights per token and the fp32 ceiling."""
+        return (
+            f"torch threads {self.threads}; load {self.load[0]:.1f} -> {self.load[1]:.1f}; matvec bandwidth "
+            f"{self.bandwidth / 1e9:.1f} GB/s; weights read per token {self.weight_bytes / 1e6:.1f} MB; fp32 decode "
+            f"ceiling {self.ceiling:.1f} tok/s; prompt {self.prompt}, {self.new} new tokens"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [dataclasses.asdict(r) for r in self.rows],
+            "bandwidth_bytes_per_s": self.bandwidth,
+            "weight_bytes_per_token": self.weight_bytes,
+            "ceiling_tokens_per_s": self.ceiling,
+            "prompt": self.prompt,
+            "new": self.new,
+            "load": list(self.load),
+            "threads": self.threads,
+        }
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:160].replace("|", "/").replace("\n", " ")
+
+
+def bench_generation(
+    model: Any,
+    *,
+    backends: Sequence[str] = ("onnx",),
+    precisions: Sequence[str] = ("fp32",),
+    prompt: int = 128,
+    new: int = 128,
+    repeats: int = 3,
+    bandwidth_mb: int = 512,
+    on_step: Callable[[str], Any] | None = None,
+) -> BenchResult:
+    """Time eager `generate` and every backend x precision's exported generation of `model` (a causal LM, in eval
+    mode) on one random prompt of `prompt` tokens (batch 1), `new` greedy tokens each. A backend or precision
+    that fails to export or run is a row with the error as its note, not the end of the run."""
+    import torch
+    from transformers import GenerationConfig
+
+    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.runtime.generation import generate
+
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"backend {unknown[0]!r}: one of {', '.join(BACKENDS)}")
+    for precision in precisions:
+        if precision not in PRECISION_BITS:
+            raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISION_BITS)}")
+    say = on_step or (lambda message: None)
+    load_start = os.getloadavg()[0]
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(min(3, vocab - 1), vocab, (1, prompt), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    say("measuring this machine's matrix-vector bandwidth")
+    bandwidth = matvec_bandwidth(bandwidth_mb, 10 if bandwidth_mb >= 256 else 3)
+    pad = getattr(model.generation_config, "pad_token_id", None)
+
+    def eager(n: int) -> Any:
+        with torch.no_grad():
+            return model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0 if pad is None else pad,
+            )
+
+    say(f"eager generate: {prompt}-token prompt, {new} new tokens, {repeats} repeat(s)")
+    ttft, tps = timed(eager, new, repeats)
+    rows = [BenchRow("eager generate (dynamic cache)", "fp32", ttft, tps, "reference")]
+    expected = eager(new)
+    static = GenerationConfig(cache_implementation="static", max_cache_len=prompt + new)
+    sample = {"input_ids": ids[:, : min(8, prompt)], "attention_mask": mask[:, : min(8, prompt)]}
+    for backend in backends:
+        for precision in precisions:
+            row = BenchRow(f"hfexport {backend} (static cache)", precision)
+            rows.append(row)
+            say(f"{backend} {precision}: export_for_generation")
+            try:
+                settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
+                config = AutoExportConfig.from_dict(settings)
+                quantizer = quantizer_for(backend, precision)
+                if quantizer is not None:
+                    config = dataclasses.replace(config, quantizer=quantizer)
+                start = time.perf_counter()
+                with PeakRss() as memory:
+                    components = AutoHfExporter.from_config(config).export_for_generation(
+                        model, sample, config, generation_config=static, multi_token_decode=True
+                    )
+                row.export_s, row.peak_mb = time.perf_counter() - start, memory.megabytes
+
+                def run(n: int, components: Any = components) -> Any:
+                    return generate(components, ids, mask, max_new_tokens=n, min_new_tokens=n)
+
+                got = run(new)
+                same = int((got[:, prompt:] == expected[:, prompt:]).sum()) if got.shape == expected.shape else 0
+                row.tokens = "equal" if torch.equal(got, expected) else f"{same}/{new} equal"
+                say(f"{backend} {precision}: timing generate")
+                row.ttft_s, row.tokens_per_s = timed(run, new, repeats)
+            except Exception as exc:  # a backend that cannot run is a row, not the end of the benchmark
+                if os.environ.get("HFEXPORT_DEBUG"):
+                    traceback.print_exc()
+                row.note = _one_line(exc)
+    return BenchResult(rows, bandwidth, weight_bytes_per_token(model), prompt, new, (load_start, os.getloadavg()[0]))

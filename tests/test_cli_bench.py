@@ -1,0 +1,53 @@
+"""`hfexport bench` (issue #19, goal 7): the table a user gets for a model on this machine; its shape and its
+token check, not its timings (a loaded machine makes those meaningless in a test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hfexport.cli import main
+
+
+def _rows(output: str) -> list[list[str]]:
+    lines = [line for line in output.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+
+
+def test_bench_prints_eager_and_each_backend_with_equal_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", "tiny-llama", "--backends", "dynamo", "--prompt", "6", "--new", "3"]
+    code = main([*args, "--repeats", "1", "--bandwidth-mb", "8", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    header, *rows = _rows(printed)
+    assert header[:4] == ["run", "precision", "TTFT ms", "decode tok/s"] and header[-1] == "note"
+    assert [(r[0], r[1]) for r in rows] == [
+        ("eager generate (dynamic cache)", "fp32"),
+        ("hfexport dynamo (static cache)", "fp32"),
+    ]
+    # The exported components generate eager's greedy tokens, and the row was timed.
+    assert rows[1][header.index("tokens")] == "equal"
+    assert float(rows[1][header.index("decode tok/s")]) > 0
+    record = json.loads(out.read_text())
+    assert record["prompt"] == 6 and record["new"] == 3 and record["ceiling_tokens_per_s"] > 0
+    assert record["rows"][1]["tokens"] == "equal" and record["rows"][1]["export_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--backends", "onxx"], "--backends onxx: choose from onnx"),
+        (["--precisions", "int3"], "--precisions int3: choose from fp32, int8, int4"),
+        (["--new", "1"], "--new must be at least 2"),
+    ],
+)
+def test_bench_refuses_a_wrong_choice_before_loading(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--model", "tiny-llama", *flags]) == 2
+    assert message in capsys.readouterr().err
