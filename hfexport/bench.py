@@ -286,7 +286,11 @@ def bench_generation(
     rows = [BenchRow("eager generate (dynamic cache)", "fp32", ttft, tps, "reference")]
     expected = eager(new)
     static = GenerationConfig(cache_implementation="static", max_cache_len=prompt + new)
-    sample = {"input_ids": ids[:, : min(8, prompt)], "attention_mask": mask[:, : min(8, prompt)]}
+    # Traced on two rows, so that the batch axis stays dynamic (a sample axis of size 1 would be exported static).
+    sample = {
+        "input_ids": ids[:, : min(8, prompt)].repeat(2, 1),
+        "attention_mask": mask[:, : min(8, prompt)].repeat(2, 1),
+    }
     for backend in backends:
         for precision in precisions:
             row = BenchRow(f"hfexport {backend} (static cache)", precision)
