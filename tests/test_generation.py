@@ -435,6 +435,23 @@ def test_model_that_makes_its_own_cache_in_the_first_forward_generates_like_eage
     _assert_left_padded_generation_like_eager(model, components, seed=5)
 
 
+def test_recurrent_state_that_is_not_a_cache_generates_like_eager() -> None:
+    # RWKV's recurrent state is a list of 5 tensors under `state`, not a transformers Cache; generate carries it
+    # from one step's output to the next under that name. The driver ran the whole sequence through the decode
+    # graph without it ("expected [..., 'state']"), and the prefill graph kept the prompt's length from the
+    # loop over the sequence (patch/rwkv-linear-attention-scan). Its mask covers the current tokens only.
+    model, components = _corpus_generation("rwkv", "dynamo")
+    assert components.spec.cache_key == "past_key_values" and components.spec.mask_current_only
+    _assert_left_padded_generation_like_eager(model, components, seed=7)
+
+
+def test_decode_position_from_the_cache_length_generates_like_eager() -> None:
+    # ProphetNet's decode step takes its position as int(padding_idx + past + 1): the decode graph kept the
+    # sample's cache length (patch/prophetnet-decode-positions-symbolic), and the next step failed its guard.
+    model, components = _corpus_generation("prophetnet", "dynamo")
+    _assert_left_padded_generation_like_eager(model, components, seed=9)
+
+
 def test_encoder_decoder_generates_like_eager() -> None:
     tiny = get_tiny_model("tiny-t5")
     model = tiny.build()
