@@ -435,6 +435,7 @@ def test_model_that_makes_its_own_cache_in_the_first_forward_generates_like_eage
     _assert_left_padded_generation_like_eager(model, components, seed=5)
 
 
+@pytest.mark.slow  # a corpus export: 90-150 s at load 16 on the shared 2 cores
 def test_recurrent_state_that_is_not_a_cache_generates_like_eager() -> None:
     # RWKV's recurrent state is a list of 5 tensors under `state`, not a transformers Cache; generate carries it
     # from one step's output to the next under that name. The driver ran the whole sequence through the decode
@@ -445,6 +446,7 @@ def test_recurrent_state_that_is_not_a_cache_generates_like_eager() -> None:
     _assert_left_padded_generation_like_eager(model, components, seed=7)
 
 
+@pytest.mark.slow  # a corpus export: 90-150 s at load 16 on the shared 2 cores
 def test_decode_position_from_the_cache_length_generates_like_eager() -> None:
     # ProphetNet's decode step takes its position as int(padding_idx + past + 1): the decode graph kept the
     # sample's cache length (patch/prophetnet-decode-positions-symbolic), and the next step failed its guard.
