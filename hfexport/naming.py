@@ -59,9 +59,13 @@ def plain_name(name: str) -> str:
     return name
 
 
+# Recurrent states that are not a transformers `Cache` but a list of tensors, which generate still carries from
+# one step's output to the next step's kwarg of the same name (transformers 5.24 generation/utils.py
+# `DEPRECATED_CACHE_NAMES`: RWKV's `state`, XLNet's `mems`, Reformer's `past_buckets_states`).
+STATE_CACHE_NAMES = ("state", "mems", "past_buckets_states")
 # Names a forward gives its cache, as input and as output: transformers 5.24 returns `cache` for the cache a
-# generation graph takes as `past_key_values`, older state-space models `cache_params`.
-CACHE_ALIASES = ("past_key_values", "cache", "cache_params")
+# generation graph takes as `past_key_values`, older state-space models `cache_params`, RWKV `state`.
+CACHE_ALIASES = ("past_key_values", "cache", "cache_params", *STATE_CACHE_NAMES)
 
 
 def _as_cache_input(name: str, inputs: set[str]) -> str:

@@ -444,6 +444,13 @@ CAUSES: tuple[Cause, ...] = (
         "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is baked in",
     ),
     Cause(
+        "rwkv-token-loop",
+        "loop-over-shape",
+        "rwkv_linear_attention_cpu",
+        ("patch/rwkv-linear-attention-scan",),
+        "a Python loop over the tokens of RWKV's linear attention (its CPU path): the prompt length is baked in",
+    ),
+    Cause(
         "axial-positions-batch-loop",
         "loop-over-shape",
         r"AxialPositionEmbeddings\.forward",

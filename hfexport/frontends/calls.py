@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
+from hfexport.naming import CACHE_ALIASES
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
 
@@ -270,9 +271,19 @@ def _is_static(cache: Any) -> bool:
 
 
 def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
+    """The kwarg that is the cache: a transformers `Cache`, else a recurrent state kept as a list of tensors under
+    a cache name (RWKV's `state`; `past_key_values` once `graph_call` renamed it), which generate carries from one
+    step's output to the next step as it does a `Cache`."""
     from transformers.cache_utils import Cache
 
-    return next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+    key = next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+    if key is None:
+        key = next((k for k, v in kwargs.items() if k in CACHE_ALIASES and _tensor_list(v)), None)
+    return key
+
+
+def _tensor_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
 
 
 def _accepts(module: torch.nn.Module, name: str) -> bool:
@@ -298,10 +309,12 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
     batch, query = tokens.shape[:2]
     cache_key = _cache_key(call)
     cache = call.get(cache_key) if cache_key else None
-    # A state-space cache has no length: its models mask the current tokens only.
-    past = int(cache.get_seq_length()) if cache is not None and not _linear_only(cache) else 0
+    # A state-space cache, or a recurrent state kept as a list of tensors (RWKV), has no length: its models mask
+    # the current tokens only.
+    has_length = cache is not None and hasattr(cache, "get_seq_length") and not _linear_only(cache)
+    past = int(cache.get_seq_length()) if has_length else 0
     mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
-    if cache is not None and cache.is_compileable and not all(cache.is_linear):
+    if cache is not None and getattr(cache, "is_compileable", False) and not all(cache.is_linear):
         from transformers.masking_utils import create_masks_for_generate
 
         make = getattr(model, "create_masks_for_generate", create_masks_for_generate)

@@ -37,6 +37,17 @@ def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     return [(n, t) for n, t in leaf_names({prefix: value}) if isinstance(t, torch.Tensor)]
 
 
+def _masks_current_only(cache: Any, kwargs: Mapping[str, Any]) -> bool:
+    """A recurrent state that is not a `Cache` (RWKV's list of tensors) has no length: generate's mask for the
+    step then covers its current tokens only, as the recorded step shows."""
+    from transformers.cache_utils import Cache
+
+    mask = kwargs.get("attention_mask")
+    if isinstance(cache, Cache) or not isinstance(mask, torch.Tensor) or mask.ndim != 2:
+        return False
+    return mask.shape[-1] == _query_length(kwargs)
+
+
 def describe(
     components: Components,
     generation_config: Any,
@@ -71,7 +82,7 @@ def describe(
         leaves: list[CacheLeaf] = []
         if key is not None:
             cache = kwargs[key]
-            current_only = current_only or _linear_only(cache)
+            current_only = current_only or _linear_only(cache) or _masks_current_only(cache, kwargs)
             if _is_static(cache):
                 static = True
                 lengths = [layer.get_max_length() for layer in cache.layers]

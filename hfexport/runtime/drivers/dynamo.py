@@ -10,7 +10,7 @@ import torch
 
 from hfexport.errors import InputError
 from hfexport.generation_spec import CacheLeaf, GenerationSpec
-from hfexport.naming import named_outputs
+from hfexport.naming import CACHE_ALIASES, named_outputs
 from hfexport.runtime.drivers.base import Backend, Driver, SavedComponent, Step, initial_leaf
 
 
@@ -51,8 +51,10 @@ class DynamoDriver(Driver):
         if self.spec.cache_key is not None and not self.spec.static_cache:
             from transformers.cache_utils import Cache
 
-            # The output may name the cache differently from the input (`past_key_values` vs `cache`).
-            self.cache = next((v for v in out.values() if isinstance(v, Cache)), self.cache)
+            # The output may name the cache differently from the input (`past_key_values` vs `cache`); a
+            # recurrent state that is not a `Cache` (RWKV's list of tensors) comes back under its own cache name.
+            returned = (v for k, v in out.items() if isinstance(v, Cache) or (k in CACHE_ALIASES and v is not None))
+            self.cache = next(returned, self.cache)
         return out["logits"]
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:

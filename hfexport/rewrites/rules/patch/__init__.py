@@ -30,6 +30,8 @@ RULES: list[Rule] = load_rules(
         "patch/sdpa-causal-skip-traced",
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",
+        "patch/rwkv-linear-attention-scan",
+        "patch/prophetnet-decode-positions-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
