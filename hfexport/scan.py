@@ -426,7 +426,7 @@ CAUSES: tuple[Cause, ...] = (
         "mamba-sequential-scan",
         "loop-over-shape",
         ".*selective_scan",
-        ("patch/mamba-selective-scan-hop", "patch/mamba-selective-scan-onnx"),
+        ("patch/mamba-selective-scan-hop", "patch/mamba-selective-scan-onnx", "patch/mamba-selective-scan-openvino"),
         "a Python loop over the sequence in the Mamba-1 scan: unrolled for the sample's length",
     ),
     Cause(

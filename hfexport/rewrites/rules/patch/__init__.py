@@ -36,5 +36,6 @@ RULES: list[Rule] = load_rules(
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
         "patch/openvino-moe-batched-experts",
+        "patch/mamba-selective-scan-openvino",
     ],
 )

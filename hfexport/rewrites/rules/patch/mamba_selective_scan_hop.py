@@ -9,6 +9,7 @@ symbolic length, so results are bit-identical to eager.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +42,46 @@ def scan_selective(
         return NOT_APPLICABLE
     from torch._higher_order_ops.scan import scan
 
-    input_dtype = hidden_states.dtype
+    terms = selective_terms(hidden_states, dt, A, B, C, delta_bias, delta_softplus)
+
+    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        a, bu, c = xs
+        state = a * state + bu
+        out = torch.matmul(state.to(terms.input_dtype), c.unsqueeze(-1))
+        return state, out[:, :, 0]
+
+    ssm_state, outputs = scan(
+        step, terms.state0(), (terms.discrete_A.movedim(2, 0), terms.deltaB_u.movedim(2, 0), terms.C.movedim(1, 0))
+    )
+    return finish_selective(outputs.movedim(0, -1), ssm_state, hidden_states, D, z, return_last_state)
+
+
+@dataclass
+class SelectiveTerms:
+    """The per-step operands of transformers' `mamba_selective_scan`, computed as it computes them before its loop."""
+
+    discrete_A: torch.Tensor  # [batch, channels, length, state]
+    deltaB_u: torch.Tensor  # [batch, channels, length, state]
+    C: torch.Tensor  # [batch, length, state]
+    input_dtype: torch.dtype
+
+    def state0(self) -> torch.Tensor:
+        # Eager starts from zeros in the input dtype and promotes on the first step; a loop carry must have
+        # the promoted dtype from the start (the zeros are exact in either).
+        dtype = torch.promote_types(torch.promote_types(self.discrete_A.dtype, self.input_dtype), self.deltaB_u.dtype)
+        return torch.zeros_like(self.discrete_A[:, :, 0], dtype=dtype)
+
+
+def selective_terms(
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    delta_bias: torch.Tensor | None,
+    delta_softplus: bool,
+) -> SelectiveTerms:
+    """The operands of the recurrence `state = a_t * state + bu_t; y_t = state @ c_t`, as upstream builds them."""
     if delta_bias is not None:
         dt = dt + delta_bias.to(dt.dtype)[..., None]
     if delta_softplus:
@@ -50,19 +90,18 @@ def scan_selective(
     C = C.transpose(1, 2)
     discrete_A = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
     deltaB_u = (dt[:, :, :, None] * B[:, None, :, :].float()) * hidden_states[:, :, :, None].float()
+    return SelectiveTerms(discrete_A, deltaB_u, C, hidden_states.dtype)
 
-    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        a, bu, c = xs
-        state = a * state + bu
-        out = torch.matmul(state.to(input_dtype), c.unsqueeze(-1))
-        return state, out[:, :, 0]
 
-    # Eager starts from zeros in the input dtype and promotes on the first step; the scan carry must have
-    # the promoted dtype from the start (the zeros are exact in either).
-    state_dtype = torch.promote_types(torch.promote_types(discrete_A.dtype, input_dtype), deltaB_u.dtype)
-    state0 = torch.zeros_like(discrete_A[:, :, 0], dtype=state_dtype)
-    ssm_state, outputs = scan(step, state0, (discrete_A.movedim(2, 0), deltaB_u.movedim(2, 0), C.movedim(1, 0)))
-    scan_output = outputs.movedim(0, -1)
+def finish_selective(
+    scan_output: torch.Tensor,
+    ssm_state: torch.Tensor,
+    hidden_states: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    return_last_state: bool,
+) -> Any:
+    """Upstream's epilogue after the loop: the skip term, the gate, and the optional last state."""
     if D is not None:
         scan_output = scan_output + hidden_states * D[None, :, None]
     if z is not None:

@@ -67,6 +67,11 @@ def _zamba(tokens: int) -> Built:
     return model, inputs
 
 
+def zamba_example() -> Built:
+    """Zamba from 7 tokens: the first example of this rule and of `patch/mamba-selective-scan-openvino`."""
+    return _zamba(7)
+
+
 mamba_selective_scan_onnx = ModuleFunctionPatch(
     RuleMeta(
         id="patch/mamba-selective-scan-onnx",
@@ -81,7 +86,7 @@ mamba_selective_scan_onnx = ModuleFunctionPatch(
         models=_VERIFIED,
         examples=(
             Match(
-                lambda: _zamba(7),
+                zamba_example,
                 "zamba, per-head views as the scan's inputs, odd length, then a longer input through the same program",
                 atol=1e-6,
                 rtol=1e-6,
