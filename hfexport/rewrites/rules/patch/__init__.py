@@ -18,6 +18,7 @@ RULES: list[Rule] = load_rules(
         "patch/gated-delta-chunk-scan-onnx",
         "patch/fake-constant-layouts",
         "patch/mrope-index-tensor",
+        "patch/vision-window-index-eager",
         "patch/longt5-pad-blocks",
         "patch/nllb-moe-router-cast",
         "patch/nllb-moe-dense-experts",
