@@ -24,6 +24,7 @@ RULES: list[Rule] = load_rules(
         "patch/nllb-moe-dense-experts",
         "patch/moonshine-conv-lengths",
         "patch/hunyuan-vl-placeholder-check",
+        "patch/hunyuan-vl-rope-index-tensor",
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
         "patch/sliding-window-cache-symbolic",
