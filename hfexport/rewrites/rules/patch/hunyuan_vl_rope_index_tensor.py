@@ -158,6 +158,17 @@ def _baked() -> tuple[torch.nn.Module, dict[str, Any]]:
     return LayoutSpecialised(_RopeIndex().eval(), {"image_grid_thw": (_GRID, torch.int64)}), _rows(0)
 
 
+def _one_row_both_images() -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Both images in row 0, the first split by a masked token (still one span); row 1 text with a type-2 token."""
+    torch.manual_seed(0)
+    types = torch.tensor(
+        [[0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0], [0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
+    )
+    mask = torch.tensor([[1, 1, 1, 1, 0] + [1] * 11, [0, 0] + [1] * 14])
+    inputs = {"input_ids": torch.where(types == 1, 5, 3), "mm_token_type_ids": types, "attention_mask": mask}
+    return LayoutSpecialised(_RopeIndex().eval(), {"image_grid_thw": (_GRID, torch.int64)}), inputs
+
+
 def _text_only() -> tuple[torch.nn.Module, dict[str, Any]]:
     """The rope index asked without a grid (text-only rows): the original's plain positions."""
 
@@ -186,6 +197,11 @@ hunyuan_vl_rope_index_tensor = MethodPatch(
                 _baked,
                 "an image with boundary tokens, a left-padded row with one without, then 5 more text tokens",
                 other_inputs=lambda: _rows(5),
+                needs=("patch/fake-constant-layouts",),
+            ),
+            Match(
+                _one_row_both_images,
+                "both images in one row, a masked token inside a span, a token of another type",
                 needs=("patch/fake-constant-layouts",),
             ),
             NoMatch(_text_only, "text only (no grid)", reason="declines a call without a grid known while tracing"),
