@@ -44,8 +44,9 @@ def test_every_importer_of_the_helper_is_gated() -> None:
         pytest.param([[2, 16, 16]], id="video-exact-windows"),
     ],
 )
-def test_a_tower_exports_saves_and_equals_eager(grid: list[list[int]], tmp_path: Path) -> None:
-    layout_specialised, inputs = _tower(grid)
+@pytest.mark.parametrize("window", [16, 8])
+def test_a_tower_exports_saves_and_equals_eager(grid: list[list[int]], window: int, tmp_path: Path) -> None:
+    layout_specialised, inputs = _tower(grid, window_size=window)
     tower = layout_specialised.inner  # the tower itself: export() bakes its grid (a vision sub-config)
     inputs = {**inputs, "grid_thw": torch.tensor(grid)}
     exporter = DynamoExporter()

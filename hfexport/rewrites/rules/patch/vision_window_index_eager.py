@@ -75,7 +75,7 @@ def window_index(
         index, cu_seqlens = original(
             torch.tensor(values, dtype=torch.int64),
             spatial_merge_size=spatial_merge_size,
-            window_size=16,
+            window_size=window_size,
             patch_size=patch_size,
         )
         index_values, cu_values = index.tolist(), cu_seqlens.tolist()
@@ -88,7 +88,9 @@ def window_index(
     )
 
 
-def _tower(grid: list[list[int]], precomputed: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _tower(
+    grid: list[list[int]], precomputed: bool = False, window_size: int = 16
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Qwen2.5-VL's vision tower (window attention in every block but the last), its grid baked in.
 
     `precomputed`: the caller also bakes the window index and lengths (transformers' `vision_utils` lets a
@@ -107,7 +109,7 @@ def _tower(grid: list[list[int]], precomputed: bool = False) -> tuple[torch.nn.M
         patch_size=2,
         spatial_merge_size=2,
         temporal_patch_size=1,
-        window_size=16,
+        window_size=window_size,
         fullatt_block_indexes=[1],
         in_channels=3,
     )
@@ -118,7 +120,7 @@ def _tower(grid: list[list[int]], precomputed: bool = False) -> tuple[torch.nn.M
     if precomputed:
         from transformers.vision_utils import get_vision_window_index
 
-        index, cu_seqlens = get_vision_window_index(torch.tensor(grid), 2, 16, 2)
+        index, cu_seqlens = get_vision_window_index(torch.tensor(grid), 2, window_size, 2)
         layout["window_index"] = (index.tolist(), index.dtype)
         layout["cu_window_seqlens"] = (cu_seqlens.tolist(), torch.int32)
     module = LayoutSpecialised(tower, layout)
