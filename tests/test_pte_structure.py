@@ -387,3 +387,36 @@ def test_random_edits_inside_the_flatbuffer_load_and_run_or_are_refused(
         )
     }
     assert not bad, bad
+
+
+class _SeveralOutputs(torch.nn.Module):
+    """Portable kernels whose out variants have several outputs: `native_layer_norm.out` (clip_vision_model's
+    load-error in the ExecuTorch sweep of 2026-12-02) and `max.dim_max` (values and indices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x: Any) -> Any:
+        values, indices = self.norm(x).max(dim=-1)
+        return values, indices
+
+
+def test_out_variants_with_several_outputs_pass_and_run(tmp_path: Path) -> None:
+    """executorch's emitter passes the outputs of a multi-output out variant as one TensorList argument: the
+    check takes that layout (it refused `native_layer_norm.out` with "passes 9 arguments ..., which takes 11")."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.artifacts import load
+
+    model = _SeveralOutputs().eval()
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
+    manager = to_edge_transform_and_lower(torch.export.export(model, (), {"x": x})).to_executorch()
+    names = {op.name for op in deserialize_pte_binary(manager.buffer).program.execution_plan[0].operators}
+    assert {"aten::native_layer_norm", "aten::max"} <= names  # not delegated: the portable out variants
+    folder = save(manager, tmp_path / "artifact")
+    _check_pte(folder, {"main": "model.pte"})
+    values, indices = load(folder, trust=True).run({"x": x}).values()  # named outputs, in order
+    expected_values, expected_indices = model(x)
+    torch.testing.assert_close(values, expected_values)
+    assert torch.equal(indices, expected_indices)

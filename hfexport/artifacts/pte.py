@@ -424,7 +424,13 @@ def _schema_arguments(name: str, overload: str) -> tuple[frozenset[int] | None, 
     schema = _schema(name, overload)
     if schema is None:
         return None
-    return tuple(_tags_of(a.type) for a in schema.arguments) + tuple(_tags_of(r.type) for r in schema.returns)
+    arguments = tuple(_tags_of(a.type) for a in schema.arguments)
+    if len(schema.returns) > 1 and any(a.is_out for a in schema.arguments):
+        # executorch's emitter (`_emit_operator`) passes the results of an out variant with several outputs
+        # (`native_layer_norm.out`, `max.dim_max`, `topk.values`) as one TensorList of the out arguments, not one
+        # value per return: the kernel reads the outputs from their out arguments.
+        return (*arguments, frozenset({TENSOR_LIST}))
+    return arguments + tuple(_tags_of(r.type) for r in schema.returns)
 
 
 def _schema(name: str, overload: str) -> Any:
