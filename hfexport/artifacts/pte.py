@@ -425,11 +425,12 @@ def _schema_arguments(name: str, overload: str) -> tuple[frozenset[int] | None, 
     if schema is None:
         return None
     arguments = tuple(_tags_of(a.type) for a in schema.arguments)
-    if len(schema.returns) > 1 and any(a.is_out for a in schema.arguments):
-        # executorch's emitter (`_emit_operator`) passes the results of an out variant with several outputs
-        # (`native_layer_norm.out`, `max.dim_max`, `topk.values`) as one TensorList of the out arguments, not one
-        # value per return: the kernel reads the outputs from their out arguments.
-        return (*arguments, frozenset({TENSOR_LIST}))
+    outs = [a for a in schema.arguments if a.is_out]
+    if outs:
+        # executorch's emitter (`_emit_operator`) passes an out variant's result as one value whatever the schema
+        # returns: its one out argument (also when the schema returns nothing: `split_with_sizes_copy.out`), or a
+        # TensorList of its out arguments when there are several (`native_layer_norm.out`, `max.dim_max`).
+        return (*arguments, _tags_of(outs[0].type) if len(outs) == 1 else frozenset({TENSOR_LIST}))
     return arguments + tuple(_tags_of(r.type) for r in schema.returns)
 
 
