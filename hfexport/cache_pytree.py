@@ -227,12 +227,19 @@ def _derived(state: dict[str, Any], name: str) -> Skeleton | None:
     return ("S", source[0], source[1]) if statically_known_true(value == size) else None
 
 
+def _counter_of(leaf: Any) -> Any:
+    """The counter an `N` leaf carries (its last axis), or None for a placeholder leaf without one: executorch's
+    emitter unflattens the program's output spec with dummy `0` leaves only to describe the containers."""
+    shape = getattr(leaf, "shape", ())
+    return shape[-1] if len(shape) else None
+
+
 def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
     tag = skeleton[0]
     if tag == "T":
         return leaves.pop()
     if tag == "N":
-        return leaves.pop().shape[-1]
+        return _counter_of(leaves.pop())
     if tag == "V":
         return skeleton[1]
     if tag == "D":
@@ -255,8 +262,9 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
             continue
         if sub[0] == "N":
             leaf = leaves.pop()
-            _remember_counter(obj, name, leaf)
-            object.__setattr__(obj, name, leaf.shape[-1])
+            if isinstance(leaf, torch.Tensor):
+                _remember_counter(obj, name, leaf)
+            object.__setattr__(obj, name, _counter_of(leaf))
             continue
         object.__setattr__(obj, name, _decode(sub, leaves))
     for name, (_, tensor_name, axis) in sized:

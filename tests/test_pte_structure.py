@@ -387,3 +387,42 @@ def test_random_edits_inside_the_flatbuffer_load_and_run_or_are_refused(
         )
     }
     assert not bad, bad
+
+
+class _SeveralOutputs(torch.nn.Module):
+    """Portable kernels whose out variants have several outputs: `native_layer_norm.out` (clip_vision_model's
+    load-error in the ExecuTorch sweep of 2026-12-02), `max.dim_max` (values and indices) and
+    `split_with_sizes_copy.out` (returns nothing, writes a Tensor[]: siglip's load-error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x: Any) -> Any:
+        y = self.norm(x)
+        values, indices = y.max(dim=-1)
+        first, rest = torch.split(y, [1, 3], dim=-1)
+        return values, indices, first * 2, rest + 1
+
+
+def test_out_variants_with_several_outputs_pass_and_run(tmp_path: Path) -> None:
+    """executorch's emitter passes the outputs of a multi-output out variant as one TensorList argument: the
+    check takes that layout (it refused `native_layer_norm.out` with "passes 9 arguments ..., which takes 11")."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.artifacts import load
+
+    model = _SeveralOutputs().eval()
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
+    manager = to_edge_transform_and_lower(torch.export.export(model, (), {"x": x})).to_executorch()
+    names = {op.name for op in deserialize_pte_binary(manager.buffer).program.execution_plan[0].operators}
+    # not delegated: the portable out variants
+    assert {"aten::native_layer_norm", "aten::max", "aten::split_with_sizes_copy"} <= names
+    folder = save(manager, tmp_path / "artifact")
+    _check_pte(folder, {"main": "model.pte"})
+    values, indices, first, rest = load(folder, trust=True).run({"x": x}).values()  # named outputs, in order
+    expected_values, expected_indices, expected_first, expected_rest = model(x)
+    torch.testing.assert_close(values, expected_values)
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(first, expected_first)
+    torch.testing.assert_close(rest, expected_rest)

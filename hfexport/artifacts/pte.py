@@ -424,7 +424,14 @@ def _schema_arguments(name: str, overload: str) -> tuple[frozenset[int] | None, 
     schema = _schema(name, overload)
     if schema is None:
         return None
-    return tuple(_tags_of(a.type) for a in schema.arguments) + tuple(_tags_of(r.type) for r in schema.returns)
+    arguments = tuple(_tags_of(a.type) for a in schema.arguments)
+    outs = [a for a in schema.arguments if a.is_out]
+    if outs:
+        # executorch's emitter (`_emit_operator`) passes an out variant's result as one value whatever the schema
+        # returns: its one out argument (also when the schema returns nothing: `split_with_sizes_copy.out`), or a
+        # TensorList of its out arguments when there are several (`native_layer_norm.out`, `max.dim_max`).
+        return (*arguments, _tags_of(outs[0].type) if len(outs) == 1 else frozenset({TENSOR_LIST}))
+    return arguments + tuple(_tags_of(r.type) for r in schema.returns)
 
 
 def _schema(name: str, overload: str) -> Any:
