@@ -49,6 +49,13 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
     # An untriaged failure is listed with the sweep's own error, never dropped.
     assert "dynamo: fam/c (export-error): boom" in block
     assert tool.rewrite("# T\n\nold\n", block).startswith("# T\n\n" + tool.START)
+    # The architecture subset is counted out of its size, entries not swept included.
+    (sweeps / "openvino_fam.json").write_text(json.dumps({"rows": rows}))
+    subset = {"fam": ["a", "b", "d"]}
+    lines = tool.subset_summary(tool.load_runs(sweeps, corpus), subset, target=60)
+    expected = "1 of 3 pass (33 %; 2 swept; 1 not swept), target 60 % (not met)."
+    assert "- openvino on the 3-architecture subset (`docs/sweeps/subset40.json`): " + expected in lines
+    assert any(line.startswith("- executorch on the 3-architecture subset") and "0 swept" in line for line in lines)
 
 
 def test_coverage_doc_is_current() -> None:
