@@ -100,7 +100,9 @@ CASES: list[tuple[str, str, Callable[[], Any]]] = [
     ),
 ]
 # The bug this file was written for (NNCF int4 on ONNX failed on the tied head) runs in the default tier.
-FAST = {("nncf-onnx-int4", "onnx")}
+# Empty since 2026-12-02: the ONNX int4 case (43 s) moved to `slow` to keep CI within its budget; every case runs
+# in the slow tier.
+FAST: set[tuple[str, str]] = set()
 
 
 @pytest.fixture(scope="module")
