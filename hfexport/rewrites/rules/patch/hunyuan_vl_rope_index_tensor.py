@@ -17,6 +17,7 @@ from hfexport.generation_spec import LayoutSpecialised
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch.mrope_index_tensor import masked_positions_and_deltas
 
 
 def _known_grid(tensor: Any) -> list[list[int]] | None:
@@ -101,10 +102,7 @@ def rope_index(
     at = at.clamp(min=0)
     pooled = (at % width, at // width, ordinal)
     planes = [compact] * (axes - 3) + [torch.where(in_grid, value.reshape(batch, length), compact) for value in pooled]
-    positions = torch.where(valid, torch.stack(planes), 0)
-    highest = torch.where(valid, positions, torch.iinfo(torch.long).min).amax(dim=(0, 2))
-    deltas = (highest + 1 - valid.long().sum(1)).unsqueeze(1)
-    return positions.to(input_ids.dtype), deltas
+    return masked_positions_and_deltas(torch.stack(planes), valid, input_ids.dtype)
 
 
 # -- examples --------------------------------------------------------------------------------------

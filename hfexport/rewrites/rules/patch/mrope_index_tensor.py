@@ -146,10 +146,18 @@ def rope_index(
         offset % width,
     )
     positions = torch.stack([torch.where(image, start + axis, text_position) for axis in axes])
+    return masked_positions_and_deltas(positions, valid, input_ids.dtype)
+
+
+def masked_positions_and_deltas(
+    positions: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`get_rope_index`'s return: the `[axes, batch, length]` positions zeroed where `valid` is False, in `dtype`,
+    and each row's rope delta (its highest valid position + 1 less its valid token count), `[batch, 1]`."""
     positions = torch.where(valid, positions, 0)
     highest = torch.where(valid, positions, torch.iinfo(torch.long).min).amax(dim=(0, 2))
     deltas = (highest + 1 - valid.long().sum(1)).unsqueeze(1)
-    return positions.to(input_ids.dtype), deltas
+    return positions.to(dtype), deltas
 
 
 # -- examples --------------------------------------------------------------------------------------
