@@ -4,6 +4,7 @@ token check, not its timings (a loaded machine makes those meaningless in a test
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ def test_bench_prints_eager_and_each_backend_with_equal_tokens(
         ("eager generate (dynamic cache)", "fp32"),
         ("hfexport dynamo (static cache)", "fp32"),
     ]
-    # The exported components generate eager's greedy tokens, and the row was timed.
+    # The exported components generate eager's greedy tokens, and the row was timed (nan: the two medians'
+    # noise exceeded the tiny model's decode time, which a loaded machine can do).
     assert rows[1][header.index("tokens")] == "equal"
-    assert float(rows[1][header.index("decode tok/s")]) > 0
+    rate = float(rows[1][header.index("decode tok/s")])
+    assert math.isnan(rate) or rate > 0
     record = json.loads(out.read_text())
     assert record["prompt"] == 6 and record["new"] == 3 and record["ceiling_tokens_per_s"] > 0
     assert record["rows"][1]["tokens"] == "equal" and record["rows"][1]["export_s"] > 0
@@ -51,3 +54,16 @@ def test_bench_refuses_a_wrong_choice_before_loading(
 ) -> None:
     assert main(["bench", "--model", "tiny-llama", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_executorch_int8_generates_eager_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """ExecuTorch int8 (XNNPACKQuantizer, dynamic activations) through `export_for_generation`: it failed in the
+    lowering ("Invalid partition, found dependency cycles") until executorch/quant-dynamic-chain-per-consumer."""
+    args = ["bench", "--model", "tiny-llama", "--backends", "executorch", "--precisions", "int8"]
+    code = main([*args, "--prompt", "6", "--new", "3", "--repeats", "1", "--bandwidth-mb", "8"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    header, *rows = _rows(printed)
+    assert [(r[0], r[1]) for r in rows][1:] == [("hfexport executorch (static cache)", "int8")]
+    assert rows[1][header.index("tokens")] == "equal", printed

@@ -18,6 +18,7 @@ RULES: list[Rule] = load_rules(
         "executorch/quant-identity-requantize",
         "executorch/quant-computed-weight-linear-untagged",
         "executorch/quant-right-shift-verifier",
+        "executorch/quant-dynamic-chain-per-consumer",
         # A static cache input without to_edge's write-back copies (an edge pass).
         "executorch/cache-input-no-write-back",
         # Last: counts the calls the node rules leave in the graph.
