@@ -28,6 +28,7 @@ from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
 
 
 def _op(name: str, overload: str) -> Any:
@@ -90,24 +91,12 @@ def _chain_per_consumer(gm: fx.GraphModule, node: fx.Node) -> None:
 # -- examples --------------------------------------------------------------------------------------------------------
 
 
-class _Converted(torch.nn.Module):
-    """Holds a converted PT2E GraphModule; `eval()` leaves it alone (it refuses `train()` / `eval()`)."""
-
-    def __init__(self, graph_module: torch.nn.Module) -> None:
-        super().__init__()
-        self.quantized = graph_module
-
-    def train(self, mode: bool = True) -> _Converted:
-        self.training = mode
-        return self
-
-
-class _QuantizedLM(_Converted):
+class _QuantizedLM(_Quantized):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.quantized(input_ids=input_ids, use_cache=False).logits
 
 
-class _QuantizedPair(_Converted):
+class _QuantizedPair(_Quantized):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.quantized(x=x, y=y)
 
@@ -128,7 +117,7 @@ class _Projections(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x))) + self.c(y)
 
 
-def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: type[_Converted]) -> Built:
+def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: type[_Quantized]) -> Built:
     """`module` as `PT2EQuantizer(XNNPACKQuantizer(...is_dynamic=True))` leaves it: int8 per-channel weights,
     activations quantized at run time."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
