@@ -100,8 +100,12 @@ class CaptureExporter(HfExporter):
         # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
         # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
         if _mutates(program):
+            from hfexport.frontends.functionalize import functionalize_input_writes
+
             with context.stage("lower"):
-                program = program.run_decompositions({})
+                # The same form, by a local edit where every write is an in-place op on an input itself (a
+                # static cache's update); a re-trace of the whole program otherwise.
+                program = functionalize_input_writes(program) or program.run_decompositions({})
         return program
 
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
