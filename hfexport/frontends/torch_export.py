@@ -341,13 +341,18 @@ def capture(
         program.graph_module.meta[LAYOUT_META] = {name: values for name, (values, _) in layout.items()}
     # The image count joins the layout where the forward makes it Python structure (a per-image list of features,
     # one output per image): torch.export keeps that axis at the sample's size, so another count is refused.
-    images = specialised_image_axes(program, inputs, dynamic_shapes if options.dynamic_shapes is None else None)
+    # With a layout input the layout already fixes the images (and a flattened patch axis is no image count).
+    # Only beside text: without it (an image classifier, a vision tower) the pixels' axis 0 is the model's batch,
+    # and a batch the trace fixes stays a failure to fix, not a layout.
+    text = any(isinstance(inputs.get(k), torch.Tensor) for k in ("input_ids", "inputs_embeds"))
+    auto = dynamic_shapes if options.dynamic_shapes is None and not layout and text else None
+    images = specialised_image_axes(program, inputs, auto)
     if images:
         program.graph_module.meta[IMAGE_COUNT_META] = images
         for name, count in images.items():
             warnings_out.append(
-                f"{name}: the image axis (0) is exported static at the sample's {count} images: the model makes one "
-                "Python value per image (a per-image list of features); another image count is refused"
+                f"{name}: the image axis (0) is exported static at the sample's {count}: the model makes one Python "
+                "value per image or row of images (a per-image list of features); another image count is refused"
             )
     engine.apply("fx", program, context)
     return program
