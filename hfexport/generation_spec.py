@@ -48,6 +48,24 @@ LAYOUT_META = "hfexport_baked_layout"
 LAYOUT_METADATA_KEY = "hfexport.baked_layout"
 
 
+# Where `export()` of a pixel-input forward records the pixel inputs whose image axis (axis 0) the trace kept at the
+# sample's size although it was asked dynamic (`{input name: count}`): the program holds for that image count
+# only, since the forward makes one Python value per image (a per-image list of features it returns or walks).
+# Not with a layout input (image_grid_thw, image_sizes...): the baked layout fixes the images already.
+# `capture` puts it on `graph_module.meta`; the export report keeps it as `used["image_count"]`, which
+# `hfexport.load(...).run` checks a feed against on every format.
+IMAGE_COUNT_META = "hfexport_baked_image_count"
+
+
+def image_count_mismatch(what: str, name: str, expected: int, given: int) -> str:
+    """The error for a pixel input of another image count than the one the export kept static."""
+    return (
+        f"{what} was exported for {name}.shape[0] == {expected} (the image axis: the model makes one Python value "
+        f"per image or row of images, e.g. a list of per-image features, so the graph holds for this count only); "
+        f"got {given}: export again with inputs of this image count"
+    )
+
+
 def layout_mismatch(what: str, name: str, expected: Any, given: Any) -> str:
     """The error for an input of another image layout than the one baked into a graph, naming the expected one."""
     return (

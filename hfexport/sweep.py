@@ -437,7 +437,8 @@ def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
             row["status"] = "check-error"
             # The sample, then the shapes that find baked lengths: grown, long, longer (past windows and
             # chunks) and another batch, compared as the corpus tests and `export --validate` do.
-            checks = check_entry(entry, model, loaded.run, tolerance)
+            component = next(iter(loaded.components.values()))
+            checks = check_entry(entry, model, loaded.run, tolerance, image_count=component.image_count)
             diffs = [o for c in checks for o in c.outputs if not o.problem]
             row["max_abs_diff"] = max((o.max_abs_diff for o in diffs), default=0.0)
             row["tolerance"] = max((o.tolerance for o in diffs), default=tolerance)

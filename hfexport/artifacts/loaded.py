@@ -26,6 +26,8 @@ from typing import Any
 from hfexport.artifacts.errors import ArtifactError, UntrustedArtifactError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
 from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest
+from hfexport.errors import InputError
+from hfexport.generation_spec import image_count_mismatch
 from hfexport.runtime.drivers import backend
 
 
@@ -64,8 +66,28 @@ class LoadedComponent:
             ) from exc
         return self.runtime
 
+    @property
+    def image_count(self) -> dict[str, int]:
+        """The pixel inputs whose image count the export kept static (`{input name: count}`, from the report's
+        `used["image_count"]`); {} when none. Manifest data: anything but names and positive ints is ignored."""
+        used = (self.report or {}).get("used") if isinstance(self.report, Mapping) else None
+        counts = used.get("image_count") if isinstance(used, Mapping) else None
+        if not isinstance(counts, Mapping):
+            return {}
+        return {k: v for k, v in counts.items() if isinstance(k, str) and type(v) is int and v > 0}
+
+    def check_image_count(self, inputs: Mapping[str, Any]) -> None:
+        """Refuse a feed whose pixel input has another image count than the export kept static (every format:
+        torch.export's input guard would refuse it on a .pt2, the other runtimes with their own shape errors)."""
+        for name, expected in self.image_count.items():
+            given = inputs.get(name)
+            shape = getattr(given, "shape", None)
+            if shape is not None and len(shape) >= 1 and int(shape[0]) != expected:
+                raise InputError(image_count_mismatch(f"component {self.name!r}", name, expected, int(shape[0])))
+
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run on the source model's forward kwargs; outputs by flat name (`logits`, `cache.layers_0_keys`)."""
+        self.check_image_count(inputs)
         return backend(self.export_format).run(self.open(), inputs, self.outputs)
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:

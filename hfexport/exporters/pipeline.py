@@ -13,6 +13,7 @@ from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
 from hfexport.exporters.preflight import preflight
+from hfexport.generation_spec import IMAGE_COUNT_META
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
 
@@ -128,11 +129,13 @@ class CaptureExporter(HfExporter):
         warnings: list[str] = []
         quantization = None
         result = None
+        image_count: dict[str, int] = {}
         start = time.perf_counter()
         try:
             with exclusive():
                 options = self.capture_options(model, sample_inputs, config, warnings)
                 program = capture(model, sample_inputs, options, context, warnings)
+                image_count = dict(program.graph_module.meta.get(IMAGE_COUNT_META) or {})
                 if quantizer is None:
                     result = self.lower(program, unsaved, context)
                 else:
@@ -177,6 +180,8 @@ class CaptureExporter(HfExporter):
                 quantization=quantization,
                 used={
                     "dtype": _weights_dtype(model),
+                    # Pixel inputs whose image count the graph holds for (`hfexport.load(...).run` checks it).
+                    **({"image_count": image_count} if image_count else {}),
                     **(self.used(result, config, context) if result is not None else {}),
                 },
             )

@@ -140,6 +140,56 @@ def is_vision_tower(model: Any) -> bool:
     return getattr(config, "base_config_key", None) == "vision_config"
 
 
+def image_counts(inputs: Mapping[str, Any]) -> dict[str, int]:
+    """The leading (image) axis size of every pixel input (`pixel_values`, `pixel_values_videos`...) of a feed."""
+    return {
+        k: int(v.shape[0])
+        for k, v in inputs.items()
+        if _PIXEL_INPUT.match(k) and isinstance(v, torch.Tensor) and v.ndim >= 1
+    }
+
+
+def specialised_image_axes(
+    program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Mapping[str, Any] | None
+) -> dict[str, int]:
+    """The pixel inputs whose image axis (axis 0) was asked dynamic but the trace kept at the sample's size.
+
+    torch.export specialises an axis that the forward turns into Python structure: `list(image_features)`
+    (LLaVA), `split(counts.tolist())` per batch row (Idefics2/3, SmolVLM), `for i in range(batch_size)`
+    (DeepSeek-OCR 2), each one output tensor per image or row. The program then holds for that count only.
+    Only axes asked dynamic (`Dim.AUTO`, the `dynamic=True` default) of a sample of size >= 2 count: a size-1
+    axis is static by torch's 0/1 specialisation, and a caller's own dynamic shapes are theirs.
+    """
+    if dynamic_shapes is None:
+        return {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    user_inputs = set(program.graph_signature.user_inputs)
+    out: dict[str, int] = {}
+    for name, size in image_counts(inputs).items():
+        spec = dynamic_shapes.get(name)
+        asked = spec is torch.export.Dim.AUTO or (isinstance(spec, Mapping) and 0 in spec)
+        asked = asked or (isinstance(spec, (list, tuple)) and len(spec) > 0 and spec[0] is not None)
+        node = placeholders.get(name)
+        if not asked or size < 2 or node is None or name not in user_inputs:
+            continue
+        value = node.meta.get("val")
+        count = _static_size(value.shape[0]) if isinstance(value, torch.Tensor) and value.ndim >= 1 else None
+        if count is not None:
+            out[name] = count
+    return out
+
+
+def _static_size(size: Any) -> int | None:
+    """`size` as an int when the trace fixed it (a plain int, or a symbol replaced by a number), else None."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    if node is None:
+        return None
+    expr = node.shape_env.replace(node.expr) if node.shape_env is not None else node.expr
+    return int(expr) if getattr(expr, "is_number", False) else None
+
+
 def pixel_layouts(inputs: Mapping[str, Any], vision_tower: bool = False) -> Layout:
     """The image layout inputs of a pixel-input forward's sample (`image_grid_thw`, `image_sizes`,
     `spatial_shapes`...), with their values and dtypes; {} for any other forward. A vision tower's forward

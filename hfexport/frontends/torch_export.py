@@ -19,8 +19,8 @@ import torch
 
 from hfexport.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
 from hfexport.errors import InputError
-from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts
-from hfexport.generation_spec import LAYOUT_META, LayoutSpecialised
+from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts, specialised_image_axes
+from hfexport.generation_spec import IMAGE_COUNT_META, LAYOUT_META, LayoutSpecialised
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -339,5 +339,20 @@ def capture(
         _own_upcast_weights(program, upcast)
     if layout:
         program.graph_module.meta[LAYOUT_META] = {name: values for name, (values, _) in layout.items()}
+    # The image count joins the layout where the forward makes it Python structure (a per-image list of features,
+    # one output per image): torch.export keeps that axis at the sample's size, so another count is refused.
+    # With a layout input the layout already fixes the images (and a flattened patch axis is no image count).
+    # Only beside text: without it (an image classifier, a vision tower) the pixels' axis 0 is the model's batch,
+    # and a batch the trace fixes stays a failure to fix, not a layout.
+    text = any(isinstance(inputs.get(k), torch.Tensor) for k in ("input_ids", "inputs_embeds"))
+    auto = dynamic_shapes if options.dynamic_shapes is None and not layout and text else None
+    images = specialised_image_axes(program, inputs, auto)
+    if images:
+        program.graph_module.meta[IMAGE_COUNT_META] = images
+        for name, count in images.items():
+            warnings_out.append(
+                f"{name}: the image axis (0) is exported static at the sample's {count}: the model makes one Python "
+                "value per image or row of images (a per-image list of features); another image count is refused"
+            )
     engine.apply("fx", program, context)
     return program

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hfexport.artifacts.validation import ShapeCheck, check_shapes
-from hfexport.frontends.multimodal import is_vision_tower, pixel_layouts
+from hfexport.frontends.multimodal import image_counts, is_vision_tower, pixel_layouts
 from hfexport.naming import named_outputs
 
 from .corpus import CorpusEntry
@@ -32,13 +32,16 @@ def check_entry(
     tolerance: float,
     *,
     shapes: bool = True,
+    image_count: Mapping[str, int] | None = None,
 ) -> list[ShapeCheck]:
     """The artifact (`run(feed)` -> named outputs or a model output) against eager `model` on the sample and,
     with `shapes`, on the entry's other shapes. Main output only, |diff| <= tolerance * max(1, max|eager|).
 
     The sample must run in eager (it is the reference); another shape that eager refuses (past what the
     model accepts) is a skipped check, since it says nothing about the artifact, and so is another image layout
-    than the sample's that the artifact refuses (a pixel-input forward is exported for the sample's layout).
+    than the sample's that the artifact refuses (a pixel-input forward is exported for the sample's layout), and
+    another image count where the export kept it static (`image_count`, the artifact's `used["image_count"]`:
+    the forward makes one Python value per image).
     """
     feeds: dict[str, Mapping[str, Any]] = {"sample": entry.sample_inputs()}
     if shapes:
@@ -60,10 +63,13 @@ def check_entry(
         )
         for diff in check.outputs:
             diff.tolerance = max(diff.tolerance, tolerance)
-        if check.problem and pixel_layouts(feed, tower) != sample_layout:
+        counts = image_counts(feed)
+        other_count = any(counts.get(k, n) != n for k, n in (image_count or {}).items())
+        if check.problem and (pixel_layouts(feed, tower) != sample_layout or other_count):
             # A pixel-input forward is exported for the sample's image layout (batch+1 cycles the images into
             # another grid list): refusing another one is the documented behaviour, a wrong answer stays a failure.
-            check.skipped = f"another image layout than the sample's, refused: {check.problem}"
+            what = "image count" if other_count else "image layout"
+            check.skipped = f"another {what} than the sample's, refused: {check.problem}"
             check.problem = ""
         checks.append(check)
     return checks

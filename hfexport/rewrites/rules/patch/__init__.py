@@ -19,6 +19,7 @@ RULES: list[Rule] = load_rules(
         "patch/fake-constant-layouts",
         "patch/mrope-index-tensor",
         "patch/vision-window-index-eager",
+        "patch/square-patch-grid-static",
         "patch/longt5-pad-blocks",
         "patch/nllb-moe-router-cast",
         "patch/nllb-moe-dense-experts",
