@@ -61,3 +61,19 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
 def test_coverage_doc_is_current() -> None:
     tool = _tool()
     assert tool.main(["--check"]) == 0, "docs/coverage.md is stale: run `python tools/coverage_report.py`"
+
+
+def test_a_rerun_listed_in_meta_replaces_the_entry_s_earlier_rows(tmp_path: Path) -> None:
+    corpus, sweeps = tmp_path / "corpus", tmp_path / "sweeps"
+    (corpus / "fam").mkdir(parents=True)
+    sweeps.mkdir()
+    for name in ("a", "b"):
+        (corpus / "fam" / f"{name}.json").write_text("{}")
+    (sweeps / "dynamo_fam.json").write_text(json.dumps({"rows": [_row("a", "ok"), _row("b", "grown-run-error")]}))
+    # Sorts before the first file by name: only the meta's order makes it the later run.
+    (sweeps / "dynamo_fam.0fix.json").write_text(json.dumps({"rows": [_row("b", "ok")]}))
+    tool = _tool()
+    # Not listed: both rows of b count.
+    assert [(len(r.rows), r.passed) for r in tool.load_runs(sweeps, corpus)] == [(3, 2)]
+    (sweeps / "meta.json").write_text(json.dumps({"reruns": ["dynamo_fam.0fix.json"]}))
+    assert [(len(r.rows), r.passed) for r in tool.load_runs(sweeps, corpus)] == [(2, 2)]

@@ -72,17 +72,31 @@ def corpus_counts(family: str, corpus: Path = CORPUS) -> tuple[int, int]:
     return built + skipped, built
 
 
+def _entry(row: dict[str, Any]) -> str:
+    return row["model_type"] or row["model"].rpartition("/")[2]
+
+
 def load_runs(sweeps: Path = SWEEPS, corpus: Path = CORPUS) -> list[FamilyRun]:
-    """Every ``<format>_<family>.json`` under `sweeps`, in format then family order."""
+    """Every ``<format>_<family>.json`` under `sweeps`, in format then family order.
+
+    The files `meta.json` lists under `reruns` (re-sweeps after a fix) are read last, in that order, and their
+    rows replace the earlier rows of the same entry."""
+    meta_file = sweeps / "meta.json"
+    reruns = json.loads(meta_file.read_text()).get("reruns", []) if meta_file.exists() else []
+    paths = sorted(p for p in sweeps.glob("*_*.json") if p.name not in reruns)
+    paths += [sweeps / name for name in reruns if (sweeps / name).exists()]
     runs: dict[tuple[str, str], FamilyRun] = {}
-    for path in sorted(sweeps.glob("*_*.json")):
+    for path in paths:
         # `<format>_<family>.json`, or `<format>_<family>.<part>.json` for a family swept in several runs.
         export_format, _, family = path.name.split(".")[0].partition("_")
         if export_format not in FORMATS or not (corpus / family).is_dir():
             continue
         if (export_format, family) not in runs:
             runs[export_format, family] = FamilyRun(family, export_format, *corpus_counts(family, corpus))
-        runs[export_format, family].rows += json.loads(path.read_text())["rows"]
+        run = runs[export_format, family]
+        new = json.loads(path.read_text())["rows"]
+        replaced = {_entry(row) for row in new} if path.name in reruns else set()
+        run.rows = [row for row in run.rows if _entry(row) not in replaced] + new
 
     def order(run: FamilyRun) -> tuple[int, int, str]:
         first = FIRST.index(run.family) if run.family in FIRST else len(FIRST)
@@ -124,7 +138,7 @@ def subset_summary(runs: list[FamilyRun], subset: dict[str, list[str]], target: 
             for run in runs
             if run.export_format == export_format
             for row in run.rows
-            if (row["model_type"] or row["model"].rpartition("/")[2]) in subset.get(run.family, ())
+            if _entry(row) in subset.get(run.family, ())
         ]
         passed = sum(1 for row in rows if row["status"] == "ok")
         verdict = "met" if 100 * passed >= target * size else "not met"
