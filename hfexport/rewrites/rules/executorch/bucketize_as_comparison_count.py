@@ -99,7 +99,7 @@ bucketize_as_comparison_count = ExecutorchNodeRule(
         upstream="executorch==1.4.1 exir/verification/verifier.py (core ATen check) and kernels/portable/"
         "functions.yaml (no bucketize); transformers==5.24.0 modeling_smolvlm.py SmolVLMVisionEmbeddings.forward",
         backends=("executorch",),
-        models=("smolvlm", "idefics3"),
+        models=("smolvlm",),
         examples=(
             Match(
                 lambda: _built(),
