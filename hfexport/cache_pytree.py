@@ -195,7 +195,12 @@ def _counter(
     if known is not None and (known.shape[-1] is value or (isinstance(value, int) and known.shape[-1] == value)):
         leaf = known
     else:
-        leaf = torch.empty((0, value), dtype=COUNTER_DTYPE)
+        # `zeros`, not `empty` (it has no element either way): ExecuTorch's dim-order pass rewrites `empty` to
+        # `_empty_dim_order(int[] size)`, which turned the symbolic count into an int and guarded the sequence
+        # axis to the sample's length (mistral, gemma3_text: the program took only the sample's 8 tokens). The
+        # leaf is made again on every retrace (the outputs are flattened by this function), so no graph rule can
+        # replace it before that pass.
+        leaf = torch.zeros((0, value), dtype=COUNTER_DTYPE)
         _remember_counter(obj, name, leaf)
     leaves.append(leaf)
     keys.append(path)

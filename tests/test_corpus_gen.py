@@ -20,7 +20,7 @@ import torch
 from hfexport import DynamoConfig, DynamoExporter
 from hfexport.testing.corpus import load_corpus, load_entry
 from hfexport.testing.corpus_check import check_entry, failures
-from hfexport.testing.corpus_gen import FAMILIES, family_types, generate_entry
+from hfexport.testing.corpus_gen import FAMILIES, _derived_length, _lengthen_waveform, family_types, generate_entry
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "corpus_all"
 GENERATED = sorted(p for p in ROOT.glob("*/*.json") if not p.name.startswith("_"))
@@ -47,6 +47,26 @@ def test_generator_builds_a_tiny_entry_that_loads_and_reproduces(tmp_path: Path,
     assert list(out.shape) == entry["output_shape"]
     if fam.generative:
         assert entry["generate_shape"] == [2, 8 + 3]
+
+
+def test_a_waveform_sample_is_lengthened_until_every_derived_axis_has_two_frames() -> None:
+    # moonshine's tester sample (1000 samples) leaves its encoder 1 frame (conv strides 64, 3, 2): torch.export
+    # specialises that size-1 axis (`size-one-derived-axis-sample`). 1279 is the first length that gives 2.
+    entry = json.loads((ROOT / "speech_seq2seq" / "moonshine.json").read_text())
+    inputs = entry["sample"]["inputs"]
+    inputs["input_values"]["shape"][1] = inputs["attention_mask"]["shape"][1] = 1000
+    assert _lengthen_waveform(entry) == 1279
+    assert inputs["input_values"]["shape"] == inputs["attention_mask"]["shape"] == [2, 1279]
+    assert inputs["decoder_input_ids"]["values"][0][:1] == [85]  # other inputs untouched
+    model = load_entry(ROOT / "speech_seq2seq" / "moonshine.json").build_model()
+    assert [_derived_length(model, n) for n in (1000, 1278, 1279)] == [1, 1, 2]
+    with torch.no_grad():  # the encoder really has 2 frames on the new sample
+        encoded = model.get_encoder()(torch.rand(2, 1279), attention_mask=torch.ones(2, 1279, dtype=torch.int64))
+    assert encoded.last_hidden_state.shape[1] == 2
+    # A sample already long enough stays as it is (wav2vec2: 4000 samples, 12 frames).
+    wav2vec2 = json.loads((ROOT / "ctc" / "wav2vec2.json").read_text())
+    assert _lengthen_waveform(wav2vec2) is None
+    assert wav2vec2["sample"]["inputs"]["input_values"]["shape"] == [2, 4000]
 
 
 def test_generator_reports_a_type_it_cannot_build_instead_of_raising() -> None:

@@ -724,6 +724,51 @@ def _check_size(loaded: CorpusEntry) -> None:
         raise ValueError(f"{n} parameters after shrinking (cap {MAX_PARAMS})")
 
 
+# The longest waveform sample `_lengthen_waveform` looks for (one second at 16 kHz).
+_MAX_WAVEFORM = 16000
+
+
+def _derived_length(model: torch.nn.Module, samples: int) -> int | None:
+    """The frame count the model's feature extractor makes of `samples` waveform samples (its own
+    `_get_feat_extract_output_lengths`), or None where the model has no such method or it fails."""
+    method = getattr(model, "_get_feat_extract_output_lengths", None)
+    if method is None:
+        return None
+    try:
+        return int(method(torch.tensor(samples)))
+    except Exception:  # signatures vary (whisper's takes feature frames, some need adapters): not a waveform front end
+        return None
+
+
+def _lengthen_waveform(entry: dict[str, Any], seed: int = 0) -> int | None:
+    """Lengthen a waveform sample (`input_values` [batch, samples]) until the feature extractor gives every
+    derived axis >= 2 frames; return the new length, or None when the sample is already long enough or the
+    model says nothing about its frames.
+
+    torch.export specialises a size-1 axis of the sample (`size-one-derived-axis-sample`): moonshine's tester
+    sample of 1000 samples leaves its encoder one frame (conv strides 64, 3, 2), so every exported program
+    took one frame only; 1279 samples give two. Inputs sized like the waveform on that axis (its
+    attention_mask) are lengthened with it."""
+    inputs = entry["sample"]["inputs"]
+    spec = inputs.get("input_values")
+    shape = spec.get("shape") if isinstance(spec, dict) else None
+    if not shape or len(shape) != 2:
+        return None
+    model = entry_from_dict(entry).build_model(seed)
+    samples = shape[1]
+    frames = _derived_length(model, samples)
+    if frames is None or frames >= 2:
+        return None
+    longer = next((n for n in range(samples + 1, _MAX_WAVEFORM + 1) if (_derived_length(model, n) or 0) >= 2), None)
+    if longer is None:
+        return None
+    for other in inputs.values():
+        other_shape = other.get("shape") if isinstance(other, dict) else None
+        if other_shape and len(other_shape) == 2 and other_shape[1] == samples:
+            other_shape[1] = longer
+    return longer
+
+
 def _verify(entry: dict[str, Any], generative: bool, seed: int = 0) -> dict[str, Any]:
     """Build, run and (generative) generate through ``CorpusEntry``, exactly as the corpus users will."""
     start = time.perf_counter()
@@ -826,6 +871,7 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
         cand = queue.pop(0)
         entry = _entry(model_type, family, auto_class, config, cand, f"generated:shrink-level-{level}")
         try:
+            _lengthen_waveform(entry)
             entry.update(_verify(entry, family.generative))
             return entry, ""
         except Exception as exc:
@@ -850,6 +896,9 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
         entry["family"] = family.name
         entry["source"] = f"reused:{reuse.get('source', 'hand-made')}"
         try:
+            longer = _lengthen_waveform(entry)
+            if longer is not None:
+                entry["source"] += f" (waveform lengthened to {longer} samples: every derived axis >= 2)"
             entry.update(_verify(entry, family.generative))
             return GenResult(model_type, family.name, entry)
         except Exception as exc:

@@ -14,6 +14,7 @@ RULES: list[Rule] = load_rules(
         "executorch/integer-sort-as-topk",
         "executorch/scatter-min-max-as-masked-reduction",
         "executorch/is-all-true-as-any",
+        "executorch/bucketize-as-comparison-count",
         "executorch/quant-slice-keeps-qparams",
         "executorch/quant-identity-requantize",
         "executorch/quant-computed-weight-linear-untagged",
