@@ -444,9 +444,12 @@ def _schema(name: str, overload: str) -> Any:
             if schema.overload_name == overload:
                 return schema
         if attempt == 0:
-            # ExecuTorch's own operator libraries (executorch_prim, dim_order_ops, ...) register with exir.
+            # ExecuTorch's own operator libraries (executorch_prim, dim_order_ops, ...) register with exir;
+            # `llama::` (custom_sdpa) with its LLM custom ops.
             try:
                 importlib.import_module("executorch.exir")
+                if name.startswith("llama::"):
+                    importlib.import_module("executorch.extension.llm.custom_ops.custom_ops")
             except ImportError:
                 return None
     return None
