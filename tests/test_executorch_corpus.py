@@ -1,7 +1,8 @@
 """ExecutorchExporter (XNNPACK) parity in the ExecuTorch runtime on tiny random models of real architectures.
 
 Every architecture is exported once with `dynamic=True` and bounded axes (`bounded_dynamic_shapes`: batch <= 8,
-sequence <= the model's max_position_embeddings), saved as `model.pte`, loaded with `executorch.runtime`, and must
+sequence <= the model's max_position_embeddings, images <= its image_size, raw audio <= 160 000 samples),
+saved as `model.pte`, loaded with `executorch.runtime`, and must
 match eager within 1e-4 on the sample and on other shapes (grown, 73 and 138 tokens, another batch). One
 architecture runs by default (the ExecuTorch lowering costs about a minute per model on 2 cores); the rest of the
 causal-LM and encoder corpus runs with `-m slow` (and as `tools/sweep_executorch.py`).

@@ -426,3 +426,39 @@ def test_out_variants_with_several_outputs_pass_and_run(tmp_path: Path) -> None:
     assert torch.equal(indices, expected_indices)
     torch.testing.assert_close(first, expected_first)
     torch.testing.assert_close(rest, expected_rest)
+
+
+class _ScaleByLength(torch.nn.Module):
+    """YOLOS' position grid: a float scale from a symbolic size (`128 / (height // 4)`), used as a scalar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.proj(x) * (128 / (x.shape[1] // 4))
+
+
+def test_a_prim_op_that_writes_a_double_into_its_int_placeholder_passes_and_runs(tmp_path: Path) -> None:
+    """executorch's emitter serialises every `executorch_prim` result as an `Int(0)` placeholder that the kernel
+    replaces: `truediv.Scalar` writes a double there. The check refused that (yolos: "truediv.Scalar on ['int',
+    'int'] writes float into a int"); the runtime runs it."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport.artifacts import load
+
+    model = _ScaleByLength().eval()
+    x = torch.randn(2, 12, 4, generator=torch.Generator().manual_seed(2))
+    shapes = {"x": {1: torch.export.Dim("n", min=4, max=64)}}
+    program = torch.export.export(model, (), {"x": x}, dynamic_shapes=shapes)
+    manager = to_edge_transform_and_lower(program).to_executorch()
+    names = {op.name for op in deserialize_pte_binary(manager.buffer).program.execution_plan[0].operators}
+    assert "executorch_prim::truediv" in names
+    folder = save(manager, tmp_path / "artifact")
+    _check_pte(folder, {"main": "model.pte"})
+    loaded = load(folder, trust=True)
+    for length in (12, 29):
+        feed = torch.randn(2, length, 4, generator=torch.Generator().manual_seed(length))
+        (actual,) = loaded.run({"x": feed}).values()
+        torch.testing.assert_close(actual, model(feed))

@@ -6,7 +6,8 @@ ExecuTorch runtime, and compare with eager.
 
 Each model runs in its own subprocess. For each: export with `ExecutorchConfig(dynamic=True)` and the
 bounded dynamic shapes ExecuTorch needs (`bounded_dynamic_shapes`: batch <= 8, sequence <= the model's
-max_position_embeddings), save `model.pte`, load it with `executorch.runtime`, and compare the model's
+max_position_embeddings, image height and width <= its image_size, raw audio <= 160 000 samples),
+save `model.pte`, load it with `executorch.runtime`, and compare the model's
 main output with eager on the sample and on the grown input (tolerance 1e-4 x max(1, max|ref|)).
 Lists the rules that fired per model, then a summary line. A model takes minutes (XNNPACK preprocesses every
 partition): on a shared 2-core machine run a family in chunks with `--only`. Results: docs/coverage.md.

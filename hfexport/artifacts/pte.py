@@ -444,9 +444,12 @@ def _schema(name: str, overload: str) -> Any:
             if schema.overload_name == overload:
                 return schema
         if attempt == 0:
-            # ExecuTorch's own operator libraries (executorch_prim, dim_order_ops, ...) register with exir.
+            # ExecuTorch's own operator libraries (executorch_prim, dim_order_ops, ...) register with exir;
+            # `llama::` (custom_sdpa) with its LLM custom ops.
             try:
                 importlib.import_module("executorch.exir")
+                if name.startswith("llama::"):
+                    importlib.import_module("executorch.extension.llm.custom_ops.custom_ops")
             except ImportError:
                 return None
     return None
@@ -635,7 +638,13 @@ def _check_instruction(
             raise _Invalid(f"{where} passes {len(args)} arguments to {op.name}, which takes {len(op.arguments)}")
         if op.result is not None:
             written = op.result(arg_tags[:-1], [scalar_types.get(a, -1) for a in args[:-1]])
-            if written is None or written != arg_tags[-1]:
+            if written in (DOUBLE, BOOL) and arg_tags[-1] == INT and op.name.startswith("executorch_prim::"):
+                # executorch's emitter serialises the result of every `executorch_prim` op (schema return
+                # `Scalar`) as an `Int(0)` placeholder, "the runtime operator just overrides the EValue
+                # completely" (`exir/emit/_emitter.py`): `truediv.Scalar` writes a double there (yolos' position
+                # grid scale). Later instructions read the type it writes.
+                tags[args[-1]] = written
+            elif written is None or written != arg_tags[-1]:
                 raise _Invalid(
                     f"{where}: {op.name} on {[_tag_name(t) for t in arg_tags[:-1]]} writes "
                     f"{_tag_name(written) if written else 'nothing valid'} into a {_tag_name(arg_tags[-1])}"

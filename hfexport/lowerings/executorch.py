@@ -7,8 +7,9 @@ or CUDA delegation; stage time "edge") -> `to_executorch(ExecutorchBackendConfig
 Bounds: ExecuTorch plans every tensor at its upper-bound size. A dynamic axis without an upper bound is
 planned at its size in the sample (executorch `eval_upper_bound` falls back to the trace hint), so a longer
 input fails at run time. `bounded_dynamic_shapes` gives every unbounded axis a cap before the trace: the
-batch axis `MAX_BATCH`, every other axis the model's `max_position_embeddings` (or the static cache
-length). Explicit bounds (`Dim("seq", max=...)`) are kept.
+batch axis `MAX_BATCH`, an image's height and width the config's `image_size` (else the sample's), a raw
+waveform's samples `MAX_AUDIO_SAMPLES`, every other axis the model's `max_position_embeddings` (or the static
+cache length). Explicit bounds (`Dim("seq", max=...)`) are kept.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MAX_BATCH = 8
 FALLBACK_MAX_SEQUENCE = 2048
 # Config attributes that hold the longest sequence a model supports, by the names architectures use.
 _MAX_LENGTH_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx", "seq_length")
+# Cap of a raw-audio axis (`input_values`: waveform samples), which no config names: 10 s at 16 kHz, the rate
+# of the speech models' feature extractors. Planned memory grows with it (see docs/executorch.md, Bounds).
+MAX_AUDIO_SAMPLES = 160_000
 
 
 def check_backend(config: ExecutorchConfig) -> None:
@@ -87,11 +91,15 @@ def backend_config(config: ExecutorchConfig) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class DimCaps:
-    """The caps given to unbounded dynamic axes: `batch` for axis 0, `sequence` for the others."""
+    """The caps given to unbounded dynamic axes: `batch` for axis 0, `image` (height, width) for the last two
+    axes of an image input, `audio` for the samples axis of a raw-audio input, `sequence` for the others."""
 
     batch: int
     sequence: int
     sequence_source: str
+    image: tuple[int, int] | None = None  # None: an image axis is capped at the sample's size
+    image_source: str = "the sample's size: the model config names no image_size"
+    audio: int = MAX_AUDIO_SAMPLES
 
 
 def _is_cache(value: Any) -> bool:
@@ -100,24 +108,66 @@ def _is_cache(value: Any) -> bool:
     return is_cache(value)
 
 
+def _configs(model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """The model's config and its sub-configs (text config first, then e.g. `vision_config`), by path."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return []
+    found = [("config", config)]
+    if hasattr(config, "get_text_config"):
+        found.insert(0, ("config", config.get_text_config(decoder=True)))
+    sub = getattr(config, "sub_configs", None) or {}
+    found += [(f"config.{key}", getattr(config, key, None)) for key in sub]
+    return [(path, cfg) for path, cfg in found if cfg is not None]
+
+
+def _image_size(value: Any) -> tuple[int, int] | None:
+    """(height, width) from a config's `image_size`: an int or a pair."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, value
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
+        return int(value[0]), int(value[1])
+    return None
+
+
 def dim_caps(model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> DimCaps:
-    """The caps for `model`: the static cache length when an input is a `StaticCache`, else the config's
-    maximum length (`max_position_embeddings` or an alias), else `FALLBACK_MAX_SEQUENCE`."""
+    """The caps for `model`. Sequence axes: the static cache length when an input is a `StaticCache`, else the
+    config's maximum length (`max_position_embeddings` or an alias), else `FALLBACK_MAX_SEQUENCE`. Image axes:
+    the config's (or a sub-config's) `image_size`, else the sample's size. Raw audio: `MAX_AUDIO_SAMPLES`."""
+    configs = _configs(model)
+    image, image_source = None, DimCaps.image_source
+    for path, cfg in configs:
+        size = _image_size(getattr(cfg, "image_size", None))
+        if size is not None:
+            image, image_source = size, f"{path}.image_size"
+            break
+    images = {"image": image, "image_source": image_source, "audio": MAX_AUDIO_SAMPLES}
     for name, value in sample_inputs.items():
         # A fixed-size cache (StaticCache) reports its length; a growing one (DynamicCache) reports -1.
         length = value.get_max_length() if _is_cache(value) and hasattr(value, "get_max_length") else None
         if isinstance(length, int) and length > 0:
-            return DimCaps(MAX_BATCH, length, f"the static cache length of {name!r}")
-    config = getattr(model, "config", None)
-    configs = [config]
-    if config is not None and hasattr(config, "get_text_config"):
-        configs.insert(0, config.get_text_config(decoder=True))
-    for cfg in configs:
+            return DimCaps(MAX_BATCH, length, f"the static cache length of {name!r}", **images)
+    for path, cfg in configs:
         for attr in _MAX_LENGTH_ATTRIBUTES:
             value = getattr(cfg, attr, None)
             if isinstance(value, int) and value > 0:
-                return DimCaps(MAX_BATCH, value, f"config.{attr}")
-    return DimCaps(MAX_BATCH, FALLBACK_MAX_SEQUENCE, "the default cap: the model config names no maximum length")
+                return DimCaps(MAX_BATCH, value, f"{path}.{attr}", **images)
+    return DimCaps(
+        MAX_BATCH, FALLBACK_MAX_SEQUENCE, "the default cap: the model config names no maximum length", **images
+    )
+
+
+def axis_kinds(name: str, value: Any) -> dict[int, str]:
+    """The kind of each non-batch axis of one input that is not a sequence: "channels", "height" and "width" for
+    the last three axes of a floating tensor of rank >= 4 (images, `(batch, channels, height, width)`, videos),
+    "audio" for axis 1 of a raw waveform (`input_values`, `(batch, samples)`)."""
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return {}
+    if value.dim() >= 4:
+        return {value.dim() - 3: "channels", value.dim() - 2: "height", value.dim() - 1: "width"}
+    if value.dim() == 2 and name.endswith("input_values"):
+        return {1: "audio"}
+    return {}
 
 
 def _unbounded_max(value: Any) -> bool:
@@ -142,20 +192,45 @@ def _cap_dim(dim: Any, cap: int, named: dict[str, Any]) -> tuple[Any, bool]:
     return dim, False
 
 
-def _cap_axes(spec: Any, shape: tuple[int, ...] | None, caps: DimCaps, named: dict[str, Any], out: list[str]) -> Any:
+def _cap_axes(
+    spec: Any,
+    shape: tuple[int, ...] | None,
+    kinds: dict[int, str],
+    caps: DimCaps,
+    named: dict[str, Any],
+    out: list[str],
+) -> Any:
     """Cap the axes of one tensor's spec (dict {axis: dim} or list per axis); recurse into containers."""
 
     def cap_for(axis: int) -> int:
-        cap = caps.batch if axis == 0 else caps.sequence
+        if shape is not None and axis < 0:
+            axis += len(shape)
+        sample = shape[axis] if shape is not None and 0 <= axis < len(shape) else 0
+        kind = kinds.get(axis)
+        if axis == 0:
+            cap = caps.batch
+        elif kind in ("height", "width"):
+            # An image fits the model's image_size; without one, the program takes the sample's size.
+            cap = caps.image[0 if kind == "height" else 1] if caps.image is not None else sample
+        elif kind == "audio":
+            cap = caps.audio
+        elif kind == "channels":
+            cap = sample  # fixed by the first convolution's weight
+        else:
+            cap = caps.sequence
         # Never below the sample: the program must at least run on what it was traced with.
-        return max(cap, shape[axis]) if shape is not None and -len(shape) <= axis < len(shape) else cap
+        return max(cap, sample)
+
+    def note(axis: int, dim: Any) -> str:
+        kind = kinds.get(axis + len(shape) if shape is not None and axis < 0 else axis)
+        return f"axis {axis} ({kind}) <= {cap_for(axis)}" if kind else f"axis {axis} <= {cap_for(axis)}"
 
     if isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec):
         result = {}
         for axis, dim in spec.items():
             result[axis], capped = _cap_dim(dim, cap_for(axis), named)
             if capped:
-                out.append(f"axis {axis} <= {cap_for(axis)}")
+                out.append(note(axis, dim))
         return result
     if isinstance(spec, (list, tuple)) and all(not isinstance(d, (list, tuple, Mapping)) for d in spec):
         dims = []
@@ -163,12 +238,12 @@ def _cap_axes(spec: Any, shape: tuple[int, ...] | None, caps: DimCaps, named: di
             new, capped = _cap_dim(dim, cap_for(axis), named)
             dims.append(new)
             if capped:
-                out.append(f"axis {axis} <= {cap_for(axis)}")
+                out.append(note(axis, dim))
         return type(spec)(dims)
     if isinstance(spec, Mapping):
-        return {k: _cap_axes(v, None, caps, named, out) for k, v in spec.items()}
+        return {k: _cap_axes(v, None, {}, caps, named, out) for k, v in spec.items()}
     if isinstance(spec, (list, tuple)):
-        return type(spec)(_cap_axes(v, None, caps, named, out) for v in spec)
+        return type(spec)(_cap_axes(v, None, {}, caps, named, out) for v in spec)
     return spec
 
 
@@ -209,13 +284,19 @@ def bounded_dynamic_shapes(
         value = sample_inputs.get(name)
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         axes: list[str] = []
-        bounded[name] = _cap_axes(spec, shape, caps, named, axes)
+        bounded[name] = _cap_axes(spec, shape, axis_kinds(name, value), caps, named, axes)
         capped += [f"{name} {a}" for a in dict.fromkeys(axes)]
     if capped:
+        kinds = " ".join(capped)
+        special = ""
+        if "(height)" in kinds or "(width)" in kinds:
+            special += f", image height and width at {caps.image or 'the sample size'} ({caps.image_source})"
+        if "(audio)" in kinds:
+            special += f", raw audio at {caps.audio} samples (hfexport.lowerings.executorch.MAX_AUDIO_SAMPLES)"
         message = (
             "ExecuTorch plans memory for the largest shape an input may take, so unbounded dynamic axes were "
-            f"capped: batch axes at {caps.batch} (hfexport.lowerings.executorch.MAX_BATCH), the others at "
-            f"{caps.sequence} ({caps.sequence_source}): {', '.join(capped)}. For other bounds pass them "
+            f"capped: batch axes at {caps.batch} (hfexport.lowerings.executorch.MAX_BATCH){special}, the others "
+            f"at {caps.sequence} ({caps.sequence_source}): {', '.join(capped)}. For other bounds pass them "
             "explicitly, e.g. ExecutorchConfig(dynamic_shapes={'input_ids': {0: Dim('batch', min=1, max=4), "
             "1: Dim('seq', min=1, max=1024)}, 'attention_mask': {0: Dim('batch', min=1, max=4), "
             "1: Dim('seq', min=1, max=1024)}})"

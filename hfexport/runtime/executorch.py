@@ -10,6 +10,7 @@ code (or a failure deep inside a kernel, when the total size still fits the plan
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,16 @@ def check_feed(slots: Mapping[int, InputSlot], named_feed: list[tuple[str, Any]]
                 )
 
 
+def load_kernel_libraries() -> None:
+    """Register the kernels of ExecuTorch's optional operator libraries that exported programs may call with the
+    runtime: `llama::custom_sdpa` (rule `executorch/unmasked-sdpa-as-custom-sdpa`). Without it a method that
+    calls one fails to load ("Failed to load method forward, error: 0x14", an operator without a kernel). A
+    plain `executorch.runtime` user imports `executorch.extension.llm.custom_ops.custom_ops` the same way."""
+    # An executorch build without the LLM custom ops: programs that call them fail to load.
+    with contextlib.suppress(ImportError):
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
 class ExecutorchProgram:
     """A loaded ExecuTorch program whose `forward` runs on forward kwargs and checks them first.
 
@@ -101,6 +112,7 @@ class ExecutorchProgram:
     ) -> None:
         from executorch.runtime import Runtime
 
+        load_kernel_libraries()
         if isinstance(source, (str, Path)):
             data: Any = Path(source)
         elif isinstance(source, (bytes, bytearray)):

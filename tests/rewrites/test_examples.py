@@ -31,6 +31,9 @@ NEEDED_ELSEWHERE = {
     "without the rule XNNPACK frees a buffer twice and aborts the process",
     "onnx/fold-shared-weight-transpose": "tests/rewrites/test_quant_rules.py shows it: without the rule "
     "NNCFOnnxQuantizer fails on a tied head; without a quantizer nothing needs it",
+    "executorch/unmasked-sdpa-as-custom-sdpa": "the need is memory, not numbers: tests/rewrites/"
+    "test_executorch_custom_sdpa.py plans the example attention with and without the rule (YOLOS: 148 GB of "
+    "score buffers without it, refused at load)",
 }
 
 

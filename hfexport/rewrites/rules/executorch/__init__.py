@@ -6,6 +6,7 @@ RULES: list[Rule] = load_rules(
     __name__,
     [
         "executorch/sdpa-output-contiguous-before-view",
+        "executorch/unmasked-sdpa-as-custom-sdpa",
         "executorch/dynamic-trailing-unsqueeze-as-view",
         "executorch/dynamic-conv1d-as-conv2d",
         "executorch/dynamic-empty-as-zeros",
