@@ -78,7 +78,7 @@ grouped_mm_fallback = AtenOverride(
         "`transformers::grouped_mm_fallback` (a Python loop over offs.tolist()); the ExportedProgram keeps it, "
         "as the seed documents, and torch.onnx has no translation for it ('No ONNX function found'). This "
         "translates it into Split / MatMul per expert / Concat, zeros for rows past the last group. ExecuTorch and "
-        "OpenVINO run these experts as batched_mm instead (patch/executorch-moe-batched-experts, "
+        "OpenVINO run these experts routed per expert instead (patch/executorch-moe-batched-experts, "
         "patch/openvino-moe-batched-experts): their lowerings refuse the forward's aten.histc, not only this op",
         upstream="transformers==5.24.0 integrations/moe.py _grouped_mm_fallback (custom op used when "
         "_can_use_grouped_mm refuses non-bf16 weights under tracing; cf. https://github.com/pytorch/pytorch/issues/172440)",

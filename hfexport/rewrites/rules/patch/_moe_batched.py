@@ -1,4 +1,4 @@
-"""transformers' `grouped_mm` experts run as its `batched_mm` experts during the trace.
+"""transformers' `grouped_mm` experts run one expert at a time over the tokens routed to it during the trace.
 
 The body, target and examples shared by the backend-scoped rules that need it
 (`patch/executorch-moe-batched-experts`, `patch/openvino-moe-batched-experts`); each rule keeps its own
@@ -34,20 +34,9 @@ def _declines(module: torch.nn.Module) -> bool:
     )
 
 
-def batched_mm_experts(original: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    from transformers.integrations import moe
-
-    if _declines(module):
-        return NOT_APPLICABLE
-    # The same per (token, expert) products, gate, routing weights and per-token sum as grouped_mm, as
-    # gathers + bmm: no sort, histc offsets or inverse permutation (refused by to_edge) and no grouped_mm
-    # kernel (none in XNNPACK or the portable kernels). ExecuTorch keeps this form: the routed one below
-    # exports there but its program failed at run time (error 0x12, gpt_oss) when measured.
-    return moe.batched_mm_experts_forward(module, *args, **kwargs)
-
-
 def routed_experts(original: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    # The same calls declined as `batched_mm_experts`; no sort or histc either (refused by OpenVINO's converter).
+    # No sort or histc (refused by OpenVINO's converter and by to_edge) and no grouped_mm kernel (none in XNNPACK
+    # or the portable kernels).
     if _declines(module):
         return NOT_APPLICABLE
     return routed_experts_forward(module, *args, **kwargs)
@@ -80,14 +69,20 @@ def routed_experts_forward(
     # batched_mm multiplies the expert output by the routing weights, then sums: the result dtype of that product.
     dtype = torch.promote_types(hidden_states.dtype, top_k_weights.dtype)
     out = hidden_states.new_zeros((num_tokens, hidden_dim), dtype=dtype)
+    top_k = top_k_index.shape[-1]
+    flat_index, flat_weights = top_k_index.reshape(-1), top_k_weights.reshape(-1)
     for expert in range(up.shape[0]):
-        token, slot = torch.nonzero(top_k_index == expert, as_tuple=True)
+        # The flat (token, slot) pairs routed to this expert, from nonzero over the flat routing: a 1-D mask, so
+        # no column of nonzero's [pairs, 2] result is sliced (that result is column-major, and the ExecuTorch
+        # program slicing it failed at run time: slice_copy "different dim orders", 0x12).
+        pair = torch.nonzero(flat_index == expert).reshape(-1)
+        token = torch.div(pair, top_k, rounding_mode="floor")
         h = _linear(hidden_states.index_select(0, token), up[expert], _at(up_bias, expert), module.is_transposed)
         h = module._apply_gate(h) if module.has_gate else module.act_fn(h)
         h = _linear(h, module.down_proj[expert], _at(down_bias, expert), module.is_transposed)
         if module.has_post_expert_norm:
             h = module.post_expert_norm(h)
-        weighted = h * top_k_weights[token, slot].unsqueeze(-1)
+        weighted = h * flat_weights.index_select(0, pair).unsqueeze(-1)
         # scatter_add, not index_add: OpenVINO's converter refuses aten.index_add without its alpha argument.
         out = out.scatter_add(0, token.unsqueeze(-1).expand_as(weighted), weighted)
     return out.to(hidden_states.dtype)
