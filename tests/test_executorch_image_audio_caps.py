@@ -121,6 +121,18 @@ def test_axis_kinds_by_rank_dtype_and_name() -> None:
     assert axis_kinds("pixel_mask", torch.ones(1, 1, 8, 8, dtype=torch.long)) == {}
 
 
+def test_a_waveform_s_attention_mask_takes_the_audio_cap() -> None:
+    """moonshine: `attention_mask` is `(batch, samples)` beside `input_values`; with the text cap (its 512
+    positions, so the 1279-sample sample) the program refused the sweep's 1679-sample run."""
+    from hfexport.lowerings.executorch import _waveform_mask_kinds
+
+    inputs = {"input_values": torch.randn(2, 1279), "attention_mask": torch.ones(2, 1279, dtype=torch.long)}
+    assert _waveform_mask_kinds("attention_mask", inputs["attention_mask"], inputs) == {1: "audio"}
+    text = {"input_values": torch.randn(2, 1279), "decoder_attention_mask": torch.ones(2, 9, dtype=torch.long)}
+    assert _waveform_mask_kinds("decoder_attention_mask", text["decoder_attention_mask"], text) == {}
+    assert _waveform_mask_kinds("attention_mask", torch.ones(2, 9), {"input_ids": torch.ones(2, 9)}) == {}
+
+
 @pytest.mark.slow
 def test_a_dinov2_program_runs_larger_images_than_its_sample_and_refuses_beyond_image_size(tmp_path: Any) -> None:
     pytest.importorskip("executorch")

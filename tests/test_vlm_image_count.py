@@ -72,6 +72,27 @@ def test_an_image_count_the_trace_keeps_is_recorded_and_another_is_refused(tmp_p
         loaded.run(_feed(3))
 
 
+def test_executorch_s_capped_shapes_record_the_image_count_too() -> None:
+    """ExecuTorch derives bounded shapes from `dynamic=True` (every axis capped): those are not the caller's
+    shapes, so the fixed image axis is recorded as for the other formats (the llava sweep row's refusal was the
+    runtime's bound, 'planned for at most 2', counted as a failure, before). A caller's own shapes are not."""
+    from hfexport import ExecutorchConfig
+    from hfexport.frontends.torch_export import capture
+    from hfexport.generation_spec import IMAGE_COUNT_META
+    from hfexport.lowerings.executorch import capture_options
+    from hfexport.rewrites.engine import RewriteContext
+
+    model = _Vlm(per_image=True).eval()
+    warnings: list[str] = []
+    derived = capture_options(model, _feed(2), ExecutorchConfig(dynamic=True), warnings)
+    assert derived.dynamic_shapes is not None and derived.derived_shapes
+    own = {"pixel_values": {0: torch.export.Dim("images", min=1, max=4)}, "input_ids": None}
+    assert not capture_options(model, _feed(2), ExecutorchConfig(dynamic_shapes=own), warnings).derived_shapes
+
+    program = capture(model, _feed(2), derived, RewriteContext(backend="executorch"), warnings)
+    assert program.graph_module.meta.get(IMAGE_COUNT_META) == {"pixel_values": 2}
+
+
 def test_an_image_axis_the_model_keeps_as_a_tensor_stays_dynamic(tmp_path: Path) -> None:
     model = _Vlm(per_image=False).eval()
     exporter = DynamoExporter()

@@ -45,6 +45,9 @@ class CaptureOptions:
     # Trace the float32 function of a bf16 model: bf16 weights, buffers and inputs are float32 for the trace
     # (hfexport/exporters/preflight.py decides, for a runtime without bf16 kernels).
     upcast_bfloat16: bool = False
+    # `dynamic_shapes` derived by the backend from `dynamic=True` (ExecuTorch's capped axes), not the caller's:
+    # read like `dynamic=True`'s own shapes (an image axis the trace fixes is recorded as the image count).
+    derived_shapes: bool = False
 
 
 def _is_cache(value: Any) -> bool:
@@ -345,7 +348,8 @@ def capture(
     # Only beside text: without it (an image classifier, a vision tower) the pixels' axis 0 is the model's batch,
     # and a batch the trace fixes stays a failure to fix, not a layout.
     text = any(isinstance(inputs.get(k), torch.Tensor) for k in ("input_ids", "inputs_embeds"))
-    auto = dynamic_shapes if options.dynamic_shapes is None and not layout and text else None
+    derived = options.dynamic_shapes is None or options.derived_shapes
+    auto = dynamic_shapes if derived and not layout and text else None
     images = specialised_image_axes(program, inputs, auto)
     if images:
         program.graph_module.meta[IMAGE_COUNT_META] = images

@@ -170,6 +170,18 @@ def axis_kinds(name: str, value: Any) -> dict[int, str]:
     return {}
 
 
+def _waveform_mask_kinds(name: str, value: Any, inputs: Mapping[str, Any]) -> dict[int, str]:
+    """{1: "audio"} for the `attention_mask` of a raw waveform (`(batch, samples)`, as long as `input_values`):
+    it runs as long as the waveform, so it takes the audio cap, not the text one (moonshine's mask was planned for
+    its 1279-sample sample while the waveform took 160 000)."""
+    waveform = inputs.get("input_values")
+    if not name.endswith("attention_mask") or not isinstance(value, torch.Tensor) or value.dim() != 2:
+        return {}
+    if axis_kinds("input_values", waveform) != {1: "audio"} or waveform.shape[1] != value.shape[1]:
+        return {}
+    return {1: "audio"}
+
+
 def _unbounded_max(value: Any) -> bool:
     return value is None or not isinstance(value, int) or value >= 2**62
 
@@ -284,7 +296,8 @@ def bounded_dynamic_shapes(
         value = sample_inputs.get(name)
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         axes: list[str] = []
-        bounded[name] = _cap_axes(spec, shape, axis_kinds(name, value), caps, named, axes)
+        kinds = axis_kinds(name, value) or _waveform_mask_kinds(name, value, sample_inputs)
+        bounded[name] = _cap_axes(spec, shape, kinds, caps, named, axes)
         capped += [f"{name} {a}" for a in dict.fromkeys(axes)]
     if capped:
         kinds = " ".join(capped)
@@ -325,6 +338,7 @@ def capture_options(
         dynamic_shapes=bounded_dynamic_shapes(model, sample_inputs, config, warnings_out),
         strict=config.strict,
         prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+        derived_shapes=config.dynamic_shapes is None,
     )
 
 
