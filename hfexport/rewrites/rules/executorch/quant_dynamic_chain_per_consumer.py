@@ -126,7 +126,7 @@ def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: ty
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hfexport.quantizers.pt2e import _keeping_integer_constants
+    from hfexport.rewrites.rules.executorch._pt2e_integer_constants import _keeping_integer_constants
 
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
     with torch.no_grad():
