@@ -738,7 +738,7 @@ def test_xnnpack_scalar_constants_keep_their_integer_dtype() -> None:
     pytest.importorskip("executorch")
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
 
-    from hfexport.rewrites.rules.executorch._pt2e_integer_constants import restore_integer_constants
+    from hfexport.rewrites.rules.executorch._pt2e import restore_integer_constants
 
     class Shift(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,7 @@ def _cap_axes(
         # Never below the sample: the program must at least run on what it was traced with.
         return max(cap, sample)
 
-    def note(axis: int, dim: Any) -> str:
+    def note(axis: int) -> str:
         kind = kinds.get(axis + len(shape) if shape is not None and axis < 0 else axis)
         return f"axis {axis} ({kind}) <= {cap_for(axis)}" if kind else f"axis {axis} <= {cap_for(axis)}"
 
@@ -242,7 +242,7 @@ def _cap_axes(
         for axis, dim in spec.items():
             result[axis], capped = _cap_dim(dim, cap_for(axis), named)
             if capped:
-                out.append(note(axis, dim))
+                out.append(note(axis))
         return result
     if isinstance(spec, (list, tuple)) and all(not isinstance(d, (list, tuple, Mapping)) for d in spec):
         dims = []
@@ -250,7 +250,7 @@ def _cap_axes(
             new, capped = _cap_dim(dim, cap_for(axis), named)
             dims.append(new)
             if capped:
-                out.append(note(axis, dim))
+                out.append(note(axis))
         return type(spec)(dims)
     if isinstance(spec, Mapping):
         return {k: _cap_axes(v, None, {}, caps, named, out) for k, v in spec.items()}
@@ -300,11 +300,11 @@ def bounded_dynamic_shapes(
         bounded[name] = _cap_axes(spec, shape, kinds, caps, named, axes)
         capped += [f"{name} {a}" for a in dict.fromkeys(axes)]
     if capped:
-        kinds = " ".join(capped)
+        listed = " ".join(capped)
         special = ""
-        if "(height)" in kinds or "(width)" in kinds:
+        if "(height)" in listed or "(width)" in listed:
             special += f", image height and width at {caps.image or 'the sample size'} ({caps.image_source})"
-        if "(audio)" in kinds:
+        if "(audio)" in listed:
             special += f", raw audio at {caps.audio} samples (hfexport.lowerings.executorch.MAX_AUDIO_SAMPLES)"
         message = (
             "ExecuTorch plans memory for the largest shape an input may take, so unbounded dynamic axes were "

@@ -16,7 +16,7 @@ import torch
 from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, traced_inputs
-from hfexport.rewrites.rules.executorch._pt2e_integer_constants import (
+from hfexport.rewrites.rules.executorch._pt2e import (
     _keeping_integer_constants,
 )
 

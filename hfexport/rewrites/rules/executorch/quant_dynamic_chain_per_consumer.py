@@ -28,21 +28,16 @@ from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
-
-
-def _op(name: str, overload: str) -> Any:
-    # quantized_decomposed ops are registered when torchao's (or torch.ao's) PT2E quantization is imported, which a
-    # program that holds them has done.
-    namespace = getattr(torch.ops, "quantized_decomposed", None)
-    return getattr(getattr(namespace, name, None), overload, None)
 
 
 def _chain(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
     """For `dequantize(quantize(x, s, zp), s, zp)` whose `s`, `zp` are the two items of `choose_qparams(x)`:
     (choose_qparams, scale item, zero-point item, quantize); else None."""
-    dequantize, quantize = _op("dequantize_per_tensor", "tensor"), _op("quantize_per_tensor", "tensor")
-    choose = _op("choose_qparams", "tensor")
+    dequantize = decomposed_op("dequantize_per_tensor", "tensor")
+    quantize = decomposed_op("quantize_per_tensor", "tensor")
+    choose = decomposed_op("choose_qparams", "tensor")
     if dequantize is None or node.op != "call_function" or node.target is not dequantize or node.kwargs:
         return None
     source = node.args[0]
@@ -126,7 +121,7 @@ def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: ty
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hfexport.rewrites.rules.executorch._pt2e_integer_constants import _keeping_integer_constants
+    from hfexport.rewrites.rules.executorch._pt2e import _keeping_integer_constants
 
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
     with torch.no_grad():

@@ -26,16 +26,10 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 
 aten = torch.ops.aten
 _CASTS = (aten.to.dtype, aten._to_copy.default)
-
-
-def _per_tensor(name: str) -> Any:
-    # quantized_decomposed ops are registered when torchao's (or torch.ao's) PT2E quantization is imported, which a
-    # program that holds them has done.
-    namespace = getattr(torch.ops, "quantized_decomposed", None)
-    return getattr(getattr(namespace, name, None), "default", None)
 
 
 def _dtype(node: Any) -> torch.dtype | None:
@@ -54,7 +48,7 @@ def _is_noop_cast(node: fx.Node) -> bool:
 
 def _quantized_source(node: fx.Node) -> fx.Node | None:
     """For `q(cast*(dq(q0, p)), p)` with `q0 = q(_, p)`: `q0`; else None."""
-    quantize, dequantize = _per_tensor("quantize_per_tensor"), _per_tensor("dequantize_per_tensor")
+    quantize, dequantize = decomposed_op("quantize_per_tensor"), decomposed_op("dequantize_per_tensor")
     if quantize is None or node.op != "call_function" or node.target is not quantize or node.kwargs:
         return None
     source = node.args[0]

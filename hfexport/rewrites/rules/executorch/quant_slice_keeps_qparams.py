@@ -10,24 +10,16 @@ xnn_status_invalid_parameter".
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 
 aten = torch.ops.aten
 _SLICES = (aten.slice.Tensor, aten.slice_copy.Tensor)
-
-
-def _per_tensor(name: str) -> Any:
-    # quantized_decomposed ops are registered when torchao's (or torch.ao's) PT2E quantization is imported, which a
-    # program that holds them has done.
-    namespace = getattr(torch.ops, "quantized_decomposed", None)
-    return getattr(getattr(namespace, name, None), "default", None)
 
 
 def _is_slice_changing_qparams(node: fx.Node) -> bool:
@@ -36,10 +28,10 @@ def _is_slice_changing_qparams(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target not in _SLICES:
         return False
     source = node.args[0]
-    dequantize = _per_tensor("dequantize_per_tensor")
+    dequantize = decomposed_op("dequantize_per_tensor")
     if not isinstance(source, fx.Node) or dequantize is None or source.target is not dequantize:
         return False
-    quantize = _per_tensor("quantize_per_tensor")
+    quantize = decomposed_op("quantize_per_tensor")
     params = tuple(source.args[1:6])
     return any(user.target is not quantize or tuple(user.args[1:6]) != params for user in node.users)
 
@@ -52,7 +44,7 @@ def _requantize_slice(gm: fx.GraphModule, node: fx.Node) -> None:
     users = list(node.users)
     graph = gm.graph
     with graph.inserting_after(node):
-        quantized = graph.call_function(_per_tensor("quantize_per_tensor"), (node, *params))
+        quantized = graph.call_function(decomposed_op("quantize_per_tensor"), (node, *params))
     with graph.inserting_after(quantized):
         back = graph.call_function(dequantize.target, (quantized, *params), dict(dequantize.kwargs))
     value = node.meta.get("val")

@@ -1,7 +1,10 @@
-"""Integer constants of a graph that ExecuTorch's `XNNPACKQuantizer` turned into float: given back before annotation.
+"""PT2E helpers shared by `hfexport.quantizers.pt2e.PT2EQuantizer` and the ExecuTorch rules on quantized programs
+(their rewrites and the examples that quantize a model with `XNNPACKQuantizer` themselves); they sit with the
+rules so that both import them downward.
 
-Shared by `hfexport.quantizers.pt2e.PT2EQuantizer` (every PT2E quantization) and the rule examples that quantize a
-model with `XNNPACKQuantizer` themselves; it sits with the ExecuTorch rules so both can import it downward.
+- `decomposed_op`: a `quantized_decomposed` operator overload, or None where PT2E was never imported.
+- `restore_integer_constants` / `_keeping_integer_constants`: integer constants of a graph that ExecuTorch's
+  `XNNPACKQuantizer` turned into float, given back before annotation.
 """
 
 from __future__ import annotations
@@ -9,6 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+
+def decomposed_op(name: str, overload: str = "default") -> Any:
+    """`torch.ops.quantized_decomposed.<name>.<overload>`, or None. Those ops are registered when torchao's (or
+    torch.ao's) PT2E quantization is imported, which a program that holds them has done."""
+    namespace = getattr(torch.ops, "quantized_decomposed", None)
+    return getattr(getattr(namespace, name, None), overload, None)
+
 
 _ARITHMETIC = ("add.Tensor", "sub.Tensor", "mul.Tensor")
 
