@@ -41,17 +41,17 @@ def _functional(node: torch.fx.Node) -> Any:
     return overload if same_arguments and [a.name for a in written] == ["self"] else None
 
 
-def _input_writes(program: torch.export.ExportedProgram) -> dict[torch.fx.Node, torch.fx.Node] | None:
-    """{write: the user input it writes} if every write is an in-place op with a functional overload on a user
-    input placeholder (or on an earlier such write's result, which aliases it); None if any write is another kind
-    (or the program already has mutation outputs)."""
+def _input_writes(program: torch.export.ExportedProgram) -> dict[torch.fx.Node, tuple[torch.fx.Node, Any]] | None:
+    """{write: (the user input it writes, its functional overload)} if every write is an in-place op with a
+    functional overload on a user input placeholder (or on an earlier such write's result, which aliases it); None
+    if any write is another kind (or the program already has mutation outputs)."""
     signature = program.graph_signature
     if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
         return None
     user_inputs = {
         spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT and spec.arg is not None
     }
-    writes: dict[torch.fx.Node, torch.fx.Node] = {}
+    writes: dict[torch.fx.Node, tuple[torch.fx.Node, Any]] = {}
     for node in program.graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable:
@@ -60,10 +60,11 @@ def _input_writes(program: torch.export.ExportedProgram) -> dict[torch.fx.Node, 
         if isinstance(written, torch.fx.Node) and written.op == "placeholder" and written.name in user_inputs:
             root = written
         else:
-            root = writes.get(written)  # type: ignore[arg-type]
-        if _functional(node) is None or root is None or "self" in node.kwargs:
+            root = writes[written][0] if written in writes else None
+        functional = _functional(node)
+        if functional is None or root is None or "self" in node.kwargs:
             return None
-        writes[node] = root
+        writes[node] = root, functional
     return writes
 
 
@@ -78,15 +79,15 @@ def functionalize_input_writes(program: torch.export.ExportedProgram) -> torch.e
     for node in list(graph.nodes):
         if node.op == "placeholder":
             continue
-        written = writes.get(node)
         for source, value in latest.items():
             if source in node.all_input_nodes:
                 node.replace_input_with(source, value)
         if node.op == "output":
             break
-        if written is not None:
+        if node in writes:
+            written, functional = writes[node]
             with graph.inserting_after(node):
-                result = graph.call_function(_functional(node), tuple(node.args), dict(node.kwargs))
+                result = graph.call_function(functional, tuple(node.args), dict(node.kwargs))
             result.meta = dict(node.meta)
             node.replace_all_uses_with(result)
             graph.erase_node(node)
