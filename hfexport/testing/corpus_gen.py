@@ -126,6 +126,7 @@ _WIDTH_KEYS = {"hidden_size", "d_model", "n_embd", "embed_dim", "word_embed_proj
 _WIDTH_KEYS |= {"projection_dim", "text_embed_dim", "vision_embed_dim", "embedding_size", "text_hidden_size"}
 _WIDTH_KEYS |= {"projector_hidden_size", "encoder_hidden_size", "decoder_hidden_size", "vision_hidden_size"}
 _WIDTH_KEYS |= {"out_hidden_size", "adapter_in_dim", "adapter_input_size", "text_hidden_dim"}
+_WIDTH_KEYS |= {"adapter_out_dim", "adapter_output_size"}  # an adapter's output is the text width
 _FFN_KEYS = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim", "ff_size"}
 _FFN_KEYS |= {"n_inner", "mlp_dim", "decoder_intermediate_size", "encoder_intermediate_size", "ffn_hidden_size"}
 _SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"}
@@ -177,6 +178,21 @@ def _pick_layers(value: Any, n_orig: int) -> Any:
     return "".join(picked) if isinstance(value, str) else picked
 
 
+def _uniform_cycle_head(key: str, value: Any) -> bool:
+    """A layer-kind pattern repeated over the depth (RecurrentGemma's block_types: recurrent, recurrent,
+    attention) whose first LAYERS kinds are all the same: cut to LAYERS layers, the model would have one kind
+    only (all recurrent: its cache then has no attention layer and forward fails in ``get_seq_length``)."""
+    if not any(word in key for word in ("type", "pattern", "block")):
+        return False
+    items = list(value)
+    return (
+        len(items) > LAYERS
+        and all(isinstance(x, str) for x in items)
+        and len(set(items[:LAYERS])) == 1
+        and len(set(items)) > 1
+    )
+
+
 def _scaled_mrope(section: list[int], half: int) -> list[int]:
     """Rescale an mrope section (it must sum to head_dim // 2) to the new head size, keeping proportions."""
     total = sum(section)
@@ -185,12 +201,15 @@ def _scaled_mrope(section: list[int], half: int) -> list[int]:
     return out
 
 
-def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: int | None = None) -> dict[str, Any]:
+def _shrink_level(
+    config: Any, level: int, id_map: dict[int, int], heads_orig: int | None = None, fill_none: bool = False
+) -> dict[str, Any]:
     """Constructor kwargs that shrink one config (recursing into sub-configs).
 
     Levels: 0 shrinks everything (widths, heads, vocab, windows, images); 1 keeps windows/chunks and images as
     they are; 2 only cuts depth (layers, experts), for configs whose widths are tied by formulas we do not know;
     3 keeps the defaults (a small default model, e.g. a detector, whose stages are tied to each other).
+    ``fill_none`` also gives a value to the size fields a config class leaves None (see `_fill_none`).
     """
     attrs = dict(vars(config))
     kwargs: dict[str, Any] = {}
@@ -209,7 +228,7 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
             continue
         if _is_config(value):
             # A nested dict is rebuilt by model_type (backbones, encoder/decoder pairs), so it must name it.
-            shrunk = {"model_type": value.model_type, **_shrink_level(value, level, id_map)}
+            shrunk = {"model_type": value.model_type, **_shrink_level(value, level, id_map, fill_none=fill_none)}
             if "backbone" in key:
                 # A parent's default backbone differs from the backbone class's defaults (the stages it
                 # outputs): start from the parent's, not from the class's.
@@ -239,6 +258,11 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
         if n_layers_orig and n_layers_orig > LAYERS and per_layer and len(value) == n_layers_orig:
             if value:
                 kwargs[key] = _pick_layers(value, n_layers_orig)
+                if key in _FFN_KEYS and level < 2 and all(isinstance(v, int) and v > FFN for v in value):
+                    kwargs[key] = [FFN] * LAYERS  # per-layer FFN widths (Gemma 3n's intermediate_size list)
+            continue
+        if per_layer and n_layers_orig and n_layers_orig > LAYERS and _uniform_cycle_head(key, value):
+            kwargs[key] = _pick_layers(value, n_layers_orig)
             continue
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             new_list = _shrink_list(key, value, level)
@@ -259,7 +283,69 @@ def _shrink_level(config: Any, level: int, id_map: dict[int, int], heads_orig: i
         kwargs.pop("layer_types")
     if level < 2:
         _fix_ssm_heads(attrs, kwargs)
+        _tie_mla_head_dim(attrs, kwargs)
+    if fill_none and level < 3:
+        _fill_none(attrs, kwargs)
+    if fill_none and level < 2:
+        _fill_layer_rope(config, attrs, kwargs)
     return kwargs
+
+
+def _tie_mla_head_dim(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """MLA configs whose ``head_dim`` is their rope head size (DeepSeek-V3, AXK1, LongCat-Flash: the rotary
+    tables are built for ``head_dim``, the rotated query slice is ``qk_rope_head_dim`` wide) keep the two equal:
+    shrinking them to different sizes (16 and 8) fails at the rope product ("size of tensor a (4) must match
+    the size of tensor b (8)")."""
+    rope = attrs.get("qk_rope_head_dim")
+    if isinstance(rope, int) and rope > 0 and attrs.get("head_dim") == rope and "qk_rope_head_dim" in kwargs:
+        kwargs["head_dim"] = kwargs["qk_rope_head_dim"]
+
+
+def _fill_layer_rope(config: Any, attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """An empty ``rope_parameters`` of a config with layer types: one default rope per layer type.
+
+    Cohere Compass' text decoder reads ``rope_parameters[layer_type]`` (per-layer-type rope, the checkpoint's
+    layout) while its class defaults to ``{}``: KeyError 'full_attention' at any size, and the flat
+    ``{"mrope_section": ...}`` the mrope rule adds is rejected by the field's type. Per-type dicts hold both.
+    """
+    layer_types = kwargs.get("layer_types", attrs.get("layer_types"))
+    if attrs.get("rope_parameters") != {} or not isinstance(layer_types, list) or not layer_types:
+        return
+    theta = getattr(type(config), "default_theta", None)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta if isinstance(theta, float) else 10000.0}
+    if "mrope_section" in getattr(type(config), "ignore_keys_at_rope_validation", ()):
+        rope["mrope_section"] = _scaled_mrope([16, 24, 24], HEAD_DIM // 2)
+    kwargs["rope_parameters"] = {kind: dict(rope) for kind in dict.fromkeys(layer_types)}
+
+
+def _fill_none(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Give the size fields a config class leaves None a value its model can build with.
+
+    Some classes' defaults do not build a model at any size: a field the model reads as a number or a list
+    defaults to None and only a checkpoint's config sets it (Ministral's and HunYuan's ``head_dim`` -> ``None **
+    -0.5``, Dots1's expert count -> ``torch.empty(None, ...)``, LFM2-MoE's ``layer_types`` -> ``None[i]``). The
+    generator tries this only after the plain kwargs failed, so entries that build without it are unchanged.
+    ``head_dim`` is derived (width / heads), expert counts and top-k take the shrunk values, a per-layer type
+    list takes full attention on every layer (the one layer type every decoder knows).
+    """
+    hidden = kwargs.get("hidden_size", attrs.get("hidden_size"))
+    heads = kwargs.get("num_attention_heads", attrs.get("num_attention_heads"))
+    layers = kwargs.get("num_hidden_layers", attrs.get("num_hidden_layers"))
+    for key, value in attrs.items():
+        if value is not None or key in kwargs:
+            continue
+        if key == "head_dim" and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+            kwargs[key] = hidden // heads
+        elif key in _EXPERT_KEYS:
+            kwargs[key] = 4
+        elif key in _TOPK_KEYS:
+            kwargs[key] = 2
+        elif key in {"n_shared_experts", "num_shared_experts"}:
+            kwargs[key] = 1
+        elif key in _SMALL_FFN_KEYS:
+            kwargs[key] = WIDTH
+        elif key == "layer_types" and isinstance(layers, int) and layers > 0:
+            kwargs[key] = ["full_attention"] * layers
 
 
 def _fix_ssm_heads(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
@@ -295,6 +381,10 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
         return None
     if key in _LAYER_KEYS and value > LAYERS:
         return LAYERS
+    if "shared_layers" in key and value > 0:
+        # The last N layers reuse the K/V of earlier layers of the same type (Gemma 3n: 15 of 35); 2 layers of
+        # two types leave no earlier producer for either, so sharing goes.
+        return 0
     if key in _EXPERT_KEYS and value > 4:
         return 4
     if key in _TOPK_KEYS and value > 2:
@@ -330,6 +420,12 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
         return TEXT_VOCAB
     if key in {"hidden_size_per_layer_input", "emb_dim"} and value > WIDTH // 2:
         return WIDTH // 2 if key != "emb_dim" else WIDTH
+    if key.startswith("hidden_size_") and value > WIDTH:
+        return WIDTH  # another tower's width seen from this one (BLT's local decoder: hidden_size_global)
+    if key.endswith(("_vocab", "_vocab_size")) and value > TEXT_VOCAB:
+        # Hashed n-gram tables (BLT's encoder_hash_byte_group_vocab: 500002 rows) and a head's own vocabulary
+        # (Inkling2's unpadded_vocab_size: its lm_head would emit ids past the shrunk embedding table).
+        return TEXT_VOCAB
     if key in _LORA_KEYS and value > _LORA_KEYS[key]:
         return _LORA_KEYS[key]
     if key in _VOCAB_KEYS and value > TEXT_VOCAB:
@@ -371,7 +467,7 @@ def _shrink_list(key: str, value: list[int], level: int) -> list[int] | None:
     return None
 
 
-def shrink_config_kwargs(config_class: type, level: int = 0) -> dict[str, Any]:
+def shrink_config_kwargs(config_class: type, level: int = 0, fill_none: bool = False) -> dict[str, Any]:
     """Keyword arguments for ``config_class(**kwargs)`` that give a tiny, consistent config at ``level``."""
     default = config_class()
     ids: set[int] = set()
@@ -379,7 +475,7 @@ def shrink_config_kwargs(config_class: type, level: int = 0) -> dict[str, Any]:
     big = sorted(i for i in ids if i >= SPECIAL_BASE)
     free = list(range(TEXT_VOCAB - 1, SPECIAL_BASE - 1, -1))
     id_map = {old: free[n] for n, old in enumerate(big) if n < len(free)}
-    return _shrink_level(default, level, id_map)
+    return _shrink_level(default, level, id_map, fill_none=fill_none)
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------
@@ -838,11 +934,13 @@ def _forward_params(auto_class: str, config: Any) -> set[str]:
     return set(inspect.signature(cls.forward).parameters)
 
 
-def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> tuple[dict | None, str]:
+def _try_level(
+    model_type: str, family: Family, auto_class: str, level: int, fill_none: bool = False
+) -> tuple[dict | None, str]:
     from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
-    kwargs = shrink_config_kwargs(config_class, level)
+    kwargs = shrink_config_kwargs(config_class, level, fill_none)
     config = config_class(**kwargs)
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # T5-style models start decoding from the pad token; without one set, generate() refuses to start.
@@ -869,7 +967,8 @@ def _try_level(model_type: str, family: Family, auto_class: str, level: int) -> 
     tried_widths: set[int] = set()
     while queue:
         cand = queue.pop(0)
-        entry = _entry(model_type, family, auto_class, config, cand, f"generated:shrink-level-{level}")
+        source = f"generated:shrink-level-{level}" + ("+fill-none" if fill_none else "")
+        entry = _entry(model_type, family, auto_class, config, cand, source)
         try:
             _lengthen_waveform(entry)
             entry.update(_verify(entry, family.generative))
@@ -911,4 +1010,19 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
         if entry is not None:
             return GenResult(model_type, family.name, entry)
         reasons.append(f"level {level}: {reason}")
+    # Only then the levels again with the None size fields filled (`_fill_none`): a type that builds without
+    # them keeps the entry it always had.
+    for level in (0, 1, 2):
+        try:
+            from transformers import CONFIG_MAPPING
+
+            config_class = CONFIG_MAPPING[model_type]
+            if shrink_config_kwargs(config_class, level, True) == shrink_config_kwargs(config_class, level):
+                continue
+            entry, reason = _try_level(model_type, family, auto_class, level, fill_none=True)
+        except Exception as exc:
+            entry, reason = None, _first_line(exc)
+        if entry is not None:
+            return GenResult(model_type, family.name, entry)
+        reasons.append(f"level {level} (None fields filled): {reason}")
     return GenResult(model_type, family.name, None, " || ".join(reasons))
