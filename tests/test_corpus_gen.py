@@ -20,7 +20,14 @@ import torch
 from hfexport import DynamoConfig, DynamoExporter
 from hfexport.testing.corpus import load_corpus, load_entry
 from hfexport.testing.corpus_check import check_entry, failures
-from hfexport.testing.corpus_gen import FAMILIES, _derived_length, _lengthen_waveform, family_types, generate_entry
+from hfexport.testing.corpus_gen import (
+    FAMILIES,
+    _derived_length,
+    _lengthen_waveform,
+    family_types,
+    generate_entry,
+    shrink_config_kwargs,
+)
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "corpus_all"
 GENERATED = sorted(p for p in ROOT.glob("*/*.json") if not p.name.startswith("_"))
@@ -146,3 +153,104 @@ def test_load_corpus_reads_the_generated_families_without_their_skip_records() -
     entries = load_corpus(ROOT, family="ctc")
     assert entries and all(e.family == "ctc" for e in entries)
     assert len(entries) == len([p for p in (ROOT / "ctc").glob("*.json") if not p.name.startswith("_")])
+
+
+# --- shrink rules for the types the generator used to skip (issue #17, session 15) ---------------------------------
+# Each rule is checked on the kwargs alone (no model is built): the class defaults, the kwargs and the relation kept.
+
+
+def _kwargs(model_type: str, level: int = 0, fill_none: bool = False) -> dict:
+    from transformers import CONFIG_MAPPING
+
+    return shrink_config_kwargs(CONFIG_MAPPING[model_type], level, fill_none)
+
+
+def test_mla_head_dim_stays_the_rope_head_size() -> None:
+    # AXK1 / LongCat-Flash / DeepSeek-V3 build the rotary tables for head_dim = qk_rope_head_dim; 16 vs 8 failed.
+    for model_type in ("axk1", "longcat_flash", "deepseek_v3"):
+        kwargs = _kwargs(model_type)
+        assert kwargs["head_dim"] == kwargs["qk_rope_head_dim"] == 8, model_type
+
+
+def test_a_layer_kind_cycle_keeps_both_kinds_in_two_layers() -> None:
+    # RecurrentGemma's (recurrent, recurrent, attention) cut to 2 layers was all recurrent: no attention cache.
+    assert _kwargs("recurrent_gemma")["block_types"] == ["recurrent", "attention"]
+
+
+def test_kv_sharing_goes_and_per_layer_ffn_widths_shrink() -> None:
+    kwargs = _kwargs("gemma3n_text")
+    assert kwargs["num_kv_shared_layers"] == 0
+    assert kwargs["intermediate_size"] == [64, 64]
+
+
+def test_vocab_like_and_other_tower_widths_shrink() -> None:
+    blt = _kwargs("blt")
+    assert blt["encoder_hash_byte_group_vocab"] == 128
+    assert blt["encoder_config"]["hidden_size_global"] == blt["decoder_config"]["hidden_size_global"] == 32
+    assert _kwargs("inkling2_text")["unpadded_vocab_size"] == 128  # the lm_head's own vocabulary
+    assert _kwargs("dots3_note")["vision_config"]["adapter_out_dim"] == 32  # must equal the text width
+    perceiver = _kwargs("perceiver")
+    assert (perceiver["d_latents"], perceiver["num_latents"], perceiver["num_self_attends_per_block"]) == (32, 16, 2)
+    vibevoice = _kwargs("vibevoice_asr")["acoustic_tokenizer_encoder_config"]
+    assert vibevoice["num_filters"] == 4 and vibevoice["depths"] == [1] * 7  # a tuple in the class
+
+
+def test_none_size_fields_are_filled_only_on_request() -> None:
+    assert "head_dim" not in _kwargs("ministral")
+    assert _kwargs("ministral", fill_none=True)["head_dim"] == 16  # 32 wide / 2 heads
+    dots1 = _kwargs("dots1", fill_none=True)
+    assert (dots1["n_routed_experts"], dots1["num_experts_per_tok"], dots1["n_shared_experts"]) == (4, 2, 1)
+    assert _kwargs("lfm2_moe", fill_none=True)["layer_types"] == ["full_attention"] * 2
+    assert _kwargs("nemotron", fill_none=True)["num_key_value_heads"] == 2
+    rope = _kwargs("cohere_compass_text", fill_none=True)["rope_parameters"]
+    assert set(rope) == {"full_attention"} and rope["full_attention"]["mrope_section"] == [2, 3, 3]
+
+
+def test_a_type_that_builds_only_with_none_fields_filled_says_so() -> None:
+    fam = FAMILY["causal_lm"]
+    result = generate_entry("ministral", fam, family_types(fam)["ministral"])
+    assert result.entry is not None, result.reason
+    assert result.entry["source"] == "generated:shrink-level-0+fill-none"
+    assert result.entry["config"]["head_dim"] == 16
+    # llama builds on the plain kwargs: no fill there
+    assert generate_entry("llama", fam, family_types(fam)["llama"]).entry["source"] == "generated:shrink-level-0"
+
+
+def test_seq2seq_candidates_follow_the_forward_signature() -> None:
+    from transformers import CONFIG_MAPPING
+
+    from hfexport.testing.corpus_gen import _forward_params, candidates
+
+    def cands(model_type: str) -> list:
+        config = CONFIG_MAPPING[model_type](**_kwargs(model_type))
+        return candidates("seq2seq", _forward_params("AutoModelForSeq2SeqLM", config), config)
+
+    # VibeVoice ASR is a decoder-only LM in the seq2seq mapping: no decoder_input_ids for it to ignore.
+    assert set(cands("vibevoice_asr")[0].inputs) == {"input_ids", "attention_mask"}
+    assert "decoder_input_ids" in cands("t5")[0].inputs
+    # Voxtral Realtime needs text and audio; its mel bins (128) are its audio config's, not the default 80.
+    audio = cands("voxtral_realtime")[1].inputs
+    assert {"input_ids", "input_features"} <= set(audio) and 128 in audio["input_features"]["shape"]
+
+
+def test_sequence_classification_of_a_composite_config_gets_a_pad_id_on_its_text_config() -> None:
+    fam = FAMILY["encoder"]
+    result = generate_entry("qwen3_5", fam, family_types(fam)["qwen3_5"])
+    assert result.entry is not None, result.reason
+    assert result.entry["config"]["text_config"]["pad_token_id"] is not None
+
+
+def test_skip_causes_name_transformers_inconsistencies() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_corpus", ROOT.parents[2] / "tools" / "gen_corpus.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    missing = "level 0: AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta' || level 1: x"
+    assert gen.cause(missing) == "model reads a field its config lacks"
+    assert gen.cause("level 0: ValueError: inputs_embeds and shared_kv_states cannot be None.") == (
+        "needs another model's state"
+    )
+    assert gen.cause("level 0: TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'") == (
+        "config default left None"
+    )

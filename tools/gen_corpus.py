@@ -139,6 +139,12 @@ _CAUSES = [
     ("needs another package", re.compile(r"requires? the|pip install|No module named|ImportError|is not installed")),
     ("needs remote code", re.compile(r"trust_remote_code|remote code")),
     ("too big after shrinking", re.compile(r"parameters after shrinking")),
+    # The model reads a field its config class does not declare (DBRX's attn_config.rope_theta, BLT's
+    # num_hidden_layers, MusicGen's decoder fields on the composite config the auto class passes): a
+    # transformers inconsistency at every size, not a size the generator chose.
+    ("model reads a field its config lacks", re.compile(r"AttributeError: '\w+Config' object has no attribute")),
+    ("needs another model's state", re.compile(r"shared_kv_states")),
+    ("config default left None", re.compile(r"TypeError: .*NoneType")),
     ("no known input", re.compile(r"no known input")),
     ("config rejected", re.compile(r"StrictDataclass|validat|must be|should be|has to be|not divisible|divisible")),
     ("shape error", re.compile(r"shape|size of tensor|mat1 and mat2|dimension|expected input|out of range")),

@@ -127,17 +127,20 @@ _WIDTH_KEYS |= {"projection_dim", "text_embed_dim", "vision_embed_dim", "embeddi
 _WIDTH_KEYS |= {"projector_hidden_size", "encoder_hidden_size", "decoder_hidden_size", "vision_hidden_size"}
 _WIDTH_KEYS |= {"out_hidden_size", "adapter_in_dim", "adapter_input_size", "text_hidden_dim"}
 _WIDTH_KEYS |= {"adapter_out_dim", "adapter_output_size"}  # an adapter's output is the text width
+_WIDTH_KEYS |= {"d_latents", "audio_hidden_size"}  # Perceiver's latents; an audio tower's width seen from a head
 _FFN_KEYS = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim", "ff_size"}
 _FFN_KEYS |= {"n_inner", "mlp_dim", "decoder_intermediate_size", "encoder_intermediate_size", "ffn_hidden_size"}
 _SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"}
 _SMALL_FFN_KEYS |= {"expert_ffn_hidden_size", "moe_ffn_hidden_size", "moe_hidden_size"}
 _HEAD_KEYS = {"num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads"}
 _HEAD_KEYS |= {"num_heads", "attention_heads", "num_attention_heads_text"}
+_HEAD_KEYS |= {"num_self_attention_heads", "num_cross_attention_heads"}
 _KV_KEYS = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups"}
 _HEAD_DIM_KEYS = {"head_dim", "d_kv", "d_head", "attention_head_dim", "kv_channels", "v_head_dim"}
 _LAYER_KEYS = {"num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers"}
 _LAYER_KEYS |= {"num_decoder_layers", "num_encoder_layers", "depth", "encoder_num_hidden_layers"}
 _LAYER_KEYS |= {"decoder_num_hidden_layers", "num_text_layers", "num_vision_layers"}
+_LAYER_KEYS |= {"num_self_attends_per_block"}
 _POSITION_KEYS = {"max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions"}
 _POSITION_KEYS |= {"n_ctx", "max_seq_len", "max_sequence_length", "seq_length"}
 _EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
@@ -264,8 +267,9 @@ def _shrink_level(
         if per_layer and n_layers_orig and n_layers_orig > LAYERS and _uniform_cycle_head(key, value):
             kwargs[key] = _pick_layers(value, n_layers_orig)
             continue
-        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            new_list = _shrink_list(key, value, level)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+            # Tuples too: VibeVoice's acoustic tokenizer declares its stage depths as a tuple.
+            new_list = _shrink_list(key, list(value), level)
             if new_list is not None:
                 kwargs[key] = new_list
             continue
@@ -336,6 +340,8 @@ def _fill_none(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
             continue
         if key == "head_dim" and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
             kwargs[key] = hidden // heads
+        elif key in _KV_KEYS and isinstance(heads, int):
+            kwargs[key] = heads  # multi-head attention (Nemotron: num_heads // None)
         elif key in _EXPERT_KEYS:
             kwargs[key] = 4
         elif key in _TOPK_KEYS:
@@ -432,6 +438,10 @@ def _shrink_int(key: str, value: int, level: int, heads: int | None) -> int | No
         return TEXT_VOCAB
     if key in _STATE_KEYS and value > 16:
         return 16
+    if key == "num_filters" and value > 4:
+        return 4  # base channels of a conv tower doubling per stage (VibeVoice: 32 -> 2048 over 6 stages)
+    if key == "num_latents" and value > 16:
+        return 16  # Perceiver's latent array (256 x 1280 by default)
     if key in _POSITION_KEYS and value > 512:
         return 512
     if level == 0:
@@ -573,8 +583,18 @@ def candidates(kind: str, params: set[str], config: Any) -> list[Candidate]:
         return [cand]
     if kind == "seq2seq":
         cand = _text_candidate(params, config)
-        cand.generate_exclude = _decoder(cand.inputs, cand.grow)
-        return [cand]
+        if "decoder_input_ids" in params:  # decoder-only LMs in this mapping (VibeVoice ASR) would ignore them
+            cand.generate_exclude = _decoder(cand.inputs, cand.grow)
+        if "input_features" not in params:
+            return [cand]
+        # Speech models listed as seq2seq LMs (Voxtral Realtime) refuse text alone: text with audio features next.
+        both = []
+        for audio in _audio_candidates("audio", params, config):
+            audio.inputs = {**cand.inputs, **audio.inputs}
+            audio.grow = {**cand.grow, **audio.grow}
+            audio.generate_exclude = list(cand.generate_exclude)
+            both.append(audio)
+        return [cand, *both]
     if kind == "image":
         spec = _image_spec(config)
         larger = {**spec, "shape": [*spec["shape"][:2], 128, 128]}
@@ -675,7 +695,9 @@ def _audio_candidates(kind: str, params: set[str], config: Any) -> list[Candidat
     out = []
     exclude: list[str] = []
     if "input_features" in params:
-        mels = _int(_sub(config, "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels"), 80)
+        names = ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels")
+        audio = _sub(config, "audio_config")  # a composite's audio tower states them there (Voxtral Realtime)
+        mels = _int(_sub(config, *names) or (_sub(audio, *names) if _is_config(audio) else None), 80)
         channels = _int(getattr(config, "input_channels", 1), 1)
         source = _int(getattr(config, "max_source_positions", 0), 0)
         frames = 2 * source if 0 < source <= 512 else 64
@@ -954,6 +976,11 @@ def _try_level(
         # Sequence classification finds each row's last token through the pad id: batches need one.
         eos = getattr(config, "eos_token_id", None)
         config.pad_token_id = eos if isinstance(eos, int) else 0
+    text = config.get_text_config()
+    if auto_class == "AutoModelForSequenceClassification" and text is not config and text.pad_token_id is None:
+        # Composite configs (Qwen3.5) are asked through get_text_config(): the text config needs the pad id.
+        eos = getattr(text, "eos_token_id", None)
+        text.pad_token_id = eos if isinstance(eos, int) else 0
     languages = getattr(config, "languages", None)
     if isinstance(languages, (list, tuple)) and languages and getattr(config, "default_language", 0) is None:
         config.default_language = languages[0]  # X-MOD refuses to run without a language adapter chosen
@@ -1019,6 +1046,9 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
             config_class = CONFIG_MAPPING[model_type]
             if shrink_config_kwargs(config_class, level, True) == shrink_config_kwargs(config_class, level):
                 continue
+        except Exception:  # no kwargs at all (unknown type, defaults rejected): the plain levels said why
+            continue
+        try:
             entry, reason = _try_level(model_type, family, auto_class, level, fill_none=True)
         except Exception as exc:
             entry, reason = None, _first_line(exc)
