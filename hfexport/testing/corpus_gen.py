@@ -976,7 +976,7 @@ def _try_level(
         # Sequence classification finds each row's last token through the pad id: batches need one.
         eos = getattr(config, "eos_token_id", None)
         config.pad_token_id = eos if isinstance(eos, int) else 0
-    text = config.get_text_config()
+    text = _text_config(config)
     if auto_class == "AutoModelForSequenceClassification" and text is not config and text.pad_token_id is None:
         # Composite configs (Qwen3.5) are asked through get_text_config(): the text config needs the pad id.
         eos = getattr(text, "eos_token_id", None)
