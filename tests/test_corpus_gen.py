@@ -254,3 +254,6 @@ def test_skip_causes_name_transformers_inconsistencies() -> None:
     assert gen.cause("level 0: TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'") == (
         "config default left None"
     )
+    assert gen.cause("level 0: ValueError: There is an issue with your definition of `tie_weights_keys`") == (
+        "needs more layers than 2"
+    )
