@@ -159,10 +159,10 @@ def test_load_corpus_reads_the_generated_families_without_their_skip_records() -
 # Each rule is checked on the kwargs alone (no model is built): the class defaults, the kwargs and the relation kept.
 
 
-def _kwargs(model_type: str, level: int = 0, fill_none: bool = False) -> dict:
+def _kwargs(model_type: str, level: int = 0, fill_none: bool = False, wide: bool = False) -> dict:
     from transformers import CONFIG_MAPPING
 
-    return shrink_config_kwargs(CONFIG_MAPPING[model_type], level, fill_none)
+    return shrink_config_kwargs(CONFIG_MAPPING[model_type], level, fill_none, wide)
 
 
 def test_mla_head_dim_stays_the_rope_head_size() -> None:
@@ -257,3 +257,12 @@ def test_skip_causes_name_transformers_inconsistencies() -> None:
     assert gen.cause("level 0: ValueError: There is an issue with your definition of `tie_weights_keys`") == (
         "needs more layers than 2"
     )
+
+
+def test_the_wide_pass_keeps_heads_and_quadruples_sizes() -> None:
+    # xLSTM's cache state rounds hidden * 0.5 up to a multiple of 64, its layer does not: 32 wide breaks, 128 runs.
+    plain, wide = _kwargs("xlstm"), _kwargs("xlstm", wide=True)
+    assert (plain["hidden_size"], wide["hidden_size"]) == (32, 128)
+    assert wide["num_heads"] == plain["num_heads"] == 2 and wide["num_hidden_layers"] == 2
+    llama = _kwargs("llama", wide=True)
+    assert (llama["hidden_size"], llama["intermediate_size"], llama["num_attention_heads"]) == (128, 256, 2)

@@ -205,14 +205,20 @@ def _scaled_mrope(section: list[int], half: int) -> list[int]:
 
 
 def _shrink_level(
-    config: Any, level: int, id_map: dict[int, int], heads_orig: int | None = None, fill_none: bool = False
+    config: Any,
+    level: int,
+    id_map: dict[int, int],
+    heads_orig: int | None = None,
+    fill_none: bool = False,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """Constructor kwargs that shrink one config (recursing into sub-configs).
 
     Levels: 0 shrinks everything (widths, heads, vocab, windows, images); 1 keeps windows/chunks and images as
     they are; 2 only cuts depth (layers, experts), for configs whose widths are tied by formulas we do not know;
     3 keeps the defaults (a small default model, e.g. a detector, whose stages are tied to each other).
-    ``fill_none`` also gives a value to the size fields a config class leaves None (see `_fill_none`).
+    ``fill_none`` also gives a value to the size fields a config class leaves None (see `_fill_none`);
+    ``wide`` makes the shrunk widths 4x wider (see `_widen`).
     """
     attrs = dict(vars(config))
     kwargs: dict[str, Any] = {}
@@ -231,7 +237,8 @@ def _shrink_level(
             continue
         if _is_config(value):
             # A nested dict is rebuilt by model_type (backbones, encoder/decoder pairs), so it must name it.
-            shrunk = {"model_type": value.model_type, **_shrink_level(value, level, id_map, fill_none=fill_none)}
+            sub = _shrink_level(value, level, id_map, fill_none=fill_none, wide=wide)
+            shrunk = {"model_type": value.model_type, **sub}
             if "backbone" in key:
                 # A parent's default backbone differs from the backbone class's defaults (the stages it
                 # outputs): start from the parent's, not from the class's.
@@ -292,7 +299,24 @@ def _shrink_level(
         _fill_none(attrs, kwargs)
     if fill_none and level < 2:
         _fill_layer_rope(config, attrs, kwargs)
+    if wide:
+        _widen(attrs, kwargs)
     return kwargs
+
+
+_WIDE = 4
+
+
+def _widen(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Widths, FFN sizes and head sizes 4x the shrunk ones (never past the defaults): for models that round a
+    size up to a multiple of 64 on one side only (xLSTM's config rounds hidden * 0.5 up to 64 for its cache
+    state while the layer uses hidden * 0.5 itself: at 32 wide the state is 32 x 32 and the layer's 8 x 16).
+    Head counts stay, so heads x head size still equals the width."""
+    sized = _WIDTH_KEYS | _FFN_KEYS | _SMALL_FFN_KEYS | _HEAD_DIM_KEYS
+    for key, value in list(kwargs.items()):
+        old = attrs.get(key)
+        if key in sized and isinstance(value, int) and isinstance(old, int) and value < old:
+            kwargs[key] = min(old, value * _WIDE)
 
 
 def _tie_mla_head_dim(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
@@ -477,7 +501,9 @@ def _shrink_list(key: str, value: list[int], level: int) -> list[int] | None:
     return None
 
 
-def shrink_config_kwargs(config_class: type, level: int = 0, fill_none: bool = False) -> dict[str, Any]:
+def shrink_config_kwargs(
+    config_class: type, level: int = 0, fill_none: bool = False, wide: bool = False
+) -> dict[str, Any]:
     """Keyword arguments for ``config_class(**kwargs)`` that give a tiny, consistent config at ``level``."""
     default = config_class()
     ids: set[int] = set()
@@ -485,7 +511,7 @@ def shrink_config_kwargs(config_class: type, level: int = 0, fill_none: bool = F
     big = sorted(i for i in ids if i >= SPECIAL_BASE)
     free = list(range(TEXT_VOCAB - 1, SPECIAL_BASE - 1, -1))
     id_map = {old: free[n] for n, old in enumerate(big) if n < len(free)}
-    return _shrink_level(default, level, id_map, fill_none=fill_none)
+    return _shrink_level(default, level, id_map, fill_none=fill_none, wide=wide)
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------
@@ -957,12 +983,12 @@ def _forward_params(auto_class: str, config: Any) -> set[str]:
 
 
 def _try_level(
-    model_type: str, family: Family, auto_class: str, level: int, fill_none: bool = False
+    model_type: str, family: Family, auto_class: str, level: int, fill_none: bool = False, wide: bool = False
 ) -> tuple[dict | None, str]:
     from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
-    kwargs = shrink_config_kwargs(config_class, level, fill_none)
+    kwargs = shrink_config_kwargs(config_class, level, fill_none, wide)
     config = config_class(**kwargs)
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # T5-style models start decoding from the pad token; without one set, generate() refuses to start.
@@ -994,7 +1020,7 @@ def _try_level(
     tried_widths: set[int] = set()
     while queue:
         cand = queue.pop(0)
-        source = f"generated:shrink-level-{level}" + ("+fill-none" if fill_none else "")
+        source = f"generated:shrink-level-{level}" + ("+fill-none" if fill_none else "") + ("+wide" if wide else "")
         entry = _entry(model_type, family, auto_class, config, cand, source)
         try:
             _lengthen_waveform(entry)
@@ -1055,4 +1081,20 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
         if entry is not None:
             return GenResult(model_type, family.name, entry)
         reasons.append(f"level {level} (None fields filled): {reason}")
+    # Last, the most-shrunk level 4x wider (`_widen`): sizes some models only keep consistent from 64 up.
+    try:
+        from transformers import CONFIG_MAPPING
+
+        config_class = CONFIG_MAPPING[model_type]
+        if shrink_config_kwargs(config_class, 0, wide=True) == shrink_config_kwargs(config_class, 0):
+            return GenResult(model_type, family.name, None, " || ".join(reasons))
+    except Exception:  # no kwargs at all: the plain levels said why
+        return GenResult(model_type, family.name, None, " || ".join(reasons))
+    try:
+        entry, reason = _try_level(model_type, family, auto_class, 0, wide=True)
+    except Exception as exc:
+        entry, reason = None, _first_line(exc)
+    if entry is not None:
+        return GenResult(model_type, family.name, entry)
+    reasons.append(f"level 0 wide: {reason}")
     return GenResult(model_type, family.name, None, " || ".join(reasons))
