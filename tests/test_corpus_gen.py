@@ -202,6 +202,14 @@ def test_none_size_fields_are_filled_only_on_request() -> None:
     assert (dots1["n_routed_experts"], dots1["num_experts_per_tok"], dots1["n_shared_experts"]) == (4, 2, 1)
     assert _kwargs("lfm2_moe", fill_none=True)["layer_types"] == ["full_attention"] * 2
     assert _kwargs("nemotron", fill_none=True)["num_key_value_heads"] == 2
+    qsa = _kwargs("qwen4_exp_text", fill_none=True)  # the QSA indexer the default layer types use
+    assert [qsa[f"indexer_{k}"] for k in ("n_heads", "kv_heads", "head_dim", "budget", "compress_ratio")] == [
+        2,
+        1,
+        16,
+        16,
+        4,
+    ]
     rope = _kwargs("cohere_compass_text", fill_none=True)["rope_parameters"]
     assert set(rope) == {"full_attention"} and rope["full_attention"]["mrope_section"] == [2, 3, 3]
 

@@ -376,6 +376,18 @@ def _fill_none(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
             kwargs[key] = WIDTH
         elif key == "layer_types" and isinstance(layers, int) and layers > 0:
             kwargs[key] = ["full_attention"] * layers
+        # A sub-module's own attention sizes (Qwen4-Exp's QSA indexer: indexer_n_heads, indexer_kv_heads,
+        # indexer_head_dim, all None while the default layer types use it) and its token budget per block.
+        elif key.endswith("_kv_heads"):
+            kwargs[key] = 1
+        elif key.endswith(("_n_heads", "_num_heads")):
+            kwargs[key] = HEADS
+        elif key.endswith("_head_dim"):
+            kwargs[key] = HEAD_DIM
+        elif key.endswith("_compress_ratio"):
+            kwargs[key] = 4
+        elif key.endswith("_budget"):
+            kwargs[key] = WINDOW  # a multiple of the compress ratio
 
 
 def _fix_ssm_heads(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
