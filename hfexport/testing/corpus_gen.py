@@ -6,6 +6,8 @@ than against a selection. For one model type it:
 
 1. shrinks the config class's defaults (widths, 2 layers, small vocab, consistent head sizes, nested
    sub-configs too) — a few shrink levels, from aggressive to "layers only", since no single recipe fits all;
+   only when every level failed: the levels again with the size fields the class leaves None filled
+   (``+fill-none``), then the most-shrunk level 4x wider (``+wide``), so entries that build plainly never change;
 2. builds sample inputs from the model's forward signature and the config (text, image, audio, placeholders);
 3. checks the entry the way its users will read it: through :class:`CorpusEntry` (build from the stored dict,
    forward, the grown input and, for generative families, ``generate`` a few tokens).
@@ -1053,7 +1055,8 @@ def _try_level(
 
 def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict[str, Any] | None = None) -> GenResult:
     """An entry for one model type: a reused hand-made entry if it still verifies, else the first shrink level
-    that builds, runs and generates. Never raises: a failure comes back as ``reason``."""
+    that builds, runs and generates (plain levels first, then None fields filled, then wide). Never raises: a
+    failure comes back as ``reason``."""
     reasons: list[str] = []
     if reuse is not None and reuse.get("auto_class") == auto_class:
         entry = copy.deepcopy(reuse)
