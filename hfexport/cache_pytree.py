@@ -94,10 +94,49 @@ def _resolve_class(path: str) -> type:
         or _class_path(obj) != path
         # A class of transformers' cache module itself, or a cache (layer) subclass elsewhere in transformers.
         # Not every layer class derives from the abstract ones: NemotronH's cache holds `DummyLayer`s.
-        or not (obj in cache_module_classes() or issubclass(obj, roots))
+        or not (obj in cache_module_classes() or issubclass(obj, roots) or is_model_cache_class(obj))
     ):
         raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
     return obj
+
+
+_MODELING = re.compile(r"^transformers\.models\.\w+\.modeling_\w+$")
+
+
+def is_model_cache_class(cls: type) -> bool:
+    """A cache class a modeling module defines on its own, outside `Cache`'s hierarchy.
+
+    Reformer's `ReformerDynamicCache` (past buckets and states) and xLSTM's `xLSTMCache` are plain objects a
+    forward returns with its outputs; torch.export refuses them ("Found <class ...> in output, which is not a
+    known type") unless they are pytree nodes. The generic attribute walk encodes them as it does `Cache`s.
+    Recognised by structure: a class (not a module) named `...Cache` that a transformers modeling module defines.
+    """
+    return (
+        isinstance(cls, type)
+        and cls.__name__.endswith("Cache")
+        and _MODELING.match(cls.__module__) is not None
+        and not issubclass(cls, torch.nn.Module)
+        and sys.modules.get(cls.__module__) is not None
+        and getattr(sys.modules[cls.__module__], cls.__name__, None) is cls
+    )
+
+
+# Modeling modules already searched for cache classes: `register_cache_pytrees` runs before every trace and
+# program call, and a module's classes do not change once imported.
+_SEARCHED: dict[str, list[type]] = {}
+
+
+def _model_cache_classes() -> list[type]:
+    """The model-defined cache classes (`is_model_cache_class`) of every modeling module imported so far."""
+    for name, module in list(sys.modules.items()):
+        if name in _SEARCHED or module is None or _MODELING.match(name) is None:
+            continue
+        _SEARCHED[name] = [
+            value
+            for value in list(vars(module).values())
+            if isinstance(value, type) and value.__module__ == name and is_model_cache_class(value)
+        ]
+    return [cls for classes in _SEARCHED.values() for cls in classes]
 
 
 def _in_transformers(module_name: str) -> bool:
@@ -412,11 +451,12 @@ def _register_cache_class(cls: type) -> bool:
 
 
 def register_cache_pytrees(*extra: type) -> list[type]:
-    """Register every imported `Cache` subclass (and `extra` classes); return the ones newly registered."""
+    """Register every imported `Cache` subclass, every model-defined cache class of an imported modeling module
+    (`is_model_cache_class`) and `extra` classes; return the ones newly registered."""
     from transformers.cache_utils import Cache
 
     seen: list[type] = []
-    stack: list[type] = [Cache, *extra]
+    stack: list[type] = [Cache, *_model_cache_classes(), *extra]
     while stack:
         cls = stack.pop()
         if cls in seen:

@@ -569,3 +569,38 @@ def test_the_cache_allow_list_takes_every_class_of_transformers_cache_module() -
     assert _resolve_class("transformers.cache_utils:DummyLayer") is cache_utils.DummyLayer
     with pytest.raises(CacheContextError):
         _resolve_class("transformers.configuration_utils:PretrainedConfig")
+
+
+def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node() -> None:
+    # Reformer's forward returns a `ReformerDynamicCache` (a plain object, no `Cache` base); torch.export refused
+    # it as an output ("not a known type") until model-defined cache classes became pytree nodes too.
+    import torch
+    from torch.utils import _pytree as pytree
+    from transformers.models.reformer.modeling_reformer import ReformerDynamicCache, ReformerModel
+
+    from hfexport.cache_pytree import (
+        CacheContextError,
+        _resolve_class,
+        is_model_cache_class,
+        register_cache_pytrees,
+    )
+
+    assert is_model_cache_class(ReformerDynamicCache)
+    assert not is_model_cache_class(ReformerModel)  # a module, not a cache
+    register_cache_pytrees()
+    assert ReformerDynamicCache in pytree.SUPPORTED_NODES
+
+    class Step(torch.nn.Module):
+        def forward(self, states: torch.Tensor, buckets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            cache = ReformerDynamicCache()
+            cache.update(buckets * 2, states + 1, 0)
+            return states.sum(-1), cache
+
+    states, buckets = torch.randn(2, 5, 4), torch.arange(10).reshape(2, 5)
+    program = torch.export.export(Step(), (states, buckets))
+    total, cache = program.module()(states, buckets)
+    assert torch.equal(total, states.sum(-1)) and isinstance(cache, ReformerDynamicCache)
+    assert torch.equal(cache.states_cache[0], states + 1) and torch.equal(cache.buckets_cache[0], buckets * 2)
+    assert _resolve_class("transformers.models.reformer.modeling_reformer:ReformerDynamicCache") is ReformerDynamicCache
+    with pytest.raises(CacheContextError):  # a non-cache class of the same module stays refused
+        _resolve_class("transformers.models.reformer.modeling_reformer:ReformerModel")
