@@ -13,5 +13,6 @@ RULES: list[Rule] = load_rules(
         "aten/is-all-true",
         "aten/squeeze-dim-noop",
         "aten/grouped-mm-fallback",
+        "aten/erf-inv",
     ],
 )
