@@ -14,5 +14,6 @@ RULES: list[Rule] = load_rules(
         "aten/squeeze-dim-noop",
         "aten/grouped-mm-fallback",
         "aten/erf-inv",
+        "aten/histc-data-range",
     ],
 )
