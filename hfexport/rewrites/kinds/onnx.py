@@ -34,6 +34,8 @@ class AtenOverride(Rule):
     translation: Callable[[], Callable[..., Any]] | None = None
     # The override is used only for exports at opsets up to this one (newer opsets have a native op).
     max_opset: int | None = None
+    # ... and only from this opset on (an override of a translation torch.onnx has only at newer opsets).
+    min_opset: int | None = None
     # Which dispatches count as hits, given the translation's arguments: an override that keeps the default
     # translation for most calls (a real squeeze) is reported only where it changes the result.
     counts: Callable[..., bool] | None = None
@@ -91,6 +93,9 @@ def apply_aten(rule: Rule, target: TranslationTable) -> int:
         return 0
     if rule.max_opset is not None and target.opset > rule.max_opset:
         target.context.skip(rule, "not-applicable", f"only for opset <= {rule.max_opset}, exporting {target.opset}")
+        return 0
+    if rule.min_opset is not None and target.opset < rule.min_opset:
+        target.context.skip(rule, "not-applicable", f"only for opset >= {rule.min_opset}, exporting {target.opset}")
         return 0
     rule_id = rule.id
     target.functions[op] = _counting(rule.translation(), lambda: target.context.hit(rule_id), rule.counts)

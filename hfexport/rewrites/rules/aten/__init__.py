@@ -9,8 +9,11 @@ RULES: list[Rule] = load_rules(
     __name__,
     [
         "aten/sdpa-fully-masked-rows",
+        "aten/sdpa-broadcast-kv-heads",
         "aten/is-all-true",
         "aten/squeeze-dim-noop",
         "aten/grouped-mm-fallback",
+        "aten/erf-inv",
+        "aten/histc-data-range",
     ],
 )

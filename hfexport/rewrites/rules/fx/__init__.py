@@ -8,5 +8,6 @@ RULES: list[Rule] = load_rules(
         "fx/fold-layout-constants",
         "fx/complex-to-real",
         "fx/gen-view-after-transpose",
+        "fx/rsub-promoted-scalar",
     ],
 )

@@ -10,8 +10,9 @@ functions as real-only, so the translation stage cannot help.
 The rule rewrites the graph so that every complex tensor `z` of shape S is held as a real tensor of shape
 S + [2] (`view_as_real(z)`): `view_as_complex` and `view_as_real` become no-ops, `polar(r, t)` is
 `stack(r cos t, r sin t)`, a complex product is `(ac - bd, ad + bc)`, a product with a real tensor
-multiplies both parts, and `unsqueeze` shifts negative axes past the pair axis. All or nothing: if any
-node touching a complex value is outside that set, the graph is left unchanged (the export then fails as
+multiplies both parts, `unsqueeze` shifts negative axes past the pair axis and `slice` (Llama 4's
+`freqs_cis[:, ...]`) keeps its axis, counted from the front. All or nothing: if any node touching a
+complex value is outside that set, the graph is left unchanged (the export then fails as
 before, with torch.onnx's message).
 """
 
@@ -35,6 +36,7 @@ _SUPPORTED = {
     aten.view_as_real.default,
     aten.mul.Tensor,
     aten.unsqueeze.default,
+    aten.slice.Tensor,
     aten._assert_tensor_metadata.default,
     *_PASS_THROUGH,
 }
@@ -91,6 +93,12 @@ def _lower_complex(gm: fx.GraphModule) -> int:
                 rank = value.meta["val"].dim()
                 # A negative axis counts from the end of the complex shape, i.e. before the pair axis.
                 real[node] = call(aten.unsqueeze.default, (real[value], dim if dim >= 0 else dim + rank + 1))
+            elif target is aten.slice.Tensor:
+                value, *rest = args
+                dim = rest[0] if rest else node.kwargs.get("dim", 0)
+                rank = value.meta["val"].dim()
+                # The same axis of the complex shape, counted from the front (the pair axis is last).
+                real[node] = call(aten.slice.Tensor, (real[value], dim % rank, *rest[1:]), dict(node.kwargs))
             else:  # aten.mul.Tensor
                 a, b = args
                 if _is_complex(a) and _is_complex(b):
@@ -126,6 +134,17 @@ class _ComplexRotary(torch.nn.Module):
         freqs = position_ids[..., None].float() * self.inv_freq
         freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * self.scaling
         x_ = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        out = torch.view_as_real(x_ * freqs_cis.unsqueeze(1)).flatten(3)
+        return out.type_as(x)
+
+
+class _SlicedRotary(_ComplexRotary):
+    """Llama 4's rotary: complex frequencies sliced (`freqs_cis[:, 1:]`) before the product."""
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        freqs = position_ids[..., None].float() * self.inv_freq
+        freqs_cis = torch.polar(torch.ones_like(freqs), freqs)[:, 1:]
+        x_ = torch.view_as_complex(x[:, :, 1:].float().reshape(*x.shape[:2], -1, x.shape[-1] // 2, 2))
         out = torch.view_as_real(x_ * freqs_cis.unsqueeze(1)).flatten(3)
         return out.type_as(x)
 
@@ -176,10 +195,15 @@ complex_to_real = FxGraphRule(
         upstream="https://github.com/pytorch/pytorch/issues/86746 (torch.onnx cannot trace complex types; also "
         "pytorch/pytorch#126972); OpenVINO has no aten.polar translator, to_edge no view_as_complex_copy",
         backends=("onnx", "openvino", "executorch"),
-        models=("deepseek_v2", "llama4"),
+        models=("deepseek_v2", "llama4", "llama4_text"),
         examples=(
             Match(
                 _rotary, "polar * scale, complex product, [2, 3, 5, 8], and [3, 3, 9, 8]", other_inputs=_rotary_other
+            ),
+            Match(
+                lambda: (_SlicedRotary(), _rotary_inputs()),
+                "complex frequencies sliced [:, 1:]; then other sizes",
+                other_inputs=_rotary_other,
             ),
             NoMatch(_exp, "complex exp: not lowered, the graph is left as it was"),
             NoMatch(_real, "no complex values"),
