@@ -5,6 +5,12 @@ token) runs `for current_index in range(seq_length)`, so torch.export unrolls it
 sample's length: the prefill graph exported from an 8-token prompt fails `Guard failed: input_ids.size()[1] == 8`
 on any other prompt. `torch._higher_order_ops.scan` traces upstream's loop body once with a symbolic length;
 the per-step operations are the same, in the same order, so the numbers are those of eager.
+
+On ONNX the unrolled loop did not fail at export: the model declared a symbolic length, its per-token slices
+were `Gather`s at constant indices, ORT's `GatherSliceToSplitFusion` made them one `Split` into 8 outputs, and
+a 13-token prompt failed in ORT ("Cannot split using values in 'split' attribute ... NumOutputs=8"). The same
+scan, undetached (unlike `patch/mamba-selective-scan-onnx`, torch.onnx's type promotion passes it), becomes an
+ONNX `Scan` over the input's length.
 """
 
 from __future__ import annotations
@@ -96,10 +102,11 @@ rwkv_linear_attention_scan = ModuleFunctionPatch(
         why="RWKV exports with the prompt length baked in: `rwkv_linear_attention_cpu` loops "
         "`for current_index in range(seq_length)`, which torch.export unrolls, so the prefill program fails "
         "'Guard failed: input_ids.size()[1] == 8' on another prompt length; a scan op keeps the length symbolic "
-        "with upstream's per-step arithmetic",
+        "with upstream's per-step arithmetic; on ONNX ORT fused the unrolled per-token Gathers into a Split with 8 "
+        "outputs and failed at 13 tokens (\"Cannot split using values in 'split' attribute\")",
         upstream="transformers==5.24.0 models/rwkv/modeling_rwkv.py rwkv_linear_attention_cpu (a Python loop over "
         "the sequence; the CUDA kernel is not traceable); torch._higher_order_ops.scan keeps the length symbolic",
-        backends=("dynamo",),
+        backends=("dynamo", "onnx"),
         models=("rwkv",),
         examples=(
             Match(
