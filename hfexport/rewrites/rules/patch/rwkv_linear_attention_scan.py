@@ -6,11 +6,13 @@ sample's length: the prefill graph exported from an 8-token prompt fails `Guard 
 on any other prompt. `torch._higher_order_ops.scan` traces upstream's loop body once with a symbolic length;
 the per-step operations are the same, in the same order, so the numbers are those of eager.
 
-On ONNX the unrolled loop did not fail at export: the model declared a symbolic length, its per-token slices
-were `Gather`s at constant indices, ORT's `GatherSliceToSplitFusion` made them one `Split` into 8 outputs, and
-a 13-token prompt failed in ORT ("Cannot split using values in 'split' attribute ... NumOutputs=8"). The same
-scan, undetached (unlike `patch/mamba-selective-scan-onnx`, torch.onnx's type promotion passes it), becomes an
-ONNX `Scan` over the input's length.
+On ONNX the unrolled loop did not fail at export. The corpus' causal LM declared a symbolic length, its
+per-token `select`s became `Gather`s at constant indices, ORT's `GatherSliceToSplitFusion` made them one `Split`
+into 8 outputs ('node_select_44/GatherSliceToSplitFusion'), and a 13-token prompt failed in ORT ("Cannot split
+using values in 'split' attribute ... NumOutputs=8"); this rule's example, without the rule, declares
+`input_ids` as [batch, 8] (44 Gathers). With the rule the ONNX graph has two `Scan`s (one per layer), 12 Gathers
+and a symbolic length. The scan needs no detach here (unlike `patch/mamba-selective-scan-onnx`): torch.onnx's
+type promotion passes it.
 """
 
 from __future__ import annotations
