@@ -20,9 +20,10 @@ from hfexport.rewrites.kinds.patch import ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.patch.mamba_selective_scan_hop import EXAMPLES, scan_selective
 
-# Only the families checked in ORT (falcon_mamba through the corpus, zamba through the corpus and the
-# generation sweep).
-_VERIFIED = ("falcon_mamba", "zamba")
+# The families checked in ORT: falcon_mamba and mamba through the corpus, zamba through the corpus and the
+# generation sweep, jamba through the corpus (causal_lm and encoder). `hfexport scan` finds no other modeling
+# file with a `def mamba_selective_scan` (transformers 5.24).
+_VERIFIED = ("mamba", "falcon_mamba", "jamba", "zamba")
 
 
 def scan_selective_detached(original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,12 +73,31 @@ def zamba_example() -> Built:
     return _zamba(7)
 
 
+def _mamba_padded(batch: int, tokens: int) -> dict[str, Any]:
+    # The corpus' mamba failed in ORT on its attention_mask input ("invalid dimensions ... attention_mask"): the
+    # unrolled loop had fixed the length that the mask shares. A left-padded row checks the mask still applies.
+    generator = torch.Generator().manual_seed(1)
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    mask[0, :3] = 0
+    ids = torch.randint(0, 64, (batch, tokens), generator=generator)
+    return {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+
+
+def mamba_example() -> Built:
+    """Mamba (its own copy of mamba_selective_scan) from 7 tokens with a padding mask."""
+    model, _ = tiny_model(
+        "MambaConfig", "MambaModel", tokens=7, vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1
+    )
+    return model, _mamba_padded(2, 7)
+
+
 mamba_selective_scan_onnx = ModuleFunctionPatch(
     RuleMeta(
         id="patch/mamba-selective-scan-onnx",
         why="Mamba-1 ONNX models fixed the sequence axis to the sample length (the loop in mamba_selective_scan "
         "unrolled: patch/mamba-selective-scan-hop is dynamo-only): ORT rejected falcon_mamba's grown input and "
-        "failed in a Mul broadcast on zamba's; with the scan op not detached, torch.onnx's type promotion fails "
+        "failed in a Mul broadcast on zamba's and jamba's, and on mamba's attention_mask (\"Got invalid "
+        "dimensions for input: attention_mask\"); with the scan op not detached, torch.onnx's type promotion fails "
         "with \"AttributeError: 'SymInt' object has no attribute 'unsqueeze'\" in scan's fake kernel",
         upstream="torch==2.13.0 _higher_order_ops/scan.py autograd path under fake tensors with symbolic shapes "
         "(scan_fake_tensor_mode stacks saved SymInts), hit by torch.onnx InsertTypePromotion; scan's nested dynamo "
@@ -93,6 +113,13 @@ mamba_selective_scan_onnx = ModuleFunctionPatch(
                 other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 12)), "use_cache": False},
             ),
             *EXAMPLES,
+            Match(
+                mamba_example,
+                "mamba with a left-padded attention_mask, odd length, then 13 tokens and another batch",
+                atol=1e-6,
+                rtol=1e-6,
+                other_inputs=lambda: _mamba_padded(3, 13),
+            ),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.mamba_selective_scan" for f in _VERIFIED),

@@ -5,6 +5,14 @@ token) runs `for current_index in range(seq_length)`, so torch.export unrolls it
 sample's length: the prefill graph exported from an 8-token prompt fails `Guard failed: input_ids.size()[1] == 8`
 on any other prompt. `torch._higher_order_ops.scan` traces upstream's loop body once with a symbolic length;
 the per-step operations are the same, in the same order, so the numbers are those of eager.
+
+On ONNX the unrolled loop did not fail at export. The corpus' causal LM declared a symbolic length, its
+per-token `select`s became `Gather`s at constant indices, ORT's `GatherSliceToSplitFusion` made them one `Split`
+into 8 outputs ('node_select_44/GatherSliceToSplitFusion'), and a 13-token prompt failed in ORT ("Cannot split
+using values in 'split' attribute ... NumOutputs=8"); this rule's example, without the rule, declares
+`input_ids` as [batch, 8] (44 Gathers). With the rule the ONNX graph has two `Scan`s (one per layer), 12 Gathers
+and a symbolic length. The scan needs no detach here (unlike `patch/mamba-selective-scan-onnx`): torch.onnx's
+type promotion passes it.
 """
 
 from __future__ import annotations
@@ -96,10 +104,11 @@ rwkv_linear_attention_scan = ModuleFunctionPatch(
         why="RWKV exports with the prompt length baked in: `rwkv_linear_attention_cpu` loops "
         "`for current_index in range(seq_length)`, which torch.export unrolls, so the prefill program fails "
         "'Guard failed: input_ids.size()[1] == 8' on another prompt length; a scan op keeps the length symbolic "
-        "with upstream's per-step arithmetic",
+        "with upstream's per-step arithmetic; on ONNX ORT fused the unrolled per-token Gathers into a Split with 8 "
+        "outputs and failed at 13 tokens (\"Cannot split using values in 'split' attribute\")",
         upstream="transformers==5.24.0 models/rwkv/modeling_rwkv.py rwkv_linear_attention_cpu (a Python loop over "
         "the sequence; the CUDA kernel is not traceable); torch._higher_order_ops.scan keeps the length symbolic",
-        backends=("dynamo",),
+        backends=("dynamo", "onnx"),
         models=("rwkv",),
         examples=(
             Match(
