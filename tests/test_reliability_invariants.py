@@ -270,11 +270,18 @@ def lasting_pytree_node(cls: type) -> bool:
     """The pytree nodes an export may add for the process lifetime (docs/reliability.md, "What stays"): transformers
     Cache classes (hfexport registers them, so that a program with cache inputs can be called and saved), and the
     ModelOutput classes of the modeling modules that resolving a patch rule's target imports (transformers
-    registers a ModelOutput subclass when its module is imported)."""
+    registers a ModelOutput subclass when its module is imported), and the cache classes those modeling modules
+    define outside `Cache`'s hierarchy (`is_model_cache_class`: Reformer's, DeepSeek-V4's), registered with them."""
     from transformers.cache_utils import Cache
     from transformers.utils import ModelOutput
 
-    return issubclass(cls, Cache) or (issubclass(cls, ModelOutput) and cls.__module__.startswith("transformers."))
+    from hfexport.cache_pytree import is_model_cache_class
+
+    return (
+        issubclass(cls, Cache)
+        or is_model_cache_class(cls)
+        or (issubclass(cls, ModelOutput) and cls.__module__.startswith("transformers."))
+    )
 
 
 def process_state(*models: torch.nn.Module) -> ProcessState:
@@ -300,7 +307,7 @@ def assert_process_clean(before: ProcessState) -> None:
     assert torch.is_grad_enabled() == before.grad_enabled
     nodes = sorted(c.__qualname__ for c in set(torch.utils._pytree.SUPPORTED_NODES) - before.pytree_nodes)
     strays = [c for c in set(torch.utils._pytree.SUPPORTED_NODES) - before.pytree_nodes if not lasting_pytree_node(c)]
-    assert not strays, f"pytree nodes registered that are neither Cache nor ModelOutput classes: {strays} ({nodes})"
+    assert not strays, f"pytree nodes registered that are neither cache nor ModelOutput classes: {strays} ({nodes})"
     after = _patch_targets()
     assert after == before.targets, f"patch targets replaced: {[k for k in after if after[k] != before.targets[k]]}"
     for name, old in before.namespaces.items():

@@ -322,6 +322,9 @@ def capture(
                 "RuleSelection(disable=...) if the model exports without them"
             )
         _prepare_model(model, session, warnings_out)
+        # Resolving the patch rules' targets imported their modeling modules: their own cache classes become
+        # pytree nodes now, with the first export, not with the next one (docs/reliability.md, "What stays").
+        register_cache_pytrees()
         upcast = _upcast_bfloat16_weights(model, session) if options.upcast_bfloat16 else {}
         if options.upcast_bfloat16:
             inputs = _upcast_bfloat16_inputs(inputs)
