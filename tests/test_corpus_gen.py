@@ -274,3 +274,22 @@ def test_the_wide_pass_keeps_heads_and_quadruples_sizes() -> None:
     assert wide["num_heads"] == plain["num_heads"] == 2 and wide["num_hidden_layers"] == 2
     llama = _kwargs("llama", wide=True)
     assert (llama["hidden_size"], llama["intermediate_size"], llama["num_attention_heads"]) == (128, 256, 2)
+
+
+def test_a_zero_initialised_router_gets_a_seeded_draw_and_nothing_else_changes() -> None:
+    """afmoe's `_init_weights` zeros its router: every expert would tie in `topk`. The corpus build draws that
+    weight (reproducibly) and leaves every other weight as the model initialised it."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    entry = load_entry(ROOT / "causal_lm" / "afmoe.json")
+    built, again = entry.build_model(seed=0), entry.build_model(seed=0)
+    torch.manual_seed(0)
+    plain = getattr(transformers, entry.auto_class).from_config(CONFIG_MAPPING["afmoe"].from_dict(entry.config))
+    routers = [n for n, p in plain.named_parameters() if n.endswith("router.gate.weight")]
+    assert routers and all(not plain.get_parameter(n).any() for n in routers)
+    for name, weight in built.named_parameters():
+        if name in routers:
+            assert weight.any() and torch.equal(weight, again.get_parameter(name)), name
+        else:
+            assert torch.equal(weight, plain.get_parameter(name)), name

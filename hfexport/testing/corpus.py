@@ -43,6 +43,29 @@ def _dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+# The last name of a module that scores the experts of a mixture-of-experts block.
+_ROUTER_NAMES = frozenset({"gate", "router"})
+
+
+def _draw_zero_routers(model: torch.nn.Module, seed: int, std: float) -> None:
+    """Give a router whose weight the model's `_init_weights` leaves at zero (afmoe: `init.zeros_(module.gate.weight)`)
+    a seeded normal draw.
+
+    With a zero router every expert scores the same, and `topk` over the ties is free to keep any set: eager CPU
+    torch and ONNX TopK (lowest index first, by the spec) then route the tokens to other experts, and the outputs
+    differ for a reason no trained checkpoint has. Only all-zero router weights are drawn; every other weight
+    keeps the model's own initialisation.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if name.rsplit(".", 1)[-1] not in _ROUTER_NAMES or not isinstance(weight, torch.nn.Parameter):
+                continue
+            if weight.ndim == 2 and weight.is_floating_point() and not weight.any():
+                weight.copy_(torch.randn(weight.shape, generator=gen, dtype=torch.float32).mul_(std))
+
+
 @dataclass
 class CorpusEntry:
     """One architecture of the corpus: how to build the model and how to feed it."""
@@ -69,6 +92,7 @@ class CorpusEntry:
         cfg = CONFIG_MAPPING[self.model_type].from_dict(self.config)
         torch.manual_seed(seed)
         model = getattr(transformers, self.auto_class).from_config(cfg)
+        _draw_zero_routers(model, seed, float(getattr(cfg, "initializer_range", 0.02) or 0.02))
         return model.eval()
 
     def _text_ids(self, shape: list[int], gen: torch.Generator) -> torch.Tensor:
