@@ -177,6 +177,19 @@ def test_a_layer_kind_cycle_keeps_both_kinds_in_two_layers() -> None:
     assert _kwargs("recurrent_gemma")["block_types"] == ["recurrent", "attention"]
 
 
+def test_a_depth_split_into_named_parts_keeps_one_layer_per_part() -> None:
+    # Dory: n_input + n_recurrent + n_output = num_hidden_layers. Cut to 2 layers with the parts at 8 and 8, the
+    # derived recurrent part was -14 and every layer ran twice on one cache.
+    from transformers import CONFIG_MAPPING
+
+    kwargs = _kwargs("dory")
+    assert (kwargs["n_input_layers"], kwargs["n_recurrent_layers"], kwargs["n_output_layers"]) == (1, 1, 1)
+    assert kwargs["num_hidden_layers"] == 3 and set(kwargs["layer_types"]) == {"sliding_attention", "full_attention"}
+    config = CONFIG_MAPPING["dory"](**kwargs)
+    assert config.n_input_layers + config.n_recurrent_layers + config.n_output_layers == config.num_hidden_layers == 3
+    assert "num_first_full_attention_layers" not in _kwargs("sapiens2")  # 8 + 8 of 24 layers: not a split
+
+
 def test_kv_sharing_goes_and_per_layer_ffn_widths_shrink() -> None:
     kwargs = _kwargs("gemma3n_text")
     assert kwargs["num_kv_shared_layers"] == 0

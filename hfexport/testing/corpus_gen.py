@@ -297,6 +297,8 @@ def _shrink_level(
     if level < 2:
         _fix_ssm_heads(attrs, kwargs)
         _tie_mla_head_dim(attrs, kwargs)
+    if level < 3:
+        _fit_depth_parts(attrs, kwargs)
     if fill_none and level < 3:
         _fill_none(attrs, kwargs)
     if fill_none and level < 2:
@@ -319,6 +321,29 @@ def _widen(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
         old = attrs.get(key)
         if key in sized and isinstance(value, int) and isinstance(old, int) and value < old:
             kwargs[key] = min(old, value * _WIDE)
+
+
+_DEPTH_PART = re.compile(r"^(n|num)_\w+_layers$")
+
+
+def _fit_depth_parts(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Configs that split `num_hidden_layers` into named parts (Dory: n_input_layers + n_recurrent_layers +
+    n_output_layers = num_hidden_layers) keep one layer per part. Cutting the depth alone leaves the parts at
+    their defaults (8 + 8 of 2 layers: the derived recurrent part became -14, and the model ran every layer twice
+    with one cache, a model no checkpoint describes)."""
+    depth = attrs.get("num_hidden_layers")
+    parts = [
+        k
+        for k, v in attrs.items()
+        if _DEPTH_PART.match(k) and k not in _LAYER_KEYS and isinstance(v, int) and not isinstance(v, bool) and v > 0
+    ]
+    if not isinstance(depth, int) or len(parts) < 2 or sum(attrs[k] for k in parts) != depth or depth <= len(parts):
+        return
+    kwargs.update(dict.fromkeys(parts, 1), num_hidden_layers=len(parts))
+    kinds = attrs.get("layer_types")
+    if isinstance(kinds, list) and len(kinds) == depth and kinds:
+        picked = _pick_layers(kinds, depth)
+        kwargs["layer_types"] = [picked[i % len(picked)] for i in range(len(parts))]
 
 
 def _tie_mla_head_dim(attrs: dict[str, Any], kwargs: dict[str, Any]) -> None:
