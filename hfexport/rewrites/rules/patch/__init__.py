@@ -35,6 +35,8 @@ RULES: list[Rule] = load_rules(
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
         "patch/prophetnet-decode-positions-symbolic",
+        "patch/longformer-attention-dense",
+        "patch/longformer-pad-always",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
