@@ -36,6 +36,8 @@ NEEDED_ELSEWHERE = {
     "score buffers without it, refused at load)",
     "fx/sym-ceil-to-int": "the need is saving: tests/rewrites/test_fx_sym_ceil.py shows torch.export.save refusing "
     "each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
+    "fx/mod-index-as-aten-index": "the need is saving: tests/rewrites/test_fx_mod_index.py shows torch.export.save "
+    "refusing each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
 }
 
 

@@ -10,5 +10,6 @@ RULES: list[Rule] = load_rules(
         "fx/gen-view-after-transpose",
         "fx/rsub-promoted-scalar",
         "fx/sym-ceil-to-int",
+        "fx/mod-index-as-aten-index",
     ],
 )
