@@ -145,14 +145,15 @@ mod_index_as_aten_index = FxNodeRule(
         why="torch.export.save refuses the flat_apply node that non-strict export records for torch._dynamo's "
         "ModIndex autograd.Function ('Failed serializing node flat_apply in graph'): transformers' masking_utils "
         "vmaps the mask function whenever a model passes and_mask_function / or_mask_function (t5gemma2's "
-        "bidirectional sliding window, encoder/ and seq2seq/t5gemma2), and inside the vmap the padding mask's "
+        "bidirectional sliding window, encoder/ and seq2seq/t5gemma2; moonshine_streaming's encoder windows, "
+        "speech_seq2seq/moonshine_streaming), and inside the vmap the padding mask's "
         "padding_mask[batch_idx, kv_idx] runs under TransformGetItemToIndex as ModIndex. The node becomes "
         "aten.index.Tensor(x, indices), which is ModIndex.forward (its vmap rule is generated from it)",
         upstream="torch==2.13.0 _export/serde/serialize.py (no flat_apply serialization; "
         "export/custom_ops.py _call_custom_autograd_function_in_pre_dispatch, _dynamo/"
         "_trace_wrapped_higher_order_op.py ModIndex)",
         backends=("dynamo",),
-        models=("t5gemma2",),
+        models=("t5gemma2", "moonshine_streaming"),
         examples=(
             Match(
                 lambda: (_VmapMaskAttention(), _scores()),
