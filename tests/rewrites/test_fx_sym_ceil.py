@@ -67,3 +67,19 @@ def test_a_fraction_with_a_long_numerator_is_declined() -> None:
     program = export_program(symbolic._CapacityOfTokens(0.1).eval(), {"x": torch.randn(7, 3)}, dynamic=True)
     assert apply_fx_rule(rule, program) == 0
     assert _ceil_nodes(program) == 1
+
+
+def test_the_rule_stays_off_onnx_whose_floordiv_truncates() -> None:
+    """Why the rule is Dynamo-only: torch.onnx translates math.ceil itself, and translates `operator.floordiv` on
+    sizes as ONNX Div (onnxscript's operator_floordiv truncates), so the integer form would give ceil(5.25) = 5."""
+    import onnxruntime as ort
+
+    assert rule.meta.backends == ("dynamo",)
+    model = symbolic._CapacityOfTokens(0.75).eval()
+    program = export_program(model, {"x": torch.randn(7, 3)}, dynamic=True)
+    assert apply_fx_rule(rule, program) == 1
+    proto = torch.onnx.export(program, (), dynamo=True, optimize=False, verbose=False).model_proto
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = torch.randn(7, 3)
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert int(model(x=x).sum()) == 6 and int(got.sum()) == 5
