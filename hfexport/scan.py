@@ -27,6 +27,13 @@ Patterns (`Site.kind`):
 - `mask-row-pooling`: rows selected by a boolean mask and pooled to the last one per example
   (`hidden[eos_mask, :].view(B, -1, H)[:, -1, :]`, inline or through one local): the selection's row count is
   data-dependent (an unbacked size the saved program cannot be loaded with).
+- `size-ceil`: `math.ceil` of an expression over a tensor size (`math.ceil(fraction * nb_tokens)`,
+  `math.ceil(L / block)`): the graph keeps a `math.ceil` node on a symbolic float, which torch.export.save
+  cannot write (fixed in the graph by `fx/sym-ceil-to-int`; OpenVINO by `openvino/sym-ceil-to-int`).
+- `vmap-mask-function`: a `create_*_mask(...)` call given its own `and_mask_function=` / `or_mask_function=`
+  (not one forwarded under the same name): masking_utils then vmaps the mask function, and a tensor it or the
+  padding mask indexes becomes a `flat_apply` of torch's ModIndex that torch.export.save cannot write (fixed in
+  the graph by `fx/mod-index-as-aten-index`).
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
 `CAUSES` maps the patterns that registered rules fix to those rules, so a scan of a newer transformers shows
@@ -63,6 +70,8 @@ KINDS = (
     "masked-size-branch",
     "module-to-in-forward",
     "mask-row-pooling",
+    "size-ceil",
+    "vmap-mask-function",
 )
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
@@ -137,6 +146,27 @@ _ROW_SELECTION = m.Subscript(
         m.SubscriptElement(slice=m.Slice(lower=None, upper=None, step=None)),
     ]
 )
+
+
+_MATH_CEIL = m.Call(func=m.Attribute(value=m.Name("math"), attr=m.Name("ceil")))
+_MASK_FUNCTION_KEYWORDS = ("and_mask_function", "or_mask_function")
+
+
+def _is_vmap_mask_call(node: cst.Call) -> bool:
+    """`create_*_mask(..., and_mask_function=f)` with `f` built here (not None, not the caller's same-named one)."""
+    func = node.func
+    name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+    if not (name.startswith("create_") and name.endswith("mask")):
+        return False
+    for arg in node.args:
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword not in _MASK_FUNCTION_KEYWORDS:
+            continue
+        value = arg.value
+        if isinstance(value, cst.Name) and value.value in ("None", keyword):
+            continue
+        return True
+    return False
 
 
 def _is_inplace_name(name: str) -> bool:
@@ -270,6 +300,10 @@ class _Finder(cst.CSTVisitor):
             self.report("size-min-max", node, "")
         elif self._is_list_from_shape(node):
             self.report("list-from-shape", node, "")
+        elif m.matches(node, _MATH_CEIL) and any(self._is_size(arg.value) for arg in node.args):
+            self.report("size-ceil", node, "")
+        elif _is_vmap_mask_call(node):
+            self.report("vmap-mask-function", node, "")
         elif m.matches(node, _INPLACE_METHOD):
             scope = self._function()
             target = node.func.value.value  # type: ignore[attr-defined]

@@ -34,6 +34,10 @@ NEEDED_ELSEWHERE = {
     "executorch/unmasked-sdpa-as-custom-sdpa": "the need is memory, not numbers: tests/rewrites/"
     "test_executorch_custom_sdpa.py plans the example attention with and without the rule (YOLOS: 148 GB of "
     "score buffers without it, refused at load)",
+    "fx/sym-ceil-to-int": "the need is saving: tests/rewrites/test_fx_sym_ceil.py shows torch.export.save refusing "
+    "each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
+    "fx/mod-index-as-aten-index": "the need is saving: tests/rewrites/test_fx_mod_index.py shows torch.export.save "
+    "refusing each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
 }
 
 

@@ -9,5 +9,7 @@ RULES: list[Rule] = load_rules(
         "fx/complex-to-real",
         "fx/gen-view-after-transpose",
         "fx/rsub-promoted-scalar",
+        "fx/sym-ceil-to-int",
+        "fx/mod-index-as-aten-index",
     ],
 )
