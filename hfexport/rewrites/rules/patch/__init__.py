@@ -34,6 +34,7 @@ RULES: list[Rule] = load_rules(
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
+        "patch/rglru-recurrence-scan",
         "patch/prophetnet-decode-positions-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
