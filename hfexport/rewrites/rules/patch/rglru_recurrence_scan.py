@@ -158,11 +158,9 @@ def scan_rnn(
     # a given state of a wider dtype, the promotion of both from its first step on (`.type(acc_dtype) *` it).
     init = recurrent_states.to(recurrent_gate.device)
     init = init.to(torch.promote_types(acc_dtype, init.dtype)).contiguous()
-    # Inputs cut from autograd: torch.onnx's type-promotion pass re-runs the program with grad enabled, and the
-    # scan's autograd path fails under fake tensors with symbolic shapes (see patch/mamba-selective-scan-onnx).
-    # The values are the same.
-    xs = (recurrent_gate.detach().movedim(1, 0).contiguous(), hidden_states.detach().movedim(1, 0).contiguous())
-    state, outputs = scan(step, init.detach(), xs)
+    # Not detached (unlike patch/mamba-selective-scan-onnx): torch.onnx's type promotion passes this scan, as it
+    # does RWKV's (the ONNX example and the corpus model export and run in ORT without a detach).
+    state, outputs = scan(step, init, (recurrent_gate.movedim(1, 0), hidden_states.movedim(1, 0)))
     return outputs.movedim(0, 1), state
 
 
