@@ -454,7 +454,7 @@ CAUSES: tuple[Cause, ...] = (
         "rglru-token-loop",
         "loop-over-shape",
         "_rnn_scan",
-        ("patch/rglru-recurrence-scan",),
+        ("patch/rglru-recurrence-scan", "patch/rglru-recurrence-openvino"),
         "a Python loop over the tokens of RecurrentGemma's RG-LRU recurrence: the prompt length is baked in",
     ),
     Cause(

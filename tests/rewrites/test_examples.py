@@ -76,6 +76,7 @@ HEAVY: set[tuple[str, int, str]] = {
     ("patch/gated-delta-chunk-scan-onnx", 1, "onnx"),  # 46 s
     ("patch/executorch-moe-batched-experts", 3, "executorch"),  # 22 s
     ("patch/executorch-jetmoe-rowwise-experts", 2, "executorch"),  # 16 s
+    ("patch/rglru-recurrence-openvino", 2, "openvino"),  # 34 s (an OpenVINO conversion), measured 2026-12-03
 }
 
 

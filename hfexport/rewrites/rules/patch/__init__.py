@@ -41,5 +41,6 @@ RULES: list[Rule] = load_rules(
         "patch/executorch-jetmoe-rowwise-experts",
         "patch/openvino-moe-batched-experts",
         "patch/mamba-selective-scan-openvino",
+        "patch/rglru-recurrence-openvino",
     ],
 )
