@@ -14,6 +14,12 @@ The rule matches a module by its code, not its class name: a class whose `_rnn_s
 syntax tree, docstring aside: `_UPSTREAM` below) is patched; any other `_rnn_scan` keeps its own. A single token
 (the decode step) and any concrete length (a static export) are declined: the original's one step or unrolled loop
 is exact there.
+
+`hfexport scan` over transformers 5.24 finds this loop (`loop-over-shape` in `_rnn_scan`) in recurrent_gemma only. The
+other untargeted per-token loops it lists are other recurrences, not copies: `recurrent_kimi_delta_attention`
+(bailing_hybrid, glm5_next, kimi_linear), `torch_recurrent_gated_delta_rule` (lara_mini, olmo_hybrid, qwen3_5,
+qwen3_5_moe, qwen3_next, qwen4_exp), MiniMaxLightningAttention.forward and xlstm's
+`mlstm_recurrent_sequence_native`.
 """
 
 from __future__ import annotations
