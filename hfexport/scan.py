@@ -485,6 +485,13 @@ CAUSES: tuple[Cause, ...] = (
         "a Python loop over the tokens of RWKV's linear attention (its CPU path): the prompt length is baked in",
     ),
     Cause(
+        "rglru-token-loop",
+        "loop-over-shape",
+        "_rnn_scan",
+        ("patch/rglru-recurrence-scan", "patch/rglru-recurrence-openvino"),
+        "a Python loop over the tokens of RecurrentGemma's RG-LRU recurrence: the prompt length is baked in",
+    ),
+    Cause(
         "axial-positions-batch-loop",
         "loop-over-shape",
         r"AxialPositionEmbeddings\.forward",

@@ -34,6 +34,7 @@ RULES: list[Rule] = load_rules(
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
+        "patch/rglru-recurrence-scan",
         "patch/prophetnet-decode-positions-symbolic",
         "patch/longformer-attention-dense",
         "patch/longformer-pad-always",
@@ -42,5 +43,6 @@ RULES: list[Rule] = load_rules(
         "patch/executorch-jetmoe-rowwise-experts",
         "patch/openvino-moe-batched-experts",
         "patch/mamba-selective-scan-openvino",
+        "patch/rglru-recurrence-openvino",
     ],
 )
