@@ -21,6 +21,8 @@ RULES: list[Rule] = load_rules(
         "patch/vision-window-index-eager",
         "patch/square-patch-grid-static",
         "patch/longt5-pad-blocks",
+        "patch/bigbird-block-sparse-dense",
+        "patch/bigbird-pad-blocks",
         "patch/nllb-moe-router-cast",
         "patch/nllb-moe-dense-experts",
         "patch/moonshine-conv-lengths",
