@@ -30,6 +30,7 @@ RULES: list[Rule] = load_rules(
         "patch/hunyuan-vl-rope-index-tensor",
         "patch/minimax-m3-index-blocks",
         "patch/deepseek-v4-overlap-windows",
+        "patch/deepseek-v4-window-buffer",
         "patch/sliding-window-cache-symbolic",
         "patch/sliding-window-mask-sizes-symbolic",
         "patch/sdpa-causal-skip-traced",

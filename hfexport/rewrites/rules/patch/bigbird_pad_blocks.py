@@ -6,7 +6,8 @@ pad and to cut the padding off the output (`sequence_output[:, :-padding_len]`, 
 the export keeps the sample's answer, "Guard failed: (8 - L % 8) % 8 <= 0" at 133 tokens for big_bird's
 128-token sample. The replacement pads to `ceil(L / block) * block` always (a pad of 0 elements is the input
 itself, so multiples are unchanged) and cuts the output back to `L` always (`[:, :L]` of an unpadded output is
-all of it; selected by index, as a slice's contiguity would be a guard of its own), with the original's padding values (pad token, position pad id, mask 0, token type 0).
+all of it; selected by index, as a slice's contiguity would be a guard of its own), with the original's padding
+values (pad token, position pad id, mask 0, token type 0).
 
 What stays specialised: eager BigBird switches the whole model to full attention, for good, when a call has
 `L <= (5 + 2 * num_random_blocks) * block_size` tokens (88 for the corpus' big_bird), and block-sparse and full
