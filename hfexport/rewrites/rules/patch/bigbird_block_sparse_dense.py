@@ -166,7 +166,7 @@ bigbird_block_sparse_dense = MethodPatch(
         "is one dense softmax whose per-key log(count) and masks reproduce the eager's weights at every length",
         upstream="transformers==5.24.0 models/big_bird/modeling_big_bird.py "
         "BigBirdBlockSparseAttention.bigbird_block_sparse_attention",
-        models=("big_bird", "bigbird_pegasus"),
+        models=("big_bird",),
         examples=(
             Match(
                 _sparse,
