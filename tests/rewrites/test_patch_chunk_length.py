@@ -21,7 +21,7 @@ def _bind(module: torch.nn.Module, replacement: Any) -> None:
     module.forward = lambda *args, **kwargs: replacement(original, module, *args, **kwargs)
 
 
-@pytest.mark.parametrize("length", [20, 48, 68])
+@pytest.mark.parametrize("length", [40, 48, 68])
 def test_dense_block_sparse_equals_the_original(length: int) -> None:
     model = dense._Sparse().eval()
     inputs = dense._sparse_inputs(length, seed=length)
@@ -60,10 +60,23 @@ def test_pad_blocks_equals_the_original(length: int) -> None:
     torch.testing.assert_close(actual.pooler_output, expected.pooler_output, atol=1e-5, rtol=1e-5)
 
 
-def test_pad_blocks_declines_where_eager_switches_to_full_attention() -> None:
-    model = pad._model()  # block 4, 2 random blocks: full attention up to (5 + 4) * 4 = 36 tokens
-    inputs = pad._inputs(36, seed=0)
-    assert pad.forward(lambda **kwargs: None, model, **inputs) is NOT_APPLICABLE
+@pytest.mark.parametrize("length", [7, 22, 36, 37])
+def test_short_calls_take_full_attention_as_a_fresh_model(length: int) -> None:
+    # block 4, 2 random blocks: eager turns to full attention up to (5 + 4) * 4 = 36 tokens
+    fresh = pad._Fresh().eval()
+    inputs = pad._inputs(length, seed=length)
+    with torch.no_grad():
+        expected = fresh(**inputs)
+        assert fresh.model.attention_type == "block_sparse"  # set back by the wrapper
+        for module in fresh.model.modules():
+            if type(module).__name__ == "BigBirdBlockSparseAttention":
+                _bind(module, dense.forward)
+        _bind(fresh.model, pad.forward)
+        actual = fresh(**inputs)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pad_blocks_declines_full_attention_models() -> None:
     assert pad.forward(lambda **kwargs: None, pad._model("original_full"), **pad._inputs(48, 0)) is NOT_APPLICABLE
 
 

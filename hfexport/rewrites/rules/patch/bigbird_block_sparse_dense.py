@@ -20,6 +20,12 @@ the output is multiplied by the query mask (`* from_mask`) as the eager does. Fo
 eager's band and random masks (query mask x key mask) equal the key mask used here; a masked query's output
 is zeroed in both. Sums are taken in another order, so values agree to float rounding. The attention
 probabilities the original assembles are not returned (a call asking for them runs the original).
+
+BigBirdModel runs full attention instead when a call has at most (5 + 2 * num_random_blocks) * block_size
+tokens; with patch/bigbird-pad-blocks that test is made here, per call, as a tensor: below it every key counts
+once and the output is not multiplied by the query mask, which is full attention (masked keys get exactly 0 weight
+either way: exp(-10000) underflows as eager's most negative float does; only a row whose keys are all masked
+would differ).
 """
 
 from __future__ import annotations
@@ -59,6 +65,12 @@ def dense_block_sparse(
     """Eval block-sparse attention of (batch, heads, length, head dim) tensors; masks as the original's."""
     length = query.shape[2]
     counts = block_counts(length, block_size, num_random_blocks, query.device)
+    # BigBirdModel's switch, per call: block-sparse only past (5 + 2 * random blocks) * block_size tokens (a multiple
+    # of the block, so the padded length decides as the unpadded one), else full attention: every key once and no
+    # query mask on the output. A tensor, not a Python test, so the program keeps both sides.
+    sparse = torch.arange(length, device=query.device)[-1:] >= (5 + 2 * num_random_blocks) * block_size
+    counts = torch.where(sparse, counts, torch.ones_like(counts))
+    from_mask = torch.where(sparse, from_mask, torch.ones_like(from_mask))
     scores = torch.matmul(query, key.transpose(-1, -2)) * (1 / math.sqrt(query.shape[-1]))
     scores = scores + (1.0 - to_mask) * PENALTY
     scores = scores + torch.log(counts).to(scores.dtype)
@@ -172,6 +184,11 @@ bigbird_block_sparse_dense = MethodPatch(
                 _sparse,
                 "12 blocks of 4, a row with masked keys and queries, then 17 blocks",
                 other_inputs=lambda: _sparse_inputs(68, 1),
+            ),
+            Match(
+                lambda: (_Sparse().eval(), _sparse_inputs(40, 2)),
+                "10 blocks of 4 (past the 36-token switch), then 11 blocks",
+                other_inputs=lambda: _sparse_inputs(44, 3),
             ),
             NoMatch(
                 _full,

@@ -9,11 +9,14 @@ itself, so multiples are unchanged) and cuts the output back to `L` always (`[:,
 all of it; selected by index, as a slice's contiguity would be a guard of its own), with the original's padding
 values (pad token, position pad id, mask 0, token type 0).
 
-What stays specialised: eager BigBird switches the whole model to full attention, for good, when a call has
+The switch: eager BigBird turns the whole model to full attention when a call has
 `L <= (5 + 2 * num_random_blocks) * block_size` tokens (88 for the corpus' big_bird), and block-sparse and full
-attention give other values. The replacement keeps that test, so the export holds the sample's side of it (a
-block-sparse sample exports for L > 88 and refuses shorter inputs with torch.export's range error); a shorter
-call declines to the original, as does a decoder with a cache and every non-block-sparse model.
+attention give other values. Kept in Python, that test held the export to the sample's side (L > 88). Here the
+model always pads and the attention (patch/bigbird-block-sparse-dense, which this rule needs) chooses per call
+with a tensor test on the padded length (the threshold is a multiple of the block): full attention for short
+inputs, as a fresh eager model gives. Eager also makes the switch permanent (`set_attention_type` replaces the
+modules, so a later long call stays full); the program does not. A decoder with a cache, training, attention
+outputs and every non-block-sparse model decline to the original.
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ def forward(
         return NOT_APPLICABLE  # full attention never pads; a decoder (cache) switches to full attention
     if (input_ids is None) == (inputs_embeds is None):
         return NOT_APPLICABLE  # the original's errors
+    if self.training or kwargs.get("output_attentions"):
+        return NOT_APPLICABLE  # the dense attention that also takes the short side of the switch declines these
     batch_size, seq_length = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
-    if seq_length <= (5 + 2 * config.num_random_blocks) * config.block_size:
-        return NOT_APPLICABLE  # eager switches the model to full attention (see the module docstring)
+    # Changed: no `seq_length <= (5 + 2 * num_random_blocks) * block_size` switch to full attention here; the
+    # attention (patch/bigbird-block-sparse-dense) takes the side of it per call.
     device = input_ids.device if input_ids is not None else inputs_embeds.device
     if input_ids is not None:
         self.warn_if_padding_and_no_attention_mask(input_ids, attention_mask)
@@ -139,6 +144,21 @@ def _model(attention: str = "block_sparse") -> Any:
     return BigBirdModel(config).eval()
 
 
+class _Fresh(torch.nn.Module):
+    """BigBird that answers each call as a fresh model: eager's switch to full attention for a short call is made
+    permanent by `set_attention_type`, so the wrapper sets block-sparse attention back after every call (a no-op
+    when the call was long, and so in the trace of a long sample)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _model()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        self.model.set_attention_type("block_sparse")
+        return hidden
+
+
 def _inputs(length: int, seed: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     mask = torch.ones(2, length, dtype=torch.long)
@@ -152,7 +172,8 @@ bigbird_pad_blocks = MethodPatch(
         why="BigBird's block-sparse model pads to whole blocks only when the length is not a multiple "
         "(`if padding_len > 0`, also to cut the output back): the export keeps the sample's answer, "
         "'Guard failed: (8 - L % 8) % 8 <= 0' for a 128-token sample at 133 tokens; padding by "
-        "ceil(L / block) * block - L always (0 elements for a multiple) and cutting to [:, :L] always is the same",
+        "ceil(L / block) * block - L always (0 elements for a multiple) and cutting to [:, :L] always is the same; "
+        "its switch to full attention at L <= (5 + 2 * random blocks) * block is left to the attention, per call",
         upstream="transformers==5.24.0 models/big_bird/modeling_big_bird.py BigBirdModel.forward",
         models=("big_bird",),
         examples=(
@@ -160,6 +181,12 @@ bigbird_pad_blocks = MethodPatch(
                 lambda: (_model(), _inputs(48, 0)),
                 "48 tokens (a multiple of the block of 4, nothing padded), then 50 (padded by 2)",
                 other_inputs=lambda: _inputs(50, 1),
+                needs=("patch/bigbird-block-sparse-dense",),
+            ),
+            Match(
+                lambda: (_Fresh().eval(), _inputs(40, 2)),
+                "40 tokens (block-sparse, past 36), then 22 (full attention, as a fresh model)",
+                other_inputs=lambda: _inputs(22, 3),
                 needs=("patch/bigbird-block-sparse-dense",),
             ),
             NoMatch(
