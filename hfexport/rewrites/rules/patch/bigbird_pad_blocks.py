@@ -16,7 +16,9 @@ model always pads and the attention (patch/bigbird-block-sparse-dense, which thi
 with a tensor test on the padded length (the threshold is a multiple of the block): full attention for short
 inputs, as a fresh eager model gives. Eager also makes the switch permanent (`set_attention_type` replaces the
 modules, so a later long call stays full); the program does not. A decoder with a cache, training, attention
-outputs and every non-block-sparse model decline to the original.
+outputs and every non-block-sparse model decline to the original. Only the query and key masks are made (what
+the dense attention reads): the original's blocked and band masks slice the block axis and guard on the block
+count, so this rule works only with patch/bigbird-block-sparse-dense, installed with it.
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ def forward(
         inputs_embeds=inputs_embeds,
         cache_length=0,
     )
-    blocked_encoder_mask, band_mask, from_mask, to_mask = self.create_masks_for_block_sparse_attn(
-        attention_mask, self.block_size
-    )
+    # Changed: only the query and key masks, which the dense attention reads; the blocked and band masks slice
+    # the block axis at 2:-2 and the like, sizes that guard on the block count (nb - 4 != 1 at 40 tokens).
+    from_mask = attention_mask.view(batch_size, 1, padded, 1)
+    to_mask = attention_mask.view(batch_size, 1, 1, padded)
     encoder_outputs = self.encoder(
         embedding_output,
         attention_mask=None,
@@ -104,10 +107,10 @@ def forward(
         encoder_attention_mask=encoder_attention_mask,
         cache=None,
         use_cache=False,
-        band_mask=band_mask,
+        band_mask=None,
         from_mask=from_mask,
         to_mask=to_mask,
-        blocked_encoder_mask=blocked_encoder_mask,
+        blocked_encoder_mask=None,
         **kwargs,
     )
     sequence_output = encoder_outputs.last_hidden_state
