@@ -158,6 +158,10 @@ def _other(tokens: int, batch: int) -> dict[str, Any]:
     return inputs
 
 
+# The example's MoE layer (transformers' grouped_mm experts): its fallback op has no ONNX function, and its histc is
+# refused by to_edge and by OpenVINO's converter.
+_NEEDS = ("aten/grouped-mm-fallback", "patch/executorch-moe-batched-experts", "patch/openvino-moe-batched-experts")
+
 qsa_indexer_vectorized = MethodPatch(
     RuleMeta(
         id="patch/qsa-indexer-vectorized",
@@ -180,10 +184,12 @@ qsa_indexer_vectorized = MethodPatch(
                 "8 tokens, a row left-padded by 3 (fewer visible keys than a block in its first rows), then 13 "
                 "tokens in a batch of 3",
                 other_inputs=lambda: _other(13, 3),
+                needs=_NEEDS,
             ),
             Match(
                 lambda: _qwen4(23, left_pad=2, budget=8),
                 "23 tokens: more complete blocks than the 2 kept (budget 8 / ratio 4), and a partial tail",
+                needs=_NEEDS,
             ),
             NoMatch(
                 lambda: _qwen4(6, layer="linear_attention"),
