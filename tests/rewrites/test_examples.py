@@ -56,6 +56,7 @@ KNOWN_FAILURES = {
     ("patch/sdpa-causal-skip-traced", 1, "onnx"): _ONNX_GUARDS_FN,
     ("patch/longt5-pad-blocks", 0, "executorch"): _XNNPACK_RESHAPE,
     ("patch/moonshine-conv-lengths", 0, "executorch"): _XNNPACK_RESHAPE,
+    ("patch/qsa-indexer-vectorized", 0, "executorch"): _XNNPACK_RESHAPE,
     ("fx/complex-to-real", 0, "executorch"): _XNNPACK_RESHAPE,
     ("fx/complex-to-real", 1, "executorch"): _XNNPACK_RESHAPE,
     ("patch/minimax-m3-index-blocks", 1, "executorch"): "ExecuTorch plans the batch axis at the sample's 2 (the "

@@ -160,7 +160,14 @@ def _other(tokens: int, batch: int) -> dict[str, Any]:
 
 # The example's MoE layer (transformers' grouped_mm experts): its fallback op has no ONNX function, and its histc is
 # refused by to_edge and by OpenVINO's converter.
-_NEEDS = ("aten/grouped-mm-fallback", "patch/executorch-moe-batched-experts", "patch/openvino-moe-batched-experts")
+# OpenVINO: the left-padded row's fully masked attention rows and the blocks' integer floor divisions.
+_NEEDS = (
+    "aten/grouped-mm-fallback",
+    "patch/executorch-moe-batched-experts",
+    "patch/openvino-moe-batched-experts",
+    "openvino/sdpa-fully-masked-rows",
+    "openvino/exact-int-floor-divide",
+)
 
 qsa_indexer_vectorized = MethodPatch(
     RuleMeta(
