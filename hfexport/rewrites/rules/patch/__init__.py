@@ -34,6 +34,8 @@ RULES: list[Rule] = load_rules(
         "patch/sliding-window-cache-symbolic",
         "patch/sliding-window-mask-sizes-symbolic",
         "patch/sdpa-causal-skip-traced",
+        "patch/identity-experts-routed-loop",
+        "patch/qsa-indexer-vectorized",
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
