@@ -129,6 +129,21 @@ def _sym_float_of_int(arg: Any) -> Any:
     return None
 
 
+def ceil_matcher(rule_id: str) -> Any:
+    """The node predicate of a rule that rewrites `math.ceil` on sizes: `ceil_operands` finds its operands; a ceil
+    it must leave (see `ceil_operands`) is noted as declined, so the audit says why the save or conversion failing
+    on it was not fixed."""
+    from hfexport.rewrites.declines import note_declined
+
+    def matches(node: fx.Node) -> bool:
+        operands = ceil_operands(node)
+        if isinstance(operands, str):
+            note_declined(rule_id, operands)
+        return isinstance(operands, tuple)
+
+    return matches
+
+
 def ceil_operands(node: fx.Node) -> tuple[Any, int | Any, Any] | str | None:
     """What `math.ceil(x)` divides, as `(n, p, q)` with ceil(x) == ceil(n * p / q) for every int n the graph
     can see; a reason string when the node is a ceil of a size this rule cannot make exact; None otherwise.

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from torch import fx
-
-from hfexport.rewrites.declines import note_declined
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
@@ -12,7 +9,7 @@ from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
     _BlocksOfLength,
     _CapacityOfTokens,
-    ceil_operands,
+    ceil_matcher,
     ceil_to_int,
     torch,
 )
@@ -20,11 +17,7 @@ from hfexport.rewrites.rules.openvino._symbolic import (
 _ID = "openvino/sym-ceil-to-int"
 
 
-def _matches(node: fx.Node) -> bool:
-    operands = ceil_operands(node)
-    if isinstance(operands, str):
-        note_declined(_ID, operands)  # the conversion will fail on it: the audit says why the rule left it
-    return isinstance(operands, tuple)
+_matches = ceil_matcher(_ID)
 
 
 sym_ceil_to_int = OpenVINOFxNodeRule(

@@ -19,7 +19,12 @@ from hfexport.rewrites.examples import Match
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.patch.mamba_selective_scan_openvino import _own
-from hfexport.rewrites.rules.patch.rglru_recurrence_scan import EXAMPLES, _recurrent_gemma, runs_rglru_loop
+from hfexport.rewrites.rules.patch.rglru_recurrence_scan import (
+    EXAMPLES,
+    _recurrent_gemma,
+    initial_state,
+    runs_rglru_loop,
+)
 
 
 def loop_rnn(
@@ -36,13 +41,9 @@ def loop_rnn(
         return NOT_APPLICABLE
     from torch._higher_order_ops.while_loop import while_loop
 
-    recurrent_gate = recurrent_gate * ~reset
-    if recurrent_states is None:
-        recurrent_states = torch.zeros(hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device)
+    recurrent_gate, state0 = initial_state(hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+    state0 = _own(state0)
     out_dtype = hidden_states.dtype
-    # The carry keeps its dtype (as in patch/rglru-recurrence-scan): acc_dtype, or its promotion with a wider state.
-    state0 = recurrent_states.to(recurrent_gate.device)
-    state0 = _own(state0.to(torch.promote_types(acc_dtype, state0.dtype)))
     # Upstream's output starts as zeros_like(hidden_states) and gets every row: time-major here, moved back after.
     outputs0 = hidden_states.new_zeros((hidden_states.shape[1], hidden_states.shape[0], *hidden_states.shape[2:]))
     step0 = torch.zeros((), dtype=torch.int64, device=hidden_states.device)

@@ -132,6 +132,25 @@ runs_rglru_loop.scan_kind = "loop-over-shape"  # type: ignore[attr-defined]
 runs_rglru_loop.covers = covers  # type: ignore[attr-defined]
 
 
+def initial_state(
+    hidden_states: torch.Tensor,
+    recurrent_gate: torch.Tensor,
+    reset: torch.Tensor,
+    recurrent_states: torch.Tensor | None,
+    acc_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reset gate and the loop's starting state, as upstream's `_rnn_scan` prepares them (shared with
+    patch/rglru-recurrence-openvino)."""
+    # Upstream's order: the reset first, then (more than one token) the state, zero when there is none.
+    recurrent_gate = recurrent_gate * ~reset
+    if recurrent_states is None:
+        recurrent_states = torch.zeros(hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device)
+    # The carry keeps its dtype at every step (a loop carry must): upstream's state is acc_dtype throughout, or,
+    # for a given state of a wider dtype, the promotion of both from its first step on (`.type(acc_dtype) *` it).
+    state = recurrent_states.to(recurrent_gate.device)
+    return recurrent_gate, state.to(torch.promote_types(acc_dtype, state.dtype))
+
+
 def scan_rnn(
     original: Any,
     self: torch.nn.Module,
@@ -146,10 +165,7 @@ def scan_rnn(
         return NOT_APPLICABLE
     from torch._higher_order_ops.scan import scan
 
-    # Upstream's order: the reset first, then (more than one token) the state, zero when there is none.
-    recurrent_gate = recurrent_gate * ~reset
-    if recurrent_states is None:
-        recurrent_states = torch.zeros(hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device)
+    recurrent_gate, init = initial_state(hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
     out_dtype = hidden_states.dtype
 
     def step(state: torch.Tensor, xs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,10 +176,7 @@ def scan_rnn(
         # its carry (when the dtypes are the same `.type` returns the state itself). The values are the same.
         return state, state.to(out_dtype, copy=True)
 
-    # The carry keeps its dtype at every step (scan requires it): upstream's state is acc_dtype throughout, or, for
-    # a given state of a wider dtype, the promotion of both from its first step on (`.type(acc_dtype) *` it).
-    init = recurrent_states.to(recurrent_gate.device)
-    init = init.to(torch.promote_types(acc_dtype, init.dtype)).contiguous()
+    init = init.contiguous()
     # Not detached (unlike patch/mamba-selective-scan-onnx): torch.onnx's type promotion passes this scan, as it
     # does RWKV's (the ONNX example and the corpus model export and run in ORT without a detach).
     state, outputs = scan(step, init, (recurrent_gate.movedim(1, 0), hidden_states.movedim(1, 0)))
