@@ -234,6 +234,19 @@ def test_strict_and_deferred_asserts_reach_torch_export(tiny_llama) -> None:
         program.module()(input_ids=too_long, attention_mask=torch.ones_like(too_long))
 
 
+def test_a_class_method_patch_is_gated_only_for_models_of_its_module(tiny_llama) -> None:
+    """`patch/deepseek-v4-window-buffer` gates a method of a DeepSeek-V4 cache class: once that modeling module
+    is imported (by any earlier export or test), a strict export of another model must not find the gate
+    installed (it was, and refused a Llama: 'strict=True cannot trace the module-function patches')."""
+    import importlib
+
+    importlib.import_module("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    model, inputs = tiny_llama
+    program = DynamoExporter().export(model, inputs, DynamoConfig(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(**inputs).logits, model(**inputs).logits)
+
+
 def test_size_one_sample_axis_is_reported() -> None:
     tiny = get_tiny_model("tiny-llama")
     ids = torch.randint(3, 128, (1, 6))

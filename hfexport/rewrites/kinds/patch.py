@@ -281,9 +281,13 @@ class PatchSession:
                 if not rule.applies(model):
                     reasons.append(f"the model does not use {target}")
                     continue
-            elif isinstance(owner, types.ModuleType) and owner.__name__ not in used_modules:
-                reasons.append(f"the model uses no module of {owner.__name__}")
-                continue
+            else:
+                # A function of a module, or a method of a class (a cache class's): gated only for a model that
+                # uses that module, or every strict export after the module's import would refuse the gate.
+                home = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", None)
+                if home not in used_modules:
+                    reasons.append(f"the model uses no module of {home}")
+                    continue
             self._gate(owner, name, rule)
         return None if len(reasons) < len(targets) else "; ".join(reasons)
 
