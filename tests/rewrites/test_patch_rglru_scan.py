@@ -95,3 +95,30 @@ def test_the_first_example_is_pinned_to_the_sample_length_without_the_rule() -> 
         program = export_program(module.eval(), inputs, dynamic=True)
         with pytest.raises(Exception, match=r"Guard failed"):
             program.module()(**example.other_inputs())
+
+
+class _KeptState(torch.nn.Module):
+    """The recurrence with its starting state kept on the module, as RecurrentGemmaRglru keeps
+    `self.recurrent_states` from its last eager call (generation's prefill is traced after an eager generate)."""
+
+    def __init__(self, state: torch.Tensor) -> None:
+        super().__init__()
+        self.rglru = _rglru()
+        self.kept = state  # a plain attribute, not a buffer: a real tensor under the trace
+
+    def forward(self, hidden, gate, positions):
+        reset = positions[:, :, None] == 0
+        return scan_rnn(type(self.rglru)._rnn_scan, self.rglru, hidden, gate, reset, self.kept)
+
+
+def test_a_state_the_module_kept_from_eager_is_copied_into_the_scan() -> None:
+    # It was handed to the scan as it was: "Cannot access data pointer of Tensor" in recurrent_gemma's prefill.
+    hidden, gate, positions, state = _inputs(2, 8, torch.float32)
+    module = _KeptState(state)
+    length = torch.export.Dim("length", min=2, max=512)
+    with torch.no_grad():
+        program = torch.export.export(module, (hidden, gate, positions), dynamic_shapes=({1: length},) * 3)
+        hidden, gate, positions, _ = _inputs(2, 13, torch.float32)
+        expected = module.rglru._rnn_scan(hidden, gate, positions[:, :, None] == 0, state)
+        for a, e in zip(program.module()(hidden, gate, positions), expected, strict=True):
+            torch.testing.assert_close(a, e, atol=0, rtol=0)

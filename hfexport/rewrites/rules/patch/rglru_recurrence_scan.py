@@ -176,7 +176,9 @@ def scan_rnn(
         # its carry (when the dtypes are the same `.type` returns the state itself). The values are the same.
         return state, state.to(out_dtype, copy=True)
 
-    init = init.contiguous()
+    # A copy made in the trace: a state the module kept from an earlier eager call is a real tensor, which the
+    # scan cannot take as its carry ("Cannot access data pointer of Tensor" in generation's prefill).
+    init = init.clone(memory_format=torch.contiguous_format)
     # Not detached (unlike patch/mamba-selective-scan-onnx): torch.onnx's type promotion passes this scan, as it
     # does RWKV's (the ONNX example and the corpus model export and run in ORT without a detach).
     state, outputs = scan(step, init, (recurrent_gate.movedim(1, 0), hidden_states.movedim(1, 0)))
