@@ -20,8 +20,8 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.fx import FxNodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
+    CAPACITY_EXAMPLES,
     _BlocksOfLength,
-    _CapacityOfTokens,
     ceil_matcher,
     ceil_to_int,
     torch,
@@ -46,16 +46,7 @@ sym_ceil_to_int = FxNodeRule(
         backends=("dynamo",),
         models=("nllb-moe",),
         examples=(
-            Match(
-                lambda: (_CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}),
-                "ceil(0.75 * tokens) for 7 tokens (5.25 -> 6); then 8 (exactly 6)",
-                other_inputs=lambda: {"x": torch.randn(8, 3)},
-            ),
-            Match(
-                lambda: (_CapacityOfTokens(1.0), {"x": torch.randn(5, 3)}),
-                "NLLB-MoE's default fraction 1.0; then 11 tokens",
-                other_inputs=lambda: {"x": torch.randn(11, 3)},
-            ),
+            *CAPACITY_EXAMPLES,
             Match(
                 lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
                 "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from hfexport.rewrites.examples import Match
+
 
 def _int_value(arg: Any) -> Any:
     """The int / SymInt an argument stands for, or None when it is not an integer."""
@@ -262,3 +264,19 @@ def _signed_ints(seed: int, n: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     b = torch.randint(1, 9, (n,), generator=generator) * torch.where(torch.arange(n) % 2 == 0, 1, -1)
     return {"a": torch.randint(-50, 50, (n,), generator=generator), "b": b}
+
+
+# The expert-capacity examples both ceil rules run (fx/sym-ceil-to-int for saving, openvino/sym-ceil-to-int for
+# conversion): a fraction whose product with the token count is fractional, then NLLB-MoE's default of 1.0.
+CAPACITY_EXAMPLES = (
+    Match(
+        lambda: (_CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}),
+        "ceil(0.75 * tokens) for 7 tokens (5.25 -> 6); then 8 (exactly 6)",
+        other_inputs=lambda: {"x": torch.randn(8, 3)},
+    ),
+    Match(
+        lambda: (_CapacityOfTokens(1.0), {"x": torch.randn(5, 3)}),
+        "NLLB-MoE's default fraction 1.0; then 11 tokens",
+        other_inputs=lambda: {"x": torch.randn(11, 3)},
+    ),
+)

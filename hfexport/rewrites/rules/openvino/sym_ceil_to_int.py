@@ -7,8 +7,8 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
+    CAPACITY_EXAMPLES,
     _BlocksOfLength,
-    _CapacityOfTokens,
     ceil_matcher,
     ceil_to_int,
     torch,
@@ -45,16 +45,7 @@ sym_ceil_to_int = OpenVINOFxNodeRule(
                 "another sample length; then 1",
                 other_inputs=lambda: {"x": torch.randn(2, 1, 3)},
             ),
-            Match(
-                lambda: (_CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}),
-                "ceil(0.75 * tokens) for 7 tokens (5.25 -> 6); then 8 (exactly 6)",
-                other_inputs=lambda: {"x": torch.randn(8, 3)},
-            ),
-            Match(
-                lambda: (_CapacityOfTokens(1.0), {"x": torch.randn(5, 3)}),
-                "NLLB-MoE's default fraction 1.0; then 11 tokens",
-                other_inputs=lambda: {"x": torch.randn(11, 3)},
-            ),
+            *CAPACITY_EXAMPLES,
             NoMatch(dense_decoder, "a Llama forward (no ceiling of sizes)"),
         ),
     ),
