@@ -29,19 +29,48 @@ def _has_mask(node: fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and (value.dtype == torch.bool or value.is_floating_point())
 
 
+_ATEN = torch.ops.aten
+# Layout ops an attention output commonly goes through next: the zeroing can follow one of them exactly.
+_SWAPS = (_ATEN.transpose.int, _ATEN.permute.default)
+_RESHAPES = (_ATEN.view.default, _ATEN.reshape.default, _ATEN._unsafe_view.default)
+
+
+def _layout_user(node: fx.Node) -> fx.Node | None:
+    """The attention output's only user when it is a transpose, permute or reshape of it, else None."""
+    users = list(node.users)
+    if len(users) != 1 or users[0].op != "call_function" or users[0].args[0] is not node:
+        return None
+    return users[0] if users[0].target in (*_SWAPS, *_RESHAPES) else None
+
+
+def _rows_kept_like(graph: fx.Graph, attends: fx.Node, node: fx.Node, user: fx.Node) -> fx.Node:
+    """`attends` ((..., L, 1), broadcasting to the attention output) laid out as `user` lays out the output."""
+    if user.target not in _SWAPS:
+        # A reshape can merge the broadcast axes: give the flags the output's full shape first.
+        sizes = [graph.call_function(_ATEN.sym_size.int, (node, d)) for d in range(node.meta["val"].dim())]
+        attends = graph.call_function(_ATEN.expand.default, (attends, sizes))
+    return graph.call_function(user.target, (attends, *user.args[1:]), dict(user.kwargs))
+
+
 def _zero_fully_masked_rows(gm: fx.GraphModule, node: fx.Node) -> None:
-    aten = torch.ops.aten
     mask = _mask(node)
     graph = gm.graph
-    with graph.inserting_before(node.next):
+    # Zero the rows after the op that lays the output out next, when there is one: a Select right after the
+    # attention is fused into the CPU plugin's MHA snippet, which then computes wrong values at head_dim 128
+    # and 256 (up to 10 off, or NaN, from 32 tokens on; 64-112 are right).
+    user = _layout_user(node) if mask.meta["val"].dim() == node.meta["val"].dim() else None
+    target = node if user is None else user
+    with graph.inserting_before(target.next):
         keeps = mask
         if mask.meta["val"].is_floating_point():
             # An additive mask masks a key with -inf only; NaN entries stay "kept" so NaN still propagates.
-            keeps = graph.call_function(aten.ne.Scalar, (mask, float("-inf")))
+            keeps = graph.call_function(_ATEN.ne.Scalar, (mask, float("-inf")))
         # (..., L, 1): whether query row L attends to any key; broadcasts over heads and the value width.
-        attends = graph.call_function(aten.any.dim, (keeps, -1, True))
-        zeroed = graph.call_function(aten.where.ScalarOther, (attends, node, 0.0))
-    node.replace_all_uses_with(zeroed, delete_user_cb=lambda user: user is not zeroed)
+        attends = graph.call_function(_ATEN.any.dim, (keeps, -1, True))
+        if user is not None:
+            attends = _rows_kept_like(graph, attends, node, user)
+        zeroed = graph.call_function(_ATEN.where.ScalarOther, (attends, target, 0.0))
+    target.replace_all_uses_with(zeroed, delete_user_cb=lambda u: u is not zeroed)
     node.meta[_DONE] = True
 
 
@@ -87,12 +116,36 @@ def _left_padded_llama() -> Built:
     return model, {"input_ids": ids, "attention_mask": mask}
 
 
+def _left_padded_llama_head_dim_128() -> Built:
+    # The width at which the CPU plugin's MHA snippet goes wrong when the zeroing is fused into it.
+    model, inputs = tiny_model(
+        "LlamaConfig",
+        "LlamaModel",
+        tokens=64,
+        vocab_size=64,
+        hidden_size=256,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        use_cache=False,
+    )
+    ids = inputs["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
 sdpa_fully_masked_rows = OpenVINOFxNodeRule(
     RuleMeta(
         id="openvino/sdpa-fully-masked-rows",
         why="the OpenVINO CPU plugin returns NaN for an attention query row whose mask is all False (or -inf), "
         "where torch returns 0; a left-padded batch has such rows, and the NaN spreads to the whole sequence "
-        "through the next layer",
+        "through the next layer. The zeroing goes after the output's transpose back to (batch, length, heads, "
+        "dim) when there is one: a Select right after the attention is fused into the CPU plugin's MHA snippet "
+        "(OpenVINO 2026.4), which at head_dim 128 and 256 returns values up to 10 off, or NaN, from 32 tokens "
+        "on (measured on an AVX-512 CPU without AMX; head_dim 64-112 are right)",
         upstream="https://github.com/openvinotoolkit/openvino/issues/35959 (fix proposed in "
         "https://github.com/openvinotoolkit/openvino/pull/36016)",
         backends=("openvino",),
@@ -108,6 +161,10 @@ sdpa_fully_masked_rows = OpenVINOFxNodeRule(
                 "additive -inf mask",
             ),
             Match(_left_padded_llama, "a left-padded Llama batch"),
+            Match(
+                _left_padded_llama_head_dim_128,
+                "head_dim 128 at 64 tokens: the zeroing follows the heads' transpose, outside the MHA snippet",
+            ),
             NoMatch(
                 lambda: (
                     torch.nn.MultiheadAttention(8, 2, batch_first=True).eval(),
