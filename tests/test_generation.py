@@ -471,6 +471,18 @@ def test_model_defined_cache_is_the_decode_graph_input_not_a_fixed_argument() ->
     assert int(cache.seqlen_offset) == entry.sample_inputs()["input_ids"].shape[1]
 
 
+@pytest.mark.slow  # a corpus export: about 80 s at load 7 on the shared 2 cores
+def test_model_defined_cache_generates_like_eager_on_onnx() -> None:
+    # Reformer's `ReformerDynamicCache` (past buckets and states) is not a transformers Cache either: fixed in the
+    # decode component, the ONNX decode graph had no cache input and generate failed ("Got invalid dimensions for
+    # input: input_ids"). As the `past_key_values` input it is carried from step to step like any cache. A
+    # 7-token prompt and 6 new tokens stay below the 64-token chunk past which eager's LSH rotations are drawn
+    # anew on every call (reformer-lsh-random-rotations).
+    model, components = _corpus_generation("reformer", "onnx")
+    assert components.spec.cache_key == "past_key_values"
+    _assert_left_padded_generation_like_eager(model, components, seed=11)
+
+
 @pytest.mark.slow  # a corpus export: 90-150 s at load 16 on the shared 2 cores
 def test_decode_position_from_the_cache_length_generates_like_eager() -> None:
     # ProphetNet's decode step takes its position as int(padding_idx + past + 1): the decode graph kept the
