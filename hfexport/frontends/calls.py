@@ -138,7 +138,7 @@ def _graph_input(value: Any) -> bool:
     """A tensor, a cache, or a pytree of tensors (`encoder_outputs`, `mm_encoder_outputs`): a graph input."""
     from transformers.cache_utils import Cache
 
-    if isinstance(value, (torch.Tensor, Cache)) or _is_model_cache(value):
+    if isinstance(value, (torch.Tensor, Cache)):
         return True
     if not isinstance(value, (tuple, list, Mapping)):
         return False
@@ -150,7 +150,7 @@ def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torc
     """The component to export for one recorded call: tensor inputs (the cache as `past_key_values`) in graph
     order, with every Python-valued argument fixed in a `FixedArguments` wrapper (`logits_to_keep` as 0)."""
     key = _cache_key(kwargs)
-    inputs = {k: v for k, v in kwargs.items() if _graph_input(v)}
+    inputs = {k: v for k, v in kwargs.items() if k == key or _graph_input(v)}
     fixed = {k: (0 if k in _LOGITS_TO_KEEP else v) for k, v in kwargs.items() if k not in inputs}
     order = [k for k in _LEADING_INPUTS if k in inputs]
     order += [k for k in inputs if k not in _LEADING_INPUTS and k != key]
@@ -286,7 +286,11 @@ def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
     carries from one step's output to the next step as it does a `Cache`."""
     from transformers.cache_utils import Cache
 
-    key = next((k for k, v in kwargs.items() if isinstance(v, Cache) or _is_model_cache(v)), None)
+    key = next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+    if key is None:
+        # Only without a transformers Cache: a model's own padding caches (Kyutai's, Voxtral realtime's...) that
+        # ride along with `past_key_values` stay what they were.
+        key = next((k for k, v in kwargs.items() if _is_model_cache(v)), None)
     if key is None:
         key = next((k for k, v in kwargs.items() if k in CACHE_ALIASES and _tensor_list(v)), None)
     return key
