@@ -446,6 +446,43 @@ def test_recurrent_state_that_is_not_a_cache_generates_like_eager() -> None:
     _assert_left_padded_generation_like_eager(model, components, seed=7)
 
 
+def test_model_defined_cache_is_the_decode_graph_input_not_a_fixed_argument() -> None:
+    # xLSTM's `xLSTMCache` is a plain class of its modeling module, outside `Cache`'s hierarchy: the decode step
+    # fixed the recorded cache object as a Python argument, so the decode graph held the sample's recurrent state
+    # as constants that its forward mutates (torch.onnx: "Constant ...mlstm_backend.lifted_tensor_0 is mutated in
+    # the forward method"). It is the `past_key_values` input now, and calling the component with it gives the
+    # recorded step's logits. Eager only (the export still stops at the config the cache keeps: cache-holds-config).
+    from hfexport.cache_pytree import is_model_cache_class
+    from hfexport.testing.corpus import load_entry
+
+    entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/xlstm.json")
+    model = entry.build_model()
+    components = decompose_for_generation(model, entry.sample_inputs())
+    module, kwargs = components["decode"]
+    cache = kwargs["past_key_values"]
+    assert is_model_cache_class(type(cache)) and type(cache).__name__ == "xLSTMCache"
+    assert module.cache_key == "cache" and "cache" not in module.fixed
+    assert list(kwargs) == ["input_ids", "attention_mask", "past_key_values"]
+    with torch.no_grad():
+        expected = model(input_ids=kwargs["input_ids"], cache=copy.deepcopy(cache), use_cache=True).logits
+        got = module(**kwargs).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # The component's eager call leaves the recorded cache as it was (the exported program does too).
+    assert int(cache.seqlen_offset) == entry.sample_inputs()["input_ids"].shape[1]
+
+
+@pytest.mark.slow  # a corpus export: about 80 s at load 7 on the shared 2 cores
+def test_model_defined_cache_generates_like_eager_on_onnx() -> None:
+    # Reformer's `ReformerDynamicCache` (past buckets and states) is not a transformers Cache either: fixed in the
+    # decode component, the ONNX decode graph had no cache input and generate failed ("Got invalid dimensions for
+    # input: input_ids"). As the `past_key_values` input it is carried from step to step like any cache. A
+    # 7-token prompt and 6 new tokens stay below the 64-token chunk past which eager's LSH rotations are drawn
+    # anew on every call (reformer-lsh-random-rotations).
+    model, components = _corpus_generation("reformer", "onnx")
+    assert components.spec.cache_key == "past_key_values"
+    _assert_left_padded_generation_like_eager(model, components, seed=11)
+
+
 @pytest.mark.slow  # a corpus export: 90-150 s at load 16 on the shared 2 cores
 def test_decode_position_from_the_cache_length_generates_like_eager() -> None:
     # ProphetNet's decode step takes its position as int(padding_idx + past + 1): the decode graph kept the

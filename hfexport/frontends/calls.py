@@ -127,6 +127,13 @@ def fixed_arguments(module: torch.nn.Module, fixed: Mapping[str, Any], cache_key
     return named(module, fixed, cache_key)
 
 
+def _is_model_cache(value: Any) -> bool:
+    """A model-defined cache object (`hfexport.cache_pytree.is_model_cache_class`), a pytree node like a `Cache`."""
+    from hfexport.cache_pytree import is_model_cache_class
+
+    return is_model_cache_class(type(value))
+
+
 def _graph_input(value: Any) -> bool:
     """A tensor, a cache, or a pytree of tensors (`encoder_outputs`, `mm_encoder_outputs`): a graph input."""
     from transformers.cache_utils import Cache
@@ -143,7 +150,7 @@ def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torc
     """The component to export for one recorded call: tensor inputs (the cache as `past_key_values`) in graph
     order, with every Python-valued argument fixed in a `FixedArguments` wrapper (`logits_to_keep` as 0)."""
     key = _cache_key(kwargs)
-    inputs = {k: v for k, v in kwargs.items() if _graph_input(v)}
+    inputs = {k: v for k, v in kwargs.items() if k == key or _graph_input(v)}
     fixed = {k: (0 if k in _LOGITS_TO_KEEP else v) for k, v in kwargs.items() if k not in inputs}
     order = [k for k in _LEADING_INPUTS if k in inputs]
     order += [k for k in inputs if k not in _LEADING_INPUTS and k != key]
@@ -271,12 +278,19 @@ def _is_static(cache: Any) -> bool:
 
 
 def _cache_key(kwargs: Mapping[str, Any]) -> str | None:
-    """The kwarg that is the cache: a transformers `Cache`, else a recurrent state kept as a list of tensors under
-    a cache name (RWKV's `state`; `past_key_values` once `graph_call` renamed it), which generate carries from one
-    step's output to the next step as it does a `Cache`."""
+    """The kwarg that is the cache: a transformers `Cache` or a cache class a modeling module defines outside
+    `Cache`'s hierarchy (xLSTM's `xLSTMCache`, Reformer's `ReformerDynamicCache`: `is_model_cache_class`; before,
+    xLSTM's decode step fixed the recorded cache object as a Python argument, so the decode graph held the
+    sample's recurrent state as constants that its forward mutates), else a recurrent state kept as a list of
+    tensors under a cache name (RWKV's `state`; `past_key_values` once `graph_call` renamed it), which generate
+    carries from one step's output to the next step as it does a `Cache`."""
     from transformers.cache_utils import Cache
 
     key = next((k for k, v in kwargs.items() if isinstance(v, Cache)), None)
+    if key is None:
+        # Only without a transformers Cache: a model's own padding caches (Kyutai's, Voxtral realtime's...) that
+        # ride along with `past_key_values` stay what they were.
+        key = next((k for k, v in kwargs.items() if _is_model_cache(v)), None)
     if key is None:
         key = next((k for k, v in kwargs.items() if k in CACHE_ALIASES and _tensor_list(v)), None)
     return key
@@ -312,7 +326,9 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
     # A state-space cache, or a recurrent state kept as a list of tensors (RWKV), has no length: its models mask
     # the current tokens only.
     has_length = cache is not None and hasattr(cache, "get_seq_length") and not _linear_only(cache)
-    past = int(cache.get_seq_length()) if has_length else 0
+    # Reformer's own cache answers None for a step without buckets yet: no past length, as for no cache.
+    length = cache.get_seq_length() if has_length else None
+    past = int(length) if length is not None else 0
     mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
     if cache is not None and getattr(cache, "is_compileable", False) and not all(cache.is_linear):
         from transformers.masking_utils import create_masks_for_generate

@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from hfexport.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
+from hfexport.cache_pytree import (
+    cache_dynamic_shapes,
+    flatten_cache,
+    is_model_cache_class,
+    register_cache_pytrees,
+    unflatten_cache,
+)
 from hfexport.errors import InputError
 from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts, specialised_image_axes
 from hfexport.generation_spec import IMAGE_COUNT_META, LAYOUT_META, LayoutSpecialised
@@ -51,11 +57,13 @@ class CaptureOptions:
 
 
 def _is_cache(value: Any) -> bool:
+    """A transformers `Cache`, or a cache class a modeling module defines outside its hierarchy (xLSTM's
+    `xLSTMCache`: `is_model_cache_class`), which the cache pytree flattens the same way."""
     try:
         from transformers.cache_utils import Cache
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         return False
-    return isinstance(value, Cache)
+    return isinstance(value, Cache) or is_model_cache_class(type(value))
 
 
 def _is_model_output(value: Any) -> bool:

@@ -14,6 +14,13 @@ checked to lie in [0, compress_rate)), for which torch decides nothing on the sa
 rows with `index_select` over `usable + arange(count)`; the whole windows are selected over `arange(usable)`.
 Same rows, same values (bit for bit); buffered rows of an earlier call are concatenated first and the window
 position is the original's. Dynamo only: ONNX programs keep no guards (the model already matched there).
+
+Generation (session 17) does not need it on ONNX either: with the rule on ONNX too, only the prefill's output
+buffer axis changes (an unbacked size instead of `L - 4 * (L // 4)`), and the ONNX decode program fails as before.
+That failure is in the decode program, which is traced from generate's first decode step after the 8-token
+sample: there the CSA buffers have 0 rows (an input axis torch.export specialises to 0), `entry_count` is a
+constant of the cache context (2), and the step closes no window, so the traced graph never compresses (cause
+`deepseek-v4-decode-window-state`, docs/coverage.md).
 """
 
 from __future__ import annotations
