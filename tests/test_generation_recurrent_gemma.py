@@ -82,7 +82,7 @@ def _expected(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new
         )
 
 
-@pytest.mark.slow  # two exports and 24-token generations: ~25 s (Dynamo) and ~50 s (ONNX) on the shared 2 cores
+@pytest.mark.slow  # an export and two generations: 42 s (Dynamo), 79 s (ONNX) at load 8 on the shared 2 cores
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_recurrent_gemma_generates_past_the_window_like_eager(backend: str) -> None:
     model = _model()
@@ -112,18 +112,14 @@ def _input_names(program: Any, backend: str) -> list[str]:
     return [value.name for value in program.model_proto.graph.input]  # a torch.onnx ONNXProgram
 
 
-@pytest.mark.slow  # one Dynamo export: ~15 s
+@pytest.mark.slow  # one Dynamo export and a generation: 18-23 s at load 8
 def test_recurrent_gemma_generation_needs_the_rule() -> None:
     # Without the rule the recorded decode step's cache holds no state and the exported decode reads the state the
-    # module held when it was traced: the tokens are not eager's (or the loop fails).
+    # module held when it was traced: the tokens are not eager's.
     model = _model()
-    components = None
     ids, mask = _prompt()
     expected = _expected(model, ids, mask, 12)
-    try:
-        components = _export(model, "dynamo", RuleSelection(disable=(RULE,)))
-        got = generate(components, ids, mask, max_new_tokens=12, min_new_tokens=12)
-    except Exception as exc:
-        assert components is None or "past_key_values" in str(exc) or str(exc), exc
-        return
+    components = _export(model, "dynamo", RuleSelection(disable=(RULE,)))
+    got = generate(components, ids, mask, max_new_tokens=12, min_new_tokens=12)
+    # Measured (2026-12-03): the decode program runs, on a state frozen at trace time; most tokens differ.
     assert not torch.equal(got, expected)
