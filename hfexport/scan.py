@@ -34,6 +34,9 @@ Patterns (`Site.kind`):
   (not one forwarded under the same name): masking_utils then vmaps the mask function, and a tensor it or the
   padding mask indexes becomes a `flat_apply` of torch's ModIndex that torch.export.save cannot write (fixed in
   the graph by `fx/mod-index-as-aten-index`).
+- `state-on-module`: a `forward` that stores a state on its module (`self.conv1d_state = ...`,
+  `self.rg_lru.recurrent_states = ...`: an attribute named `*state` / `*states`, set to something other than
+  None): a generation state kept outside the cache, which an exported step can neither take nor return.
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
 `CAUSES` maps the patterns that registered rules fix to those rules, so a scan of a newer transformers shows
@@ -48,6 +51,7 @@ import bisect
 import dataclasses
 import difflib
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +76,7 @@ KINDS = (
     "mask-row-pooling",
     "size-ceil",
     "vmap-mask-function",
+    "state-on-module",
 )
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
@@ -344,6 +349,11 @@ class _Finder(cst.CSTVisitor):
         scope = self._function()
         if scope is None:
             return
+        if scope.name == "forward" and not m.matches(node.value, m.Name("None")):
+            for target in node.targets:
+                if _is_state_attribute(target.target):
+                    self.report("state-on-module", node, "")
+                    break
         for target in node.targets:
             if (
                 m.matches(target.target, _SELF_ATTRIBUTE)
@@ -374,6 +384,16 @@ class _Finder(cst.CSTVisitor):
             scope.sizes |= bound
         else:
             scope.sizes -= bound
+
+
+def _is_state_attribute(node: cst.BaseExpression) -> bool:
+    """`self.x_state` / `self.sub.x_states`: an attribute of the module (or of a submodule) named as a state."""
+    if not isinstance(node, cst.Attribute) or re.search(r"(^|_)states?$", node.attr.value) is None:
+        return False
+    owner = node.value
+    while isinstance(owner, cst.Attribute):
+        owner = owner.value
+    return m.matches(owner, m.Name("self"))
 
 
 def _module_name(path: Path, root: Path | None) -> str:
@@ -490,6 +510,14 @@ CAUSES: tuple[Cause, ...] = (
         "_rnn_scan",
         ("patch/rglru-recurrence-scan", "patch/rglru-recurrence-openvino"),
         "a Python loop over the tokens of RecurrentGemma's RG-LRU recurrence: the prompt length is baked in",
+    ),
+    Cause(
+        "state-kept-on-module",
+        "state-on-module",
+        r".*\.forward",
+        ("patch/rglru-state-in-cache",),
+        "a forward keeps its generation state on the module (RecurrentGemma's conv window and RG-LRU state), outside "
+        "the cache: the exported decode step can neither take it nor return it",
     ),
     Cause(
         "axial-positions-batch-loop",

@@ -148,8 +148,14 @@ class HfExporter(ABC):
             split_config,
         )
 
+        # The decode step's rule selection also decides the patches that run while generate is recorded.
+        decode_config = config.get("decode") if isinstance(config, Mapping) else config
         decomposition = decompose_for_generation(
-            model, generate_kwargs, generation_config=generation_config, multi_token_decode=multi_token_decode
+            model,
+            generate_kwargs,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            rules=getattr(decode_config, "rules", None),
         )
         documented = list(decomposition)
         extra = list(decomposition.runtime)

@@ -109,9 +109,28 @@ def _with_cache(out: Any, cache: Any) -> Any:
     names = {f.name for f in dataclasses.fields(out)}
     field_name = next((n for n in ("cache", "past_key_values") if n in names), None)
     if field_name is None:
-        return out
+        return _with_past(out, cache)
     out[field_name] = cache
     return out
+
+
+def _with_past(out: Any, cache: Any) -> Any:
+    """`out` as transformers' `<Output>WithPast` class holding `cache`, for an output class without a cache field.
+
+    RecurrentGemma's causal LM returns a `CausalLMOutput` (no cache field) and generate carries the cache it handed
+    the forward, written in place, to the next step; the graph must return it. The `WithPast` twin has every field
+    of the output plus the cache (`cache` in transformers 5.24); without one the output is left as it is.
+    """
+    import transformers.modeling_outputs as outputs
+
+    twin = getattr(outputs, f"{type(out).__name__}WithPast", None)
+    if twin is None or not dataclasses.is_dataclass(twin):
+        return out
+    fields = {f.name for f in dataclasses.fields(twin)}
+    field_name = next((n for n in ("cache", "past_key_values") if n in fields), None)
+    if field_name is None or not {f.name for f in dataclasses.fields(out)} <= fields:
+        return out
+    return twin(**dict(out.items()), **{field_name: cache})
 
 
 _NAMED_WRAPPERS: dict[type, type] = {}

@@ -140,6 +140,8 @@ def decompose_for_generation(
     generate_kwargs: Mapping[str, Any],
     generation_config: Any = None,
     multi_token_decode: bool = False,
+    *,
+    rules: Any = None,
 ) -> Decomposition:
     """Run `model.generate` once (2 new tokens, 3 with `multi_token_decode`) and return its components.
 
@@ -151,7 +153,8 @@ def decompose_for_generation(
     cache only, in graph order (`input_ids`, `attention_mask`, `position_ids`, other tensors, then the cache
     as `past_key_values`); the call's Python arguments (`use_cache`, `return_dict`...) are fixed in the
     submodule (`FixedArguments`), with `logits_to_keep=0`: every query position's logits. The caller's model
-    and `generate_kwargs` are left as they were.
+    and `generate_kwargs` are left as they were. `rules` (a `RuleSelection`, the export's) decides which patch
+    rules marked `records` run during that generate (`hfexport.rewrites.engine.recording`).
     """
     if not hasattr(model, "generate"):
         raise InputError(f"{type(model).__name__} has no generate(); decompose_for_generation needs a generative model")
@@ -178,8 +181,11 @@ def decompose_for_generation(
     first_decode = 2 if is_encoder_decoder else 1
     steps = first_decode + (2 if multi_token_decode else 1)
     _, loop = _loop_config(model, generation_config, steps)
+    from hfexport.rewrites import engine
+
     try:
-        with torch.no_grad():
+        # Under the patch rules that carry module-kept state in the cache (`records`), so the samples hold it.
+        with torch.no_grad(), engine.recording(model, rules):
             model.generate(**kwargs, **loop)
     finally:
         recorder.remove()

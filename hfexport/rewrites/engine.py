@@ -218,6 +218,30 @@ def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None =
             context.stage_seconds["patch"] = context.stage_seconds.get("patch", 0.0) + spent
 
 
+@contextmanager
+def recording(
+    model: Any, selection: RuleSelection | None = None, registry: RuleRegistry | None = None
+) -> Iterator[None]:
+    """Install the patch rules marked `records` that `selection` runs on `model` for the body only, on every backend.
+
+    `decompose_for_generation` runs generate under them: a rule that moves state a model keeps on its modules into
+    the cache generate carries (`patch/rglru-state-in-cache`) must run there too, or the recorded decode step's
+    cache would not hold the state its program takes. The export's selection decides, so a rule disabled for the
+    export is off here too. Their hits are not counted (no export is running).
+    """
+    registry = registry or default_registry()
+    plan = registry.plan(selection if selection is not None else RuleSelection())
+    rules = [rule for rule in registry.rules("patch") if getattr(rule, "records", False) and plan[rule.id] is None]
+    session = PatchSession(lambda _rule_id: None)
+    try:
+        for rule in rules:
+            session.install(rule, model)
+        with session.active():
+            yield
+    finally:
+        session.restore()
+
+
 def apply(
     stage: str,
     target: Any,

@@ -36,6 +36,9 @@ NEEDED_ELSEWHERE = {
     "score buffers without it, refused at load)",
     "fx/sym-ceil-to-int": "the need is saving: tests/rewrites/test_fx_sym_ceil.py shows torch.export.save refusing "
     "each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
+    "patch/rglru-state-in-cache": "the need is across programs (prefill, then decode): tests/"
+    "test_generation_recurrent_gemma.py::test_recurrent_gemma_generation_needs_the_rule exports for generation "
+    "without the rule, and its tokens are not eager's; the Match example is one graph, whose state flows without it",
     "fx/mod-index-as-aten-index": "the need is saving: tests/rewrites/test_fx_mod_index.py shows torch.export.save "
     "refusing each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
 }
@@ -83,6 +86,13 @@ KNOWN_FAILURES = {
     "Conv3d: ExecuTorch's portable convolution takes 3-D or 4-D inputs only ('Expect input tensor to be 3-D or "
     "4-D, but got, 5', aten::convolution.out 0x12), before any window attention runs: an ExecuTorch coverage gap "
     "of the Qwen2.5-VL tower (#17)",
+    ("patch/rglru-state-in-cache", 0, "executorch"): "the runtime refuses upstream's prefill conv window "
+    "`pad(x_branch, (conv1d_width - L - 1, 0))`, a negative pad for a prompt longer than the window (pad[0] = -4, "
+    "aten::constant_pad_nd.out 0x12), which the block runs with or without the rule: an ExecuTorch coverage gap of "
+    "RecurrentGemma (#17)",
+    ("patch/rglru-state-in-cache", 0, "openvino"): "convert_model fails on the attention layer's first cache update "
+    "in the example's graph (aten.cat of the DynamicLayer's empty initial keys f32[0] with [2, 2, 7, 16]: "
+    "'is_axis_valid'), not on the state the rule moves: the example builds its cache inside the graph",
 }
 
 

@@ -70,6 +70,9 @@ class MethodPatch(Rule):
     target: str | Callable[[torch.nn.Module], bool] = ""
     replacement: Callable[..., Any] | None = None
     method: str | None = None
+    # Also installed while `decompose_for_generation` records generate's calls (`engine.recording`): for a patch
+    # that moves state eager keeps on modules into the cache generate carries, so the recorded samples hold it.
+    records: bool = False
     stage: str = field(init=False, default="patch")
 
 

@@ -40,6 +40,7 @@ RULES: list[Rule] = load_rules(
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
         "patch/rglru-recurrence-scan",
+        "patch/rglru-state-in-cache",
         "patch/prophetnet-decode-positions-symbolic",
         "patch/longformer-attention-dense",
         "patch/longformer-pad-always",
