@@ -1,20 +1,21 @@
-"""`aten.split.Tensor` with a symbolic split size becomes `aten.split_with_sizes` with the sizes written out.
+"""A split or chunk with a symbolic piece size becomes `aten.split_with_sizes` with the sizes written out.
 
-ProphetNet's n-gram self-attention concatenates its main stream and `ngram` predict streams along the sequence
-axis and cuts them apart again with `hidden_states.chunk(1 + ngram, dim=1)` (and `.chunk(1 + ngram, dim=2)` on
-the projected queries, keys and values). With a dynamic sequence axis torch.export records
-`aten.split.Tensor(x, s, dim)` whose split size `s` is a SymInt (ceil(D / chunks)), and torch.onnx's torchlib
-translates it as `SplitToSequence(x, s)` with `s` a 0-d int64 tensor of unknown value. The onnxscript optimizer
-then crashes in its constant folding of SplitToSequence: the split's shape is static (0-d) but not 1-D and it
-has no value, so it reaches `split_value.ndim` on None ("'NoneType' object has no attribute 'ndim'").
+ProphetNet's n-gram self-attention concatenates its main stream and `ngram` predict streams along the sequence axis
+and cuts them apart again with `hidden_states.chunk(1 + ngram, dim=1)` (and `.chunk(1 + ngram, dim=2)` on the
+projected queries, keys and values). With a dynamic sequence axis torch.export records `aten.chunk(x, n, dim)` on an
+axis of symbolic length D, which torch.onnx's decomposition turns into `aten.split.Tensor(x, s, dim)` with `s =
+ceil(D / n)` a SymInt (a split by a size computed from a shape, `x.split(x.shape[0] // 2)`, is recorded as that
+directly). torchlib translates it as `SplitToSequence(x, s)` with `s` a 0-d int64 tensor of unknown value. The
+onnxscript optimizer then crashes in its constant folding of SplitToSequence: the split's shape is static (0-d) but
+not 1-D and it has no value, so it reaches `split_value.ndim` on None ("'NoneType' object has no attribute 'ndim'").
 
 The number of pieces is fixed in the exported graph (the node's `val` is a list of that many tensors, which the
 graph reads by index), so the rule writes the sizes out: `split_with_sizes(x, [s] * (n - 1) + [D - (n - 1) * s],
-dim)` with `D = sym_size(x, dim)`. That is torch.split's own definition (every piece `s` long, the last one the
-remainder), so the pieces are the same slices for every input the program accepts (an uneven last piece
-included). torch.onnx translates it as `SplitToSequence` over a 1-D sizes tensor of static length n, which the
-optimizer folds into one `Split` with n outputs. Only a symbolic split size is matched: an int split size
-translates to a constant the optimizer handles (or leaves alone, on a dynamic axis).
+dim)` with `D = sym_size(x, dim)` (for a chunk, `s = (D + n - 1) // n` as torch computes it). That is torch.split's
+own definition (every piece `s` long, the last one the remainder), so the pieces are the same slices for every input
+the program accepts (an uneven last piece included). torch.onnx translates it as `SplitToSequence` over a 1-D sizes
+tensor of static length n, which the optimizer folds into one `Split` with n outputs. Only a symbolic split size is
+matched: an int split size translates to a constant the optimizer handles (or leaves alone, on a dynamic axis).
 """
 
 from __future__ import annotations
@@ -118,6 +119,15 @@ class _Remainder(torch.nn.Module):
         return head.sum(1) * 2 + tail.sum(1) + tail.shape[1]
 
 
+class _BatchHalves(torch.nn.Module):
+    """ZoeDepth-style: two stages stacked on the batch axis, split back by the batch size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stacked = torch.cat([x, x.flip(1) * 3], dim=0)
+        first, second = stacked.split(x.shape[0], dim=0)
+        return first - second.cumsum(1)
+
+
 class _HiddenChunk(torch.nn.Module):
     """A gate chunked on a static hidden axis (GLU style): an int split size."""
 
@@ -138,7 +148,8 @@ def _x(batch: int = 2, length: int = 5, width: int = 4, seed: int = 0, dtype: to
 split_symbolic_size_as_sizes = FxNodeRule(
     RuleMeta(
         id="fx/split-symbolic-size-as-sizes",
-        why="torch.onnx translates aten.split.Tensor with a symbolic split size (x.chunk(n, dim) on a dynamic axis: "
+        why="torch.onnx translates aten.split.Tensor with a symbolic split size (also what its decomposition makes of "
+        "aten.chunk on a dynamic axis: x.chunk(n, dim) in "
         "ProphetNet's n-gram streams, seq2seq/ and causal_lm/prophetnet) as SplitToSequence(x, s) with s a 0-d "
         "tensor of unknown value, and the onnxscript optimizer's constant folding of it crashes ('NoneType' object "
         "has no attribute 'ndim', stage optimize). The split is written as split_with_sizes([s, ..., s, D - (n-1)s]) "
@@ -163,6 +174,11 @@ split_symbolic_size_as_sizes = FxNodeRule(
                 lambda: (_Remainder(), _x(length=7, seed=4)),
                 "split by L // 2 + 1 at 7 tokens: pieces of 4 and 3; then 10 tokens (6 and 4)",
                 other_inputs=lambda: _x(batch=1, length=10, seed=5),
+            ),
+            Match(
+                lambda: (_BatchHalves(), _x(batch=2, length=3, seed=9)),
+                "two stages stacked on the batch axis and split by the batch size; then batch 5",
+                other_inputs=lambda: _x(batch=5, length=4, seed=10),
             ),
             Match(
                 lambda: (_Streams(), _x(length=4, seed=6, dtype=torch.float16)),
