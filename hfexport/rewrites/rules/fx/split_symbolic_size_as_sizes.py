@@ -150,7 +150,8 @@ split_symbolic_size_as_sizes = FxNodeRule(
         id="fx/split-symbolic-size-as-sizes",
         why="torch.onnx translates aten.split.Tensor with a symbolic split size (also what its decomposition makes of "
         "aten.chunk on a dynamic axis: x.chunk(n, dim) in "
-        "ProphetNet's n-gram streams, seq2seq/ and causal_lm/prophetnet) as SplitToSequence(x, s) with s a 0-d "
+        "ProphetNet's n-gram streams, seq2seq/ and causal_lm/prophetnet; ZoeDepth's hidden_states.split(batch_size) "
+        "with a dynamic batch) as SplitToSequence(x, s) with s a 0-d "
         "tensor of unknown value, and the onnxscript optimizer's constant folding of it crashes ('NoneType' object "
         "has no attribute 'ndim', stage optimize). The split is written as split_with_sizes([s, ..., s, D - (n-1)s]) "
         "with the graph's own piece count n: the same slices, folded by the optimizer into one Split",
@@ -158,7 +159,7 @@ split_symbolic_size_as_sizes = FxNodeRule(
         "value reaches split_value.ndim; the branch on the split's shape came with "
         "https://github.com/microsoft/onnxscript/pull/2544)",
         backends=("onnx",),
-        models=("prophetnet",),
+        models=("prophetnet", "zoedepth"),
         examples=(
             Match(
                 lambda: (_Streams(), _x()),
