@@ -30,6 +30,11 @@ Patterns (`Site.kind`):
 - `size-ceil`: `math.ceil` of an expression over a tensor size (`math.ceil(fraction * nb_tokens)`,
   `math.ceil(L / block)`): the graph keeps a `math.ceil` node on a symbolic float, which torch.export.save
   cannot write (fixed in the graph by `fx/sym-ceil-to-int`; OpenVINO by `openvino/sym-ceil-to-int`).
+- `size-split`: a split whose piece size is a tensor size (`x.split(x.shape[0] // 2, dim=1)`,
+  `torch.split(h, batch_size)`), or a chunk along a non-negative axis (`x.chunk(1 + ngram, dim=1)`; no `dim`
+  is axis 0): on a dynamic axis the piece size is symbolic, which torch.onnx writes as SplitToSequence with a
+  0-d split that onnxscript 0.7.2's optimizer crashes on (fixed in the graph by `fx/split-symbolic-size-as-sizes`,
+  ONNX only). Syntax cannot tell a dynamic axis from a hidden one (`qkv.chunk(3, dim=2)`): read the site.
 - `vmap-mask-function`: a `create_*_mask(...)` call given its own `and_mask_function=` / `or_mask_function=`
   (not one forwarded under the same name): masking_utils then vmaps the mask function, and a tensor it or the
   padding mask indexes becomes a `flat_apply` of torch's ModIndex that torch.export.save cannot write (fixed in
@@ -77,6 +82,7 @@ KINDS = (
     "size-ceil",
     "vmap-mask-function",
     "state-on-module",
+    "size-split",
 )
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
@@ -155,6 +161,8 @@ _ROW_SELECTION = m.Subscript(
 
 _MATH_CEIL = m.Call(func=m.Attribute(value=m.Name("math"), attr=m.Name("ceil")))
 _MASK_FUNCTION_KEYWORDS = ("and_mask_function", "or_mask_function")
+_SPLIT_OR_CHUNK = m.Call(func=m.Attribute(attr=m.Name("split") | m.Name("chunk")))
+_SIZE_LIST = m.List() | m.Tuple() | m.ListComp()
 
 
 def _is_vmap_mask_call(node: cst.Call) -> bool:
@@ -269,6 +277,22 @@ class _Finder(cst.CSTVisitor):
     def _reads_values(self, test: cst.BaseExpression) -> bool:
         return bool(m.findall(test, _READS_VALUES))
 
+    def _is_size_split(self, node: cst.Call) -> bool:
+        """`x.split(size)` / `torch.split(x, size)` with `size` a tensor size, or `x.chunk(n, dim)` /
+        `torch.chunk(x, n, dim)` along a non-negative literal axis (or axis 0, the default)."""
+        method = node.func.attr.value  # type: ignore[attr-defined]
+        positional = [a for a in node.args if a.keyword is None]
+        keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        if m.matches(node.func.value, m.Name("torch")):  # type: ignore[attr-defined]
+            positional = positional[1:]  # the tensor
+        if method == "split":
+            size = positional[0].value if positional else keywords.get("split_size_or_sections")
+            return size is not None and not m.matches(size, _SIZE_LIST) and self._is_size(size)
+        if not positional and "chunks" not in keywords:
+            return False
+        dim = positional[1].value if len(positional) > 1 else keywords.get("dim")
+        return dim is None or isinstance(dim, cst.Integer)
+
     def _is_list_from_shape(self, node: cst.Call) -> bool:
         if m.matches(node, _LIST_OF_RANGE):
             return self._is_size(node)
@@ -309,6 +333,8 @@ class _Finder(cst.CSTVisitor):
             self.report("size-ceil", node, "")
         elif _is_vmap_mask_call(node):
             self.report("vmap-mask-function", node, "")
+        elif m.matches(node, _SPLIT_OR_CHUNK) and self._is_size_split(node):
+            self.report("size-split", node, "")
         elif m.matches(node, _INPLACE_METHOD):
             scope = self._function()
             target = node.func.value.value  # type: ignore[attr-defined]

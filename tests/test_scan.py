@@ -44,7 +44,7 @@ def test_export_friendly_code_has_no_sites() -> None:
 def test_parallel_scan_finds_the_same_sites_in_the_same_order() -> None:
     serial = scan(paths=[FIXTURES], rule_index=RuleIndex())
     parallel = scan(paths=[FIXTURES], rule_index=RuleIndex(), jobs=2)
-    assert parallel.sites == serial.sites and len(serial.sites) == 17
+    assert parallel.sites == serial.sites and len(serial.sites) == 19
 
 
 def test_sites_name_the_rules_that_target_their_class_or_function() -> None:
@@ -73,9 +73,9 @@ def test_scan_command_prints_sites_per_class_and_writes_json(tmp_path: Path, cap
     assert main(["scan", "--path", str(FIXTURES), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "  DirtyModel\n" in printed and "loop-over-shape" in printed
-    assert "17 site(s) in 6 class(es)/module(s) of 2 file(s)" in printed
+    assert "19 site(s) in 7 class(es)/module(s) of 2 file(s)" in printed
     data = json.loads(out.read_text())
-    assert data["counts"]["item-tolist"] == 2 and len(data["sites"]) == 17
+    assert data["counts"]["item-tolist"] == 2 and len(data["sites"]) == 19
     assert main(["scan", "--models", "lama"]) == 2
     assert "did you mean" in capsys.readouterr().err
 

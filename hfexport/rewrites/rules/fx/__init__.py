@@ -11,5 +11,6 @@ RULES: list[Rule] = load_rules(
         "fx/rsub-promoted-scalar",
         "fx/sym-ceil-to-int",
         "fx/mod-index-as-aten-index",
+        "fx/split-symbolic-size-as-sizes",
     ],
 )

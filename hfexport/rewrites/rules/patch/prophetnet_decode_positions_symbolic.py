@@ -84,19 +84,24 @@ prophetnet_decode_positions_symbolic = MethodPatch(
         why="ProphetNet's decode step exports with the cache length baked in: "
         "`ProphetNetPositionalEmbeddings.forward` casts `int(self.padding_idx + num_input_ids)` for the step's "
         "position, so the program fails 'Guard failed: 1 + past_key_values.layers_0_keys.size()[2] == 9' at the "
-        "next step",
+        "next step (Dynamo); on ONNX the step keeps the sample's length in its position arithmetic and ONNX "
+        "Runtime fails in an Add ('Attempting to broadcast an axis by a dimension other than 1. 5 by 9', the "
+        "example's 9-token prompt; causal_lm/prophetnet's ONNX generation at its first decode step)",
         upstream="transformers==5.24.0 models/prophetnet/modeling_prophetnet.py ProphetNetPositionalEmbeddings.forward "
         "(the int() cast is there for the old TorchScript ONNX exporter)",
-        # The cause is not backend-specific, but ProphetNet fails elsewhere first on the other backends (2026-12-02):
-        # its ONNX/ExecuTorch/OpenVINO examples stop at `aten._is_all_true` (ProphetNet's `torch_compilable_check` on
-        # the positions) and ONNX generation's prefill in torch.onnx's decomposition; so it is enabled where proven.
-        backends=("dynamo",),
+        # The cause is not backend-specific; ExecuTorch and OpenVINO are not measured (2026-12-03): it is
+        # enabled where proven. ONNX got that far once `aten/is-all-true` and `fx/split-symbolic-size-as-sizes`
+        # (session 17) let ProphetNet translate.
+        backends=("dynamo", "onnx"),
         models=("prophetnet",),
         examples=(
             Match(
                 lambda: _prophetnet(5),
                 "a 5-token prompt and one step, then a 9-token prompt and another batch",
                 other_inputs=lambda: _prophetnet(9, batch=3)[1],
+                # ONNX: ProphetNet's position check (aten._is_all_true), its additive mask (rsub of an int64
+                # mask) and its n-gram chunks (a symbolic split) have their own rules.
+                needs=("aten/is-all-true", "fx/rsub-promoted-scalar", "fx/split-symbolic-size-as-sizes"),
             ),
             NoMatch(
                 lambda: _prophetnet(5),
