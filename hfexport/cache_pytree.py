@@ -188,6 +188,7 @@ def _attribute(obj: Any, name: str, path: str, leaves: list[Any], keys: list[str
     state = vars(obj)
     return (
         _derived(state, name)
+        or _derived_by_key(state, name)
         or _counter(obj, state, name, path, leaves, keys)
         or _encode(state[name], path, leaves, keys)
     )
@@ -205,6 +206,15 @@ _DERIVED_SIZES: dict[str, tuple[str, int]] = {
     "k_head_dim": ("keys", -1),
     "v_head_dim": ("values", -1),
 }
+
+# Layer attributes that are dicts of Python-int counts, each the size of one axis of the tensor under the same key
+# of another dict attribute. DeepSeek-V4's compressor caches (`DeepseekV4HCACache`, `DeepseekV4CSACache`) count
+# the compressed entries emitted so far per compressor, `entry_count[name]`, and append those entries to
+# `compressed_kv[name]` (`[batch, entries, dim]`) at the same time (`update_compressor_states`). As numbers in
+# the context, each decode step that emitted an entry was another pytree, which the decode program refused
+# ("Trying to flatten user inputs with exported input tree spec": `entry_count` 2 traced, 3 at the step); as
+# "that axis of that tensor" the context is the same at every step and the count is the symbolic size.
+_DERIVED_KEY_SIZES: dict[str, tuple[str, int]] = {"entry_count": ("compressed_kv", 1)}
 
 # Layer attributes that are Python-int token counters (`cumulative_length` of sliding-window layers: every token
 # seen, while the keys keep the last `window - 1`). Each is carried as the last axis of an empty `[0, count]`
@@ -262,13 +272,38 @@ def _derived(state: dict[str, Any], name: str) -> Skeleton | None:
         return None
     if not isinstance(value, (int, torch.SymInt)):
         return None
-    size = tensor.shape[source[1]]
+    return ("S", source[0], source[1]) if _is_size(value, tensor.shape[source[1]]) else None
+
+
+def _is_size(value: Any, size: Any) -> bool:
     if isinstance(value, int) and isinstance(size, int):
-        return ("S", source[0], source[1]) if value == size else None
+        return value == size
     # Symbolic while tracing: equal only when provably so, without adding a guard.
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    return ("S", source[0], source[1]) if statically_known_true(value == size) else None
+    return bool(statically_known_true(value == size))
+
+
+def _derived_by_key(state: dict[str, Any], name: str) -> Skeleton | None:
+    """A dict of counts kept as "the size of that axis of the same key's tensor" (`_DERIVED_KEY_SIZES`): a
+    mapping of `K` nodes, and `V` nodes for the plain numbers without a tensor (a compressor that emitted
+    nothing yet keeps `None` and 0). None when no count is such a size, or when a symbolic count is not one."""
+    source = _DERIVED_KEY_SIZES.get(name)
+    counts, tensors = state[name], state.get(source[0]) if source else None
+    if source is None or not isinstance(counts, dict) or not isinstance(tensors, dict):
+        return None
+    items: list[tuple[Any, Skeleton]] = []
+    for key, value in counts.items():
+        tensor = tensors.get(key)
+        if not isinstance(key, _SIMPLE) or isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            return None
+        if isinstance(tensor, torch.Tensor) and tensor.ndim > source[1] and _is_size(value, tensor.shape[source[1]]):
+            items.append((key, ("K", source[0], source[1])))
+        elif isinstance(value, int):
+            items.append((key, ("V", value)))
+        else:
+            return None
+    return ("M", tuple(items)) if any(item[1][0] == "K" for item in items) else None
 
 
 def _counter_of(leaf: Any) -> Any:
@@ -299,10 +334,13 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
         return {k: _decode(s, leaves) for k, s in skeleton[1]}
     cls = _load_class(skeleton[1])
     obj = cls.__new__(cls)
-    sized = []
+    sized, sized_by_key = [], []
     for name, sub in skeleton[2]:
         if sub[0] == "S":
             sized.append((name, sub))
+            continue
+        if sub[0] == "M" and any(item[1][0] == "K" for item in sub[1]):
+            sized_by_key.append((name, sub))  # K and V nodes only: no leaf is skipped by deciding it later
             continue
         if sub[0] == "N":
             leaf = leaves.pop()
@@ -315,6 +353,16 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
         shape = getattr(getattr(obj, tensor_name, None), "shape", ())
         # Placeholder leaves (empty tensors used to name a spec's leaves) have no such axis.
         object.__setattr__(obj, name, shape[axis] if -len(shape) <= axis < len(shape) else None)
+    for name, (_, items) in sized_by_key:
+        counts = {}
+        for key, sub in items:
+            if sub[0] != "K":
+                counts[key] = _decode(sub, leaves)
+                continue
+            tensor = (getattr(obj, sub[1], None) or {}).get(key)
+            shape = getattr(tensor, "shape", ())
+            counts[key] = shape[sub[2]] if -len(shape) <= sub[2] < len(shape) else None
+        object.__setattr__(obj, name, counts)
     return obj
 
 
@@ -356,7 +404,7 @@ def _from_jsonable(data: Any, depth: int = 0) -> Any:
 
 _MAX_CONTEXT_DEPTH = 64
 # tag: (number of fields after the tag, what they are)
-_ARITY = {"T": 0, "N": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2}
+_ARITY = {"T": 0, "N": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2, "K": 2}
 
 
 def _check_skeleton(skeleton: Any) -> None:
@@ -392,7 +440,7 @@ def _check_skeleton(skeleton: Any) -> None:
             if not pair[0].isidentifier() or pair[0].startswith("__"):
                 raise CacheContextError(f"a cache context sets the attribute {pair[0]!r}")
             _check_skeleton(pair[1])
-    elif tag == "S" and (not isinstance(skeleton[1], str) or not isinstance(skeleton[2], int)):
+    elif tag in ("S", "K") and (not isinstance(skeleton[1], str) or not isinstance(skeleton[2], int)):
         raise CacheContextError("a cache context has a malformed size reference")
 
 
