@@ -43,6 +43,7 @@ RULES: list[Rule] = load_rules(
         "patch/prophetnet-decode-positions-symbolic",
         "patch/longformer-attention-dense",
         "patch/longformer-pad-always",
+        "patch/max-pool1d-windows-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
