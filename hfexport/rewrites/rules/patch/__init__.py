@@ -44,6 +44,7 @@ RULES: list[Rule] = load_rules(
         "patch/longformer-attention-dense",
         "patch/longformer-pad-always",
         "patch/max-pool1d-windows-symbolic",
+        "patch/squeezed-frames-pad-always",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
