@@ -45,6 +45,7 @@ RULES: list[Rule] = load_rules(
         "patch/longformer-pad-always",
         "patch/max-pool1d-windows-symbolic",
         "patch/squeezed-frames-pad-always",
+        "patch/tensor-len-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
