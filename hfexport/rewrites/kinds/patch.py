@@ -15,6 +15,7 @@ call; only calls it accepts are counted as hits. Counting is done here, never in
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import importlib
 import importlib.util
@@ -87,6 +88,9 @@ class ModuleFunctionPatch(Rule):
 
     target: str | tuple[str, ...] = ""
     replacement: Callable[..., Any] | None = None
+    # The target names a builtin (`len`) as the module's callers see it: the gate is set as a module global that
+    # shadows the builtin while installed, and is deleted again on release.
+    shadows_builtin: bool = False
     # For shared helpers (e.g. transformers.integrations) that no model class is defined next to: says
     # whether the model uses the function, instead of the module-of-a-submodule check.
     applies: Callable[[torch.nn.Module], bool] | None = None
@@ -97,8 +101,11 @@ class ModuleFunctionPatch(Rule):
 PatchRule = MethodPatch | ModuleFunctionPatch
 
 
-def resolve(path: str) -> tuple[Any, str] | str:
-    """Resolve a dotted path to (owner object, attribute name), or return why it cannot be resolved."""
+def resolve(path: str, builtin: bool = False) -> tuple[Any, str] | str:
+    """Resolve a dotted path to (owner object, attribute name), or return why it cannot be resolved.
+
+    With `builtin`, `package.module.len` resolves to (the module, "len") when `len` is a builtin the module does not
+    define itself: a name its functions look up in the builtins."""
     parts = path.split(".")
     for split in range(len(parts) - 1, 0, -1):
         try:
@@ -109,6 +116,8 @@ def resolve(path: str) -> tuple[Any, str] | str:
             owner = getattr(owner, name, None)
             if owner is None:
                 return f"{'.'.join(parts[: split + 1])} does not exist in the installed packages"
+        if builtin and isinstance(owner, types.ModuleType) and hasattr(builtins, parts[-1]):
+            return owner, parts[-1]
         if not hasattr(owner, parts[-1]):
             return f"{path} does not exist in the installed packages"
         return owner, parts[-1]
@@ -146,6 +155,8 @@ class _Gate:
     name: str
     original: Callable[..., Any]
     users: int = 0
+    # The gate shadows a builtin the owner module does not define: released by deleting the global.
+    shadowed_builtin: bool = False
 
 
 def _make_gate(key: tuple[int, str], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -275,7 +286,7 @@ class PatchSession:
                 # does not use: importing the dozens a rule may list took seconds of every export).
                 reasons.append(f"the model uses no module of {module_name}")
                 continue
-            resolved = resolve(target)
+            resolved = resolve(target, builtin=rule.shadows_builtin)
             if isinstance(resolved, str):
                 reasons.append(resolved)
                 continue
@@ -299,7 +310,9 @@ class PatchSession:
         with _GATES_LOCK:
             gate = _GATES.get(key)
             if gate is None:
-                gate = _Gate(owner, name, getattr(owner, name))
+                shadowed = isinstance(owner, types.ModuleType) and name not in vars(owner) and hasattr(builtins, name)
+                original = getattr(builtins, name) if shadowed else getattr(owner, name)
+                gate = _Gate(owner, name, original, shadowed_builtin=shadowed)
                 setattr(owner, name, _make_gate(key, gate.original))
                 _GATES[key] = gate
             gate.users += 1
@@ -344,7 +357,10 @@ def _release_gate(key: tuple[int, str]) -> None:
         gate = _GATES[key]
         gate.users -= 1
         if gate.users == 0:
-            setattr(gate.owner, gate.name, gate.original)
+            if gate.shadowed_builtin:
+                delattr(gate.owner, gate.name)
+            else:
+                setattr(gate.owner, gate.name, gate.original)
             del _GATES[key]
 
 

@@ -44,6 +44,9 @@ RULES: list[Rule] = load_rules(
         "patch/prophetnet-decode-positions-symbolic",
         "patch/longformer-attention-dense",
         "patch/longformer-pad-always",
+        "patch/max-pool1d-windows-symbolic",
+        "patch/squeezed-frames-pad-always",
+        "patch/tensor-len-symbolic",
         # Backend-scoped patches.
         "patch/executorch-moe-batched-experts",
         "patch/executorch-jetmoe-rowwise-experts",
