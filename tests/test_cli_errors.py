@@ -137,7 +137,8 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
             break
     process.send_signal(signal.SIGINT)
     rest = process.stderr.read()
-    assert process.wait(timeout=120) == 130
+    # The stderr after the signal says what happened if the exit is not 130 (a flake under a heavy load once).
+    assert process.wait(timeout=120) == 130, rest[-3000:]
     assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest
     assert not (tmp_path / "out").exists()
 
