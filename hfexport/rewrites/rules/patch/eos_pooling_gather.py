@@ -35,6 +35,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._scan_site import class_method_at
 
 # The name the rewritten forward reaches this module's helpers by (added to a copy of the module's globals).
 _HELPERS = "__hfexport_eos_pooling"
@@ -226,17 +227,8 @@ def pools_eos_rows(module: torch.nn.Module) -> bool:
 def covers(module: str, scope: str) -> bool:
     """Whether the rule binds to the function `module.scope` (for `hfexport scan`): a class's `forward` that
     `pools_eos_rows` accepts."""
-    import importlib
-
-    owner, _, name = scope.rpartition(".")
-    if name != "forward" or not owner or "." in owner:
-        return False
-    try:
-        cls = getattr(importlib.import_module(module), owner, None)
-    except Exception:  # a file scanned by path that is not importable: not a class the rule can see
-        return False
-    function = getattr(cls, "__dict__", {}).get("forward")
-    return isinstance(function, types.FunctionType) and _rewritten(function) is not None
+    function = class_method_at(module, scope, "forward")
+    return function is not None and _rewritten(function) is not None
 
 
 # What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.

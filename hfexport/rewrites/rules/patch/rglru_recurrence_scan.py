@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import inspect
 import textwrap
 import types
@@ -38,6 +37,7 @@ from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._scan_site import class_method_at
 
 # transformers 5.24.0 models/recurrent_gemma/modeling_recurrent_gemma.py RecurrentGemmaRglru._rnn_scan (docstring
 # left out): the code this rule's replacement is exact for. A method with another body is not matched.
@@ -116,15 +116,8 @@ def runs_rglru_loop(module: torch.nn.Module) -> bool:
 
 def covers(module: str, scope: str) -> bool:
     """Whether the rule binds to `module.scope` (for `hfexport scan`): a class's `_rnn_scan` that is upstream's."""
-    owner, _, name = scope.rpartition(".")
-    if name != "_rnn_scan" or not owner or "." in owner:
-        return False
-    try:
-        cls = getattr(importlib.import_module(module), owner, None)
-    except Exception:  # a file scanned by path that is not importable: not a class the rule can see
-        return False
-    function = getattr(cls, "__dict__", {}).get("_rnn_scan")
-    return isinstance(function, types.FunctionType) and _is_upstream_scan(function)
+    function = class_method_at(module, scope, "_rnn_scan")
+    return function is not None and _is_upstream_scan(function)
 
 
 # What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.

@@ -31,7 +31,6 @@ recurrent_gemma only (five sites, all in the two forwards above); the others set
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import types
 from typing import Any
@@ -41,6 +40,7 @@ import torch
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._scan_site import class_method_at
 from hfexport.rewrites.rules.patch.rglru_recurrence_scan import _recurrent_gemma, _tree
 
 # transformers 5.24.0 models/recurrent_gemma/modeling_recurrent_gemma.py RecurrentGemmaRecurrentBlock.forward: the
@@ -185,15 +185,8 @@ def runs_stateful_blocks(module: torch.nn.Module) -> bool:
 def covers(module: str, scope: str) -> bool:
     """Whether the rule binds to `module.scope` (for `hfexport scan`): a class's `forward` that is upstream's block
     or RG-LRU, whose states the rule moves."""
-    owner, _, name = scope.rpartition(".")
-    if name != "forward" or not owner or "." in owner:
-        return False
-    try:
-        cls = getattr(importlib.import_module(module), owner, None)
-    except Exception:  # a file scanned by path that is not importable: not a class the rule can see
-        return False
-    function = getattr(cls, "__dict__", {}).get("forward")
-    return isinstance(function, types.FunctionType) and _upstream_index(function) is not None
+    function = class_method_at(module, scope, "forward")
+    return function is not None and _upstream_index(function) is not None
 
 
 runs_stateful_blocks.scan_kind = "state-on-module"  # type: ignore[attr-defined]
