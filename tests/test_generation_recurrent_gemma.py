@@ -13,7 +13,7 @@ import torch
 
 from hfexport import DynamoConfig, DynamoExporter, OnnxConfig, OnnxExporter, RuleSelection
 from hfexport.rewrites.example_models import tiny_model
-from hfexport.rewrites.rules.patch.rglru_recurrence_scan import runs_rglru_loop
+from hfexport.rewrites.rules.patch.rglru_recurrence_scan import trained_looking_rglru
 from hfexport.runtime.generation import generate
 
 RULE = "patch/rglru-state-in-cache"
@@ -44,13 +44,9 @@ def _model() -> torch.nn.Module:
     # Trained-looking RG-LRU parameters (random gates, a decay far from 0 and 1) and recurrent blocks of weights 0.3:
     # with the default init the state never changed a token (eager with the state zeroed at each decode step gave
     # the same 12 tokens); with these, zeroing it changes most of them.
-    generator = torch.Generator().manual_seed(1)
+    trained_looking_rglru(model)
+    generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        for module in model.modules():
-            if runs_rglru_loop(module):
-                for parameter in module.parameters():
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-        generator = torch.Generator().manual_seed(5)
         for module in model.modules():
             if hasattr(module, "conv1d_state"):
                 for name, parameter in module.named_parameters():

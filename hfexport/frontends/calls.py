@@ -106,12 +106,17 @@ def _with_cache(out: Any, cache: Any) -> Any:
 
     if not isinstance(out, ModelOutput) or any(isinstance(v, Cache) for v in out.values()):
         return out
-    names = {f.name for f in dataclasses.fields(out)}
-    field_name = next((n for n in ("cache", "past_key_values") if n in names), None)
+    field_name = _cache_field(out)
     if field_name is None:
         return _with_past(out, cache)
     out[field_name] = cache
     return out
+
+
+def _cache_field(output: Any) -> str | None:
+    """The field of a model-output dataclass (or class) that holds the cache, if it has one."""
+    names = {f.name for f in dataclasses.fields(output)}
+    return next((n for n in ("cache", "past_key_values") if n in names), None)
 
 
 def _with_past(out: Any, cache: Any) -> Any:
@@ -126,9 +131,9 @@ def _with_past(out: Any, cache: Any) -> Any:
     twin = getattr(outputs, f"{type(out).__name__}WithPast", None)
     if twin is None or not dataclasses.is_dataclass(twin):
         return out
-    fields = {f.name for f in dataclasses.fields(twin)}
-    field_name = next((n for n in ("cache", "past_key_values") if n in fields), None)
-    if field_name is None or not {f.name for f in dataclasses.fields(out)} <= fields:
+    field_name = _cache_field(twin)
+    twin_fields = {f.name for f in dataclasses.fields(twin)}
+    if field_name is None or not {f.name for f in dataclasses.fields(out)} <= twin_fields:
         return out
     return twin(**dict(out.items()), **{field_name: cache})
 

@@ -197,14 +197,19 @@ def _recurrent_gemma(tokens: int, batch: int = 2, **extra: Any) -> Built:
         attention_window_size=2048,
         block_types=["recurrent", "attention"],
     )
-    # Trained-looking RG-LRU parameters: random gates and a decay that keeps the recurrence far from 0 and 1.
+    trained_looking_rglru(model)
+    return model, {**inputs, **extra}
+
+
+def trained_looking_rglru(model: torch.nn.Module) -> None:
+    """Draw every RG-LRU's parameters (seed 1, scale 0.5): random gates and a decay that keeps the recurrence far
+    from 0 and 1, where the default init leaves the state nearly unused."""
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for module in model.modules():
             if runs_rglru_loop(module):
                 for parameter in module.parameters():
                     parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model, {**inputs, **extra}
 
 
 def _positions(batch: int, tokens: int, restart: int) -> torch.Tensor:
