@@ -39,7 +39,7 @@ DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format 
 def quantizer_for(backend: str, precision: str) -> Any:
     """Each backend's weight-only (or dynamic) recipe for `precision`: int8 = dynamic activations with int8
     weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = NNCF int4 weights,
-    symmetric, groups of 32. None for fp32."""
+    symmetric, groups of 32 (on ONNX Runtime the output projection too: `_onnx_int4`). None for fp32."""
     from hfexport.quantizers.nncf import (
         NNCFOnnxQuantizer,
         NNCFOpenVINOQuantizer,
@@ -59,7 +59,7 @@ def quantizer_for(backend: str, precision: str) -> Any:
     if fmt == "onnx":
         if precision == "int8":
             return OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
-        return NNCFOnnxQuantizer(int4)
+        return NNCFOnnxQuantizer(_onnx_int4())
     if fmt == "openvino":
         return NNCFOpenVINOQuantizer(int8 if precision == "int8" else int4)
     if fmt == "executorch" and precision == "int8":
@@ -72,6 +72,23 @@ def quantizer_for(backend: str, precision: str) -> Any:
         return PT2EQuantizer(xnnpack)
     # Dynamo, and ExecuTorch int4: NNCF weight compression of the FX graph.
     return NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
+
+
+def _onnx_int4() -> Any:
+    """NNCF int4 for ONNX Runtime with the output projection in int4 too (`all_layers`): by default NNCF keeps it in
+    int8 per channel, which ONNX Runtime runs either as a `DequantizeLinear` of the whole matrix every call (49152 x
+    576 floats written and read per token at the SmolLM2 shape) or, with a positive axis, fused into an 8-bit
+    `MatMulNBits` that quantizes the activations (accuracy level 4). The embedding's `Gather` is left out: NNCF 3.4
+    with `all_layers` replaces it with a `MatMulNBits` of the token ids, which ONNX Runtime refuses ("Type
+    'tensor(int64)' of input parameter (input_ids) of operator (MatMulNBits) ... is invalid"); it stays float and a
+    step reads one row of it."""
+    import nncf
+
+    from hfexport.quantizers.nncf import NNCFWeightCompressionConfig
+
+    return NNCFWeightCompressionConfig(
+        mode="int4_sym", group_size=32, all_layers=True, ignored_scope=nncf.IgnoredScope(types=["Gather"])
+    )
 
 
 def rss_bytes() -> int:

@@ -51,6 +51,12 @@ class OnnxExporter(LowMemoryExport, DynamoExporter):
         assert isinstance(config, OnnxConfig)
         return lower(program, config, context, weights=self._weights)
 
+    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
+        from hfexport.lowerings.onnx import rewrite_quantized
+
+        rewrite_quantized(result, context)
+        return result
+
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
         # Read from the IR, not `model_proto`: serialising would read every (streamed) weight into memory.
         model = result.model

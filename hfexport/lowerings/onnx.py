@@ -192,12 +192,27 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
     return len(streamed)
 
 
+def _after_quantizer(rule: Any) -> bool:
+    return bool(getattr(rule, "after_quantizer", False))
+
+
 def _is_fix(rule: Any) -> bool:
-    return rule.meta.kind == "fix"
+    return rule.meta.kind == "fix" and not _after_quantizer(rule)
 
 
 def _is_fusion(rule: Any) -> bool:
-    return rule.meta.kind == "optimization"
+    return rule.meta.kind == "optimization" and not _after_quantizer(rule)
+
+
+def rewrite_quantized(onnx_program: Any, context: RewriteContext) -> None:
+    """Stage `onnx`'s last pass, on the model the quantizer returned (or the lowered one, without a quantizer):
+    the rules with `after_quantizer`, which rewrite what a quantizer writes (e.g. NNCF's dequantized tables)."""
+    hits = engine.apply("onnx", onnx_program.model, context, where=_after_quantizer, step="onnx-quantized")
+    if any(hits.values()):
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+        RemoveUnusedNodesPass()(onnx_program.model)
+        onnx_program.release()  # a session built before the rewrite would run the old graph
 
 
 def lower(

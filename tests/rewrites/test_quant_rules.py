@@ -191,13 +191,13 @@ def test_openvino_integer_floor_division_is_no_alternative() -> None:
         pytest.fail("OpenVINO's u8 floor division is exact now: a plain division would do in the OpenVINO rule")
 
 
-def _nncf_onnx_int4(*, rule: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+def _nncf_onnx_int4(*, rule: bool, disable: tuple[str, ...] = ()) -> tuple[Any, dict[str, torch.Tensor]]:
     from hfexport import NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig, OnnxExporter, RuleSelection
     from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
 
     model, inputs = fold_shared_weight_transpose.meta.examples[0].build()
     model.eval()
-    rules = RuleSelection() if rule else RuleSelection(disable=(fold_shared_weight_transpose.id,))
+    rules = RuleSelection(disable=disable if rule else (fold_shared_weight_transpose.id, *disable))
     quantizer = NNCFOnnxQuantizer(NNCFWeightCompressionConfig(mode="int4_sym", group_size=16))
     exporter = OnnxExporter()
     program = exporter.export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer, rules=rules))
@@ -228,6 +228,32 @@ def test_nncf_onnx_compresses_a_tied_head_with_the_rule() -> None:
         expected = model(**inputs).numpy()
     cosine = (logits * expected).sum() / (np.linalg.norm(logits) * np.linalg.norm(expected))
     assert cosine > 0.99, cosine
+
+
+def test_nncf_embedding_rows_are_dequantized_after_the_gather() -> None:
+    """NNCF keeps the tied embedding in int8 per row: `onnx/dequantized-gather-rows` rewrites NNCF's own graph
+    (after the quantizer) so no DequantizeLinear feeds a Gather, and the logits are those of NNCF's graph, bit
+    for bit."""
+    ort = pytest.importorskip("onnxruntime")
+    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.rewrites.rules.onnx.dequantized_gather_rows import dequantized_gather_rows
+
+    def run(program: Any, inputs: dict[str, torch.Tensor]) -> Any:
+        session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0]
+
+    (program, report), inputs = _nncf_onnx_int4(rule=True)
+    (plain, plain_report), _ = _nncf_onnx_int4(rule=True, disable=(dequantized_gather_rows.id,))
+    assert report.hits["onnx"].get(dequantized_gather_rows.id) == 1
+    assert not plain_report.hits["onnx"].get(dequantized_gather_rows.id)
+
+    def gathered_tables(model: Any) -> int:
+        producers = {out: node.op_type for node in model.graph.node for out in node.output}
+        gathers = [node for node in model.graph.node if node.op_type == "Gather"]
+        return sum(producers.get(node.input[0]) == "DequantizeLinear" for node in gathers)
+
+    assert gathered_tables(plain.model_proto) == 1 and gathered_tables(program.model_proto) == 0
+    np.testing.assert_array_equal(run(program, inputs), run(plain, inputs))
 
 
 def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None:

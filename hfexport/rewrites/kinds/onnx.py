@@ -53,6 +53,9 @@ class OnnxRewriteRule(Rule):
     """Rewrite the ONNX IR model with the onnxscript rewriter rule that `rewrite_rule()` returns."""
 
     rewrite_rule: Callable[[], Any] | None = None
+    # Runs on the quantized model, after the export's quantizer (a rewrite of what the quantizer writes), instead
+    # of with the fixes or the fusions of the lowering; an export without a quantizer runs it after lowering.
+    after_quantizer: bool = False
     stage: str = field(init=False, default="onnx")
 
 

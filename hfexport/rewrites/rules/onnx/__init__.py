@@ -28,5 +28,7 @@ RULES: list[Rule] = load_rules(
         # Grouped-query attention without repeat_kv first, so the rewrite below reads the key/value heads.
         "onnx/attention-drop-repeat-kv",
         "onnx/attention-as-matmul",
+        # After the quantizer (`after_quantizer`): rewrites of what a weight quantizer wrote.
+        "onnx/dequantized-gather-rows",
     ],
 )
