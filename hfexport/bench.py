@@ -39,7 +39,8 @@ DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format 
 def quantizer_for(backend: str, precision: str) -> Any:
     """Each backend's weight-only (or dynamic) recipe for `precision`: int8 = dynamic activations with int8
     weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = NNCF int4 weights,
-    symmetric, groups of 32 (on ONNX Runtime the output projection too: `_onnx_int4`). None for fp32."""
+    symmetric, groups of 32, every layer (the embedding and output projection too; on ONNX Runtime the embedding stays
+    float: `_onnx_int4`). None for fp32."""
     from hfexport.quantizers.nncf import (
         NNCFOnnxQuantizer,
         NNCFOpenVINOQuantizer,
@@ -61,7 +62,10 @@ def quantizer_for(backend: str, precision: str) -> Any:
             return OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
         return NNCFOnnxQuantizer(_onnx_int4())
     if fmt == "openvino":
-        return NNCFOpenVINOQuantizer(int8 if precision == "int8" else int4)
+        # All layers in int4, the embedding and the output projection too (NNCF keeps them in int8 by default):
+        # the int4 ceiling counts every weight at 4 bits, and a 4-layer SmolLM2-shaped decode ran 1.3x faster so.
+        all_layers = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
+        return NNCFOpenVINOQuantizer(int8 if precision == "int8" else all_layers)
     if fmt == "executorch" and precision == "int8":
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
             XNNPACKQuantizer,
