@@ -256,6 +256,25 @@ def test_nncf_embedding_rows_are_dequantized_after_the_gather() -> None:
     np.testing.assert_array_equal(run(program, inputs), run(plain, inputs))
 
 
+def test_ort_dynamic_quantizes_a_tied_head_with_the_rule() -> None:
+    """onnxruntime.quantization quantizes a MatMul only on an initializer weight: the tied head read through a
+    Transpose stayed float until `onnx/fold-shared-weight-transpose` (switched on by OnnxRuntimeQuantizer)."""
+    pytest.importorskip("onnxruntime")
+    from hfexport import OnnxConfig, OnnxExporter, OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer, RuleSelection
+    from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
+
+    model, inputs = fold_shared_weight_transpose.meta.examples[0].build()
+    model.eval()
+
+    def float_matmuls(rules: RuleSelection) -> int:
+        quantizer = OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
+        program = OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer, rules=rules))
+        return sum(node.op_type == "MatMul" for node in program.model_proto.graph.node)
+
+    assert float_matmuls(RuleSelection(disable=(fold_shared_weight_transpose.id,))) == 1
+    assert float_matmuls(RuleSelection()) == 0
+
+
 def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None:
     from hfexport import NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig, RuleSelection
     from hfexport.exporters.pipeline import effective_selection
