@@ -38,9 +38,11 @@ DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format 
 
 def quantizer_for(backend: str, precision: str) -> Any:
     """Each backend's weight-only (or dynamic) recipe for `precision`: int8 = dynamic activations with int8
-    weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = NNCF int4 weights,
-    symmetric, groups of 32, every layer (the embedding and output projection too; on ONNX Runtime the embedding stays
-    float: `_onnx_int4`). None for fp32."""
+    weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = on ExecuTorch,
+    XNNPACK's dynamic int8 activations with int4 weights (per output channel, symmetric: `XNNPACKQuantizer` with
+    weights in [-8, 7], which XNNPACK runs as qd8-f32-qc4w), elsewhere NNCF int4 weights, symmetric, groups of 32,
+    every layer on ONNX Runtime and OpenVINO (the output projection too; on ONNX Runtime the embedding stays float:
+    `_onnx_int4`). None for fp32."""
     from hfexport.quantizers.nncf import (
         NNCFOnnxQuantizer,
         NNCFOpenVINOQuantizer,
@@ -66,15 +68,18 @@ def quantizer_for(backend: str, precision: str) -> Any:
         # the int4 ceiling counts every weight at 4 bits, and a 4-layer SmolLM2-shaped decode ran 1.3x faster so.
         all_layers = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
         return NNCFOpenVINOQuantizer(int8 if precision == "int8" else all_layers)
-    if fmt == "executorch" and precision == "int8":
+    if fmt == "executorch":
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
             XNNPACKQuantizer,
             get_symmetric_quantization_config,
         )
 
-        xnnpack = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
-        return PT2EQuantizer(xnnpack)
-    # Dynamo, and ExecuTorch int4: NNCF weight compression of the FX graph.
+        # int4: weights in [-8, 7] per output channel are what XNNPACK's partitioner takes as 4-bit (qc4w); NNCF's
+        # int4 instead rebuilds each float weight before its linear, outside the delegate (30x slower than fp32).
+        weights = {"weight_qmin": -8, "weight_qmax": 7} if precision == "int4" else {}
+        recipe = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, **weights)
+        return PT2EQuantizer(XNNPACKQuantizer().set_global(recipe))
+    # Dynamo: NNCF weight compression of the FX graph.
     return NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
 
 
