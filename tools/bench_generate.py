@@ -28,9 +28,11 @@ tool adds the SmolLM2-135M shape and the peer's row, which the package may not i
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from bench_onnx import build_model  # tools/ is on sys.path when this script runs
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="fp32,int8,int4")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 layers, 16-token prompt, 8 new tokens, 1 repeat")
+    parser.add_argument("--json", help="also write the rows, the bandwidth and the load to this file")
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.prompt, args.new, args.repeats = 2, 16, 8, 1
@@ -69,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(result.summary())
     print(result.table())
+    if args.json:
+        record = {**result.to_dict(), "layers": args.layers, "repeats": args.repeats}
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
