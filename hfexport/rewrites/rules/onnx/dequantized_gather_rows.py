@@ -83,7 +83,7 @@ def _rule() -> Any:
 _ROWS = ", ".join(str((7 * i + 3) % 256) for i in range(24))
 
 
-def _model(dequantize: str, constants: dict[str, str], gather_axis: int = 0) -> str:
+def _model(dequantize: str, constants: dict[str, str]) -> str:
     declared = ", ".join(f"{value.split(' {')[0]} {name}" for name, value in constants.items())
     nodes = "\n".join(f"  {name} = Constant <value = {value}> ()" for name, value in constants.items())
     return f"""
@@ -91,7 +91,7 @@ def _model(dequantize: str, constants: dict[str, str], gather_axis: int = 0) -> 
 g (int64[2,3] ids) => (float[2,3,4] y) <{declared}, float[6,4] dense> {{
 {nodes}
   dense = {dequantize}
-  y = Gather <axis = {gather_axis}> (dense, ids)
+  y = Gather <axis = 0> (dense, ids)
 }}
 """
 
@@ -103,12 +103,12 @@ def _ids() -> dict[str, Any]:
     return {"ids": np.array([[0, 5, 2], [2, -1, 3]], dtype=np.int64)}
 
 
+def _uint8_table(scale: str, zero: str) -> dict[str, str]:
+    return {"table": f"uint8[6,4] {{{_ROWS}}}", "scale": scale, "zero": zero}
+
+
 def _asymmetric() -> Any:
-    constants = {
-        "table": f"uint8[6,4] {{{_ROWS}}}",
-        "scale": "float[6] {0.5, 0.25, 2.0, 0.125, 1.5, 3.0}",
-        "zero": "uint8[6] {128, 3, 0, 255, 17, 9}",
-    }
+    constants = _uint8_table("float[6] {0.5, 0.25, 2.0, 0.125, 1.5, 3.0}", "uint8[6] {128, 3, 0, 255, 17, 9}")
     return _model("DequantizeLinear <axis = 0> (table, scale, zero)", constants), _ids()
 
 
@@ -119,11 +119,7 @@ def _symmetric() -> Any:
 
 
 def _per_column() -> Any:
-    constants = {
-        "table": f"uint8[6,4] {{{_ROWS}}}",
-        "scale": "float[4] {0.5, 0.25, 2.0, 0.125}",
-        "zero": "uint8[4] {1, 2, 3, 4}",
-    }
+    constants = _uint8_table("float[4] {0.5, 0.25, 2.0, 0.125}", "uint8[4] {1, 2, 3, 4}")
     return _model("DequantizeLinear <axis = 1> (table, scale, zero)", constants), _ids()
 
 
