@@ -7,6 +7,7 @@ RULES: list[Rule] = load_rules(
     [
         "executorch/sdpa-output-contiguous-before-view",
         "executorch/unmasked-sdpa-as-custom-sdpa",
+        "executorch/grouped-sdpa-without-repeat-kv",
         "executorch/dynamic-trailing-unsqueeze-as-view",
         "executorch/dynamic-conv1d-as-conv2d",
         "executorch/dynamic-empty-as-zeros",
@@ -23,6 +24,8 @@ RULES: list[Rule] = load_rules(
         "executorch/quant-dynamic-chain-per-consumer",
         # A static cache input without to_edge's write-back copies (an edge pass).
         "executorch/cache-input-no-write-back",
+        # Same-shape slice/expand/view copies of the edge dialect (the cache's, in a decode step) dropped.
+        "executorch/drop-identity-copies",
         # Last: counts the calls the node rules leave in the graph.
         "executorch/sym-size-functions-verifier",
     ],
