@@ -7,9 +7,10 @@ The model and export are `tools/bench_generate.py`'s (`hfexport.bench.bench_gene
 Llama of `tools/bench_onnx.build_model` (random weights, seed 0), `export_for_generation` with a static cache of
 `--cache` slots (256: the benchmark's 128 + 128) and one multi-token decode graph, each backend's recipe from
 `hfexport.bench.quantizer_for`, run by `hfexport.runtime.generate` on one random prompt (batch 1). After a warm-up
-generation, the prompt alone is profiled (ONNX Runtime, OpenVINO: 4 calls, per node the median) and then one
-generation of `--new` tokens, whose calls after the first are the decode steps (per node the median over them;
-Dynamo: the mean).
+generation, the prompt alone is profiled (4 calls) and then one generation of `--new` tokens, whose calls after the
+first are the decode steps. ONNX Runtime traces single calls: per node, the median over the calls. OpenVINO's
+counters are means over all calls so far: the mean call of a window (the 4 prompts; the decode steps after the
+first). Dynamo: the mean.
 
 Profiles come from the runtimes' own options, handed over by `generate(..., runtime_options=RuntimeOptions(...))`:
 ONNX Runtime's `SessionOptions.enable_profiling` (kernel time per node, from its JSON trace), OpenVINO's
@@ -234,57 +235,80 @@ def _openvino_layout(compiled: Any, vocab: int) -> tuple[set[str], dict[str, int
     return head, weights
 
 
-def _openvino_call(info: list[Any], head: set[str], weights: dict[str, int], wall_us: float) -> CallProfile:
+def _openvino_counters(request: Any) -> dict[str, tuple[str, str, float]]:
+    """name -> (node type, exec type, real-time microseconds) of the executed nodes, as the request reports them.
+
+    The CPU plugin's counter of a node is the mean over every call the compiled model has run (its `PerfCount`:
+    `total_duration / num`, whole microseconds per execution, truncated): the calls between two readings, at
+    `a` and `b` calls, took `(mean_b * b - mean_a * a) / (b - a)` per call (`_openvino_window`). The truncation
+    of each execution to whole microseconds leaves out up to 1 us per node and call."""
+    return {
+        n.node_name: (n.node_type, n.exec_type, n.real_time.total_seconds() * 1e6)
+        for n in request.get_profiling_info()
+        if not str(n.status).endswith("NOT_RUN")
+    }
+
+
+def _openvino_window(
+    before: dict[str, tuple[str, str, float]],
+    calls_before: int,
+    after: dict[str, tuple[str, str, float]],
+    calls_after: int,
+    head: set[str],
+    weights: dict[str, int],
+    wall_us: float,
+) -> CallProfile:
+    """The mean call between two readings of the counters (at `calls_before` and `calls_after` calls)."""
     ops: dict[str, float] = collections.defaultdict(float)
     bytes_: dict[str, float] = collections.defaultdict(float)
     head_us = 0.0
     seen = []
-    nodes: dict[str, list[Any]] = {}
-    for node in info:
-        if str(node.status).endswith("NOT_RUN"):
-            continue
-        us = node.real_time.total_seconds() * 1e6
-        ops[node.node_type] += us
-        seen.append([node.node_name, f"{node.node_type} ({node.exec_type})", us, ""])
-        is_head = node.node_name in head
-        if is_head:
+    for name, (node_type, exec_type, mean) in after.items():
+        previous = before.get(name, (node_type, exec_type, 0.0))[2]
+        us = max(0.0, mean * calls_after - previous * calls_before) / (calls_after - calls_before)
+        ops[node_type] += us
+        seen.append([name, f"{node_type} ({exec_type})", us, ""])
+        if name in head:
             head_us += us
-        weight = weights.get(node.node_name, 0) if node.node_type in WEIGHT_OPS else 0
+        weight = weights.get(name, 0) if node_type in WEIGHT_OPS else 0
         if weight:
-            bytes_[node.node_type] += weight
-        nodes[node.node_name] = [node.node_type, us, weight, is_head]
-    return CallProfile(dict(ops), head_us, wall_us, dict(bytes_), _top(seen), nodes)
+            bytes_[node_type] += weight
+    return CallProfile(dict(ops), head_us, wall_us, dict(bytes_), _top(seen))
 
 
 def profile_openvino(components: Any, ids: Any, new: int, vocab: int) -> tuple[CallProfile, list[CallProfile]]:
+    """(the mean of `PREFILLS` prompt calls, [the mean of the decode steps after the first]): OpenVINO's counters
+    give means over windows of calls, not single calls (`_openvino_counters`)."""
     from hfexport.runtime.drivers import RuntimeOptions
     from hfexport.runtime.generation import _SESSIONS, generate
 
     runtime = RuntimeOptions(openvino_properties={"PERF_COUNT": "YES"})
-    generate(components, ids, max_new_tokens=2, min_new_tokens=2, runtime_options=runtime)  # warm-up
+    # Warm-up: 2 calls (the prompt, one decode step).
+    generate(components, ids, max_new_tokens=2, min_new_tokens=2, runtime_options=runtime)
     driver = _SESSIONS.get(components).driver
     request = driver.requests["decode"]
     head, weights = _openvino_layout(driver.runners["decode"].compiled, vocab)
-    prefills = []
+    before = _openvino_counters(request)
+    start = time.perf_counter()
     for _ in range(PREFILLS):
-        start = time.perf_counter()
-        generate(components, ids, max_new_tokens=1)  # the prompt alone: the request's counters are its call's
-        wall = (time.perf_counter() - start) * 1e6
-        prefills.append(_openvino_call(request.get_profiling_info(), head, weights, wall))
-    prefill = median_profile(prefills)
-    steps: list[CallProfile] = []
-    last = [0.0]
+        generate(components, ids, max_new_tokens=1)  # the prompt alone: one call
+    wall = (time.perf_counter() - start) * 1e6 / PREFILLS
+    after = _openvino_counters(request)
+    prefill = _openvino_window(before, 2, after, 2 + PREFILLS, head, weights, wall)
+    calls = 2 + PREFILLS
+    state: dict[str, Any] = {}
 
     def step(_: Any) -> None:
-        now = time.perf_counter()
-        steps.append(_openvino_call(request.get_profiling_info(), head, weights, (now - last[0]) * 1e6))
-        last[0] = now
+        # The first reading comes after the prompt and the first step: the window starts there.
+        state.setdefault("reading", _openvino_counters(request))
+        state.setdefault("time", time.perf_counter())
 
-    last[0] = time.perf_counter()
     generate(components, ids, max_new_tokens=new, min_new_tokens=new, on_step=step)
-    # The first step's wall time counts the prefill before it: its ops are right, its wall time is not.
-    steps[0].wall_us = float("nan")
-    return prefill, steps
+    end_time, end = time.perf_counter(), _openvino_counters(request)
+    # generate returns after the last step's token: new calls in all, the window holds the last new - 2 steps.
+    wall = (end_time - state["time"]) * 1e6 / (new - 2)
+    decode = _openvino_window(state["reading"], calls + 2, end, calls + new, head, weights, wall)
+    return prefill, [decode]
 
 
 # --- Dynamo (torch.profiler) -------------------------------------------------------------------------------
@@ -458,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             prefill, steps = profile_dynamo(components, ids, args.new, vocab)
             eager = profile_eager_prefill(model, ids, vocab)
     mean = mean_profile(steps)
-    # Per-node medians where the runtime names its nodes (ONNX Runtime, OpenVINO); Dynamo's step is a difference.
+    # Per-node medians where the runtime gives single calls (ONNX Runtime); OpenVINO's step is already a mean over
+    # its window, Dynamo's a difference of two profiles.
     decode = median_profile(steps) if all(step.nodes for step in steps) else mean
     head_torch = head_microbench(model, args.prompt)
     load_end = os.getloadavg()
