@@ -75,6 +75,8 @@ class CallProfile:
     weight_bytes: dict[str, float] = dataclasses.field(default_factory=dict)  # weight op type -> bytes read
     # The slowest nodes: [name, op type, microseconds, output shapes or ""].
     top_nodes: list[list[Any]] = dataclasses.field(default_factory=list)
+    # OpenVINO: median microseconds of `InferRequest.infer` alone on a decode step's feed.
+    infer_us: float = float("nan")
     # Per executed node: name -> [op type, microseconds, weight bytes, is a head node] (not written to JSON).
     nodes: dict[str, list[Any]] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -98,7 +100,7 @@ def mean_profile(calls: list[CallProfile]) -> CallProfile:
     head = sum(c.head_us for c in calls) / len(calls)
     walls = [c.wall_us for c in calls if c.wall_us == c.wall_us]  # NaN: a call whose wall time is not its own
     wall = sum(walls) / len(walls) if walls else float("nan")
-    return CallProfile(dict(ops), head, wall, dict(weights), calls[-1].top_nodes)
+    return CallProfile(dict(ops), head, wall, dict(weights), calls[-1].top_nodes, infer_us=calls[-1].infer_us)
 
 
 def median_profile(calls: list[CallProfile]) -> CallProfile:
@@ -308,7 +310,37 @@ def profile_openvino(components: Any, ids: Any, new: int, vocab: int) -> tuple[C
     # generate returns after the last step's token: new calls in all, the window holds the last new - 2 steps.
     wall = (end_time - state["time"]) * 1e6 / (new - 2)
     decode = _openvino_window(state["reading"], calls + 2, end, calls + new, head, weights, wall)
+    decode.infer_us = _openvino_infer_only(driver, ids.shape[1] + new)
     return prefill, [decode]
+
+
+def _openvino_infer_only(driver: Any, position: int, repeats: int = 10) -> float:
+    """Median microseconds of `InferRequest.infer` alone on one decode step's feed (the generation loop's own
+    Python work left out): what OpenVINO spends per call, nodes and everything around them."""
+    import statistics
+
+    import torch
+
+    from hfexport.runtime.drivers import Step
+
+    names = [port.get_any_name() for port in driver.runners["decode"].compiled.inputs]
+    from hfexport.runtime.generation import _static_mask
+
+    caches = [t for t in driver.cache.values() if t.ndim == 4]
+    # Stateful: the cache is in the request, its variables give the slots.
+    states = driver.states.get("decode", {})
+    slots = caches[0].shape[2] if caches else list(next(iter(states.values())).state.shape)[2]
+    valid = torch.zeros(1, slots, dtype=torch.long)
+    valid[:, : position + 1] = 1
+    step = Step(torch.tensor([[5]]), _static_mask(valid, position, 1), torch.tensor([[position]]))
+    feed = {k: v.numpy() for k, v in driver._flat_feed("decode", step, names).items()}
+    request = driver.requests["decode"]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        request.infer(feed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
 
 
 # --- Dynamo (torch.profiler) -------------------------------------------------------------------------------
@@ -505,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         f"head {decode.head_us / 1e3:.2f} ms; the mean step: profiled {mean.total_us / 1e3:.2f} ms, wall "
         f"{mean.wall_us / 1e3:.2f} ms"
     )
+    if decode.infer_us == decode.infer_us:
+        print(f"OpenVINO InferRequest.infer alone on a decode step's feed: {decode.infer_us / 1e3:.2f} ms")
     print(f"torch head alone: {head_torch}")
     print()
     print(table(prefill, decode, bandwidth))
