@@ -59,6 +59,7 @@ WEIGHT_OPS = {
     "DynamicQuantizeMatMul",
     "MatMulIntegerToFloat",
     "FullyConnected",
+    "FullyConnectedCompressed",
     "aten::mm",
     "aten::addmm",
     "aten::bmm",
