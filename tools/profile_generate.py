@@ -205,7 +205,7 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
             previous = nodes.get(name)  # a node runs once per call; summed if it ever ran twice
             nodes[name] = [op, e["dur"] + (previous[1] if previous else 0), weight, is_head]
         weights = {k: v for k, v in weights.items() if v}
-        calls.append(CallProfile(dict(ops), head, run["dur"], dict(weights), _top(seen), nodes))
+        calls.append(CallProfile(dict(ops), head, run["dur"], dict(weights), _top(seen), nodes=nodes))
     return median_profile(calls[:PREFILLS]), calls[PREFILLS:]
 
 
