@@ -1,7 +1,8 @@
 """Where a generation step's time goes: per-op-type profiles of the prefill call and of the mean decode step.
 
     python tools/profile_generate.py --backend {onnx,openvino,openvino-stateful,dynamo} \\
-        --precision {fp32,int8,int4} [--layers 30] [--prompt 128] [--new 16] [--cache 256] [--json FILE]
+        --precision {fp32,int8,int4} [--layers 30] [--prompt 128] [--new 16] [--cache 256] [--threads N]
+        [--json FILE] [--trace-dir DIR]
 
 The model and export are `tools/bench_generate.py`'s (`hfexport.bench.bench_generation`): the SmolLM2-135M-shaped
 Llama of `tools/bench_onnx.build_model` (random weights, seed 0), `export_for_generation` with a static cache of
@@ -14,10 +15,13 @@ first). Dynamo: the mean.
 
 Profiles come from the runtimes' own options, handed over by `generate(..., runtime_options=RuntimeOptions(...))`:
 ONNX Runtime's `SessionOptions.enable_profiling` (kernel time per node, from its JSON trace), OpenVINO's
-`PERF_COUNT` (`InferRequest.get_profiling_info()` after each call: real time per executed node), and for Dynamo
-`torch.profiler` around the ExportedProgram's module (self CPU time per aten op; the decode step is the
-profile of the whole generation less the profile of a 1-token generation, over `new - 1`). Dynamo runs also
-profile eager `model.generate`'s prefill (which computes the head on the last position only).
+`PERF_COUNT` (`InferRequest.get_profiling_info()`: real time per executed node, a mean over the calls so far;
+OpenVINO runs also time `InferRequest.infer` alone on a decode step's feed), and for Dynamo `torch.profiler`
+around the ExportedProgram's module (self CPU time per aten op; the decode step is the profile of the whole
+generation less the profile of a 1-token generation, over `new - 1`). Dynamo runs also profile eager
+`model.generate`'s prefill (which computes the head on the last position only). On a shared machine give Dynamo
+`--threads 1`: with 2 threads and another busy process, each parallel aten op waits at its OpenMP barrier.
+See docs/benchmarks/profile.s19.md for the 30-layer results.
 
 "head": the nodes whose output has the vocabulary as its last axis (the output projection and what scales or
 casts its result): in the prefill, the cost of the logits of every prompt position, which the exported graphs
