@@ -12,6 +12,7 @@ _EXPORTS = {
     "generate": "hfexport.runtime.generation",
     "prompt_logits": "hfexport.runtime.generation",
     "GenerationSpec": "hfexport.generation_spec",
+    "RuntimeOptions": "hfexport.runtime.drivers.base",
 }
 
 __all__ = sorted(_EXPORTS)

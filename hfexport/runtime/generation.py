@@ -34,7 +34,7 @@ from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX
 from hfexport.positions import apply as rebuild_positions
 from hfexport.positions import text_positions
-from hfexport.runtime.drivers import Driver, Step, backend
+from hfexport.runtime.drivers import Driver, RuntimeOptions, Step, backend
 from hfexport.runtime.drivers.base import SavedComponent
 from hfexport.runtime.sampling import Sampler, keep_eos_away, process_logits
 
@@ -58,6 +58,7 @@ class _Session:
 
     spec: GenerationSpec
     driver: Driver
+    options: RuntimeOptions | None = None
 
 
 class _PerObject:
@@ -135,21 +136,24 @@ def _check_runtime_components(natives: Mapping[str, Any], spec: GenerationSpec) 
         )
 
 
-def _session(components: Any, spec: GenerationSpec | None) -> tuple[Driver, dict[str, Any], GenerationSpec]:
+def _session(
+    components: Any, spec: GenerationSpec | None, options: RuntimeOptions | None = None
+) -> tuple[Driver, dict[str, Any], GenerationSpec]:
     """The driver of `components`, its samples and spec: one driver per live components object and spec, so
-    sessions, compiled models and loaded programs are made once and reused across calls."""
+    sessions, compiled models and loaded programs are made once and reused across calls. `options` (not None)
+    other than the kept driver's opens the runtimes again with them."""
     session = _SESSIONS.get(components)
     if spec is None:
         # A loaded artifact rebuilds its spec from the manifest on each read: the first one read is kept.
         spec = (
             (session.spec if session is not None else None) if _saved(components) else getattr(components, "spec", None)
         )
-    if session is not None and session.spec is spec:
+    if session is not None and session.spec is spec and (options is None or options is session.options):
         return session.driver, session.driver.samples, spec
     natives, samples, name, spec = _source(components, spec)
     _check_runtime_components(natives, spec)
-    driver = backend(name).driver(natives, spec, samples)
-    _SESSIONS.set(components, _Session(spec, driver))
+    driver = backend(name).driver(natives, spec, samples, options)
+    _SESSIONS.set(components, _Session(spec, driver, options))
     return driver, samples, spec
 
 
@@ -252,6 +256,7 @@ def generate(
     max_cache_len: int | None = None,
     generator: torch.Generator | None = None,
     on_step: Callable[[Driver], None] | None = None,
+    runtime_options: RuntimeOptions | None = None,
 ) -> torch.Tensor:
     """Generate with exported components; returns `[batch, prompt + new]` token ids like `model.generate`.
 
@@ -262,9 +267,11 @@ def generate(
     the model's) from ending a sequence earlier. For an encoder-decoder export, `input_ids`/`attention_mask`
     (or `encoder_inputs`, e.g. Whisper's `input_features`) feed the encoder, and the returned ids are the
     decoder's, from its start token. `on_step(driver)` is called after every decode step (tests read the
-    driver's buffers there).
+    driver's buffers there). `runtime_options` (`hfexport.runtime.drivers.RuntimeOptions`) opens the runtimes
+    with ONNX Runtime session options or OpenVINO compile properties (profiling: `tools/profile_generate.py`);
+    the sessions are kept for later calls without options, and options of another object open them again.
     """
-    driver, samples, spec = _session(components, spec)
+    driver, samples, spec = _session(components, spec, runtime_options)
 
     extra: dict[str, Any] = {}
     if spec.is_encoder_decoder:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 
 from hfexport.errors import InputError
-from hfexport.runtime.drivers.base import Backend, Driver, Step
+from hfexport.runtime.drivers.base import Backend, Driver, RuntimeOptions, Step
 
-__all__ = ["BACKEND_MODULES", "Backend", "Driver", "Step", "backend"]
+__all__ = ["BACKEND_MODULES", "Backend", "Driver", "RuntimeOptions", "Step", "backend"]
 
 BACKEND_MODULES: dict[str, str] = {
     "dynamo": "hfexport.runtime.drivers.dynamo",

@@ -20,6 +20,21 @@ from hfexport.generation_spec import CacheLeaf, GenerationSpec, layout_mismatch
 from hfexport.naming import CACHE_ALIASES, INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
 
 
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Options for the runtimes a driver opens, for profiling or tuning; None keeps hfexport's defaults.
+
+    `onnx_session_options`: an `onnxruntime.SessionOptions` each ONNX Runtime session of the components is created
+    with (e.g. `enable_profiling` with `profile_file_prefix`; one object serves every component, so give a run
+    of several components distinct prefixes yourself if their files must not share a name).
+    `openvino_properties`: compile properties for each OpenVINO component, over hfexport's f32 inference hint
+    (e.g. `{"PERF_COUNT": "YES"}`, then `request.get_profiling_info()` per call). A backend ignores the other's.
+    """
+
+    onnx_session_options: Any = None
+    openvino_properties: Mapping[str, Any] | None = None
+
+
 @dataclass
 class Step:
     """One call: the new tokens, the mask the component takes, their positions."""
@@ -52,7 +67,13 @@ class Driver:
     # Whether the runtime takes flat tensors by input name (else the forward's own pytrees: ModelOutputs, caches).
     feeds_by_name: ClassVar[bool] = False
 
-    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        components: Mapping[str, Any],
+        spec: GenerationSpec,
+        samples: Mapping[str, Any],
+        options: RuntimeOptions | None = None,
+    ) -> None:
         fed = sorted(name for name, c in spec.components.items() if c.constants)
         if fed:
             # Exports before the graphs took tensors only kept generate's Python arguments as program inputs.
@@ -63,6 +84,7 @@ class Driver:
         self.names = tuple(components)
         self.spec = spec
         self.samples = samples
+        self.options = options or RuntimeOptions()
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
         raise NotImplementedError

@@ -12,17 +12,23 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, flat
+from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step, flat
 
 
 class ExecutorchDriver(NamedDriver):
     """The ExecuTorch Python runtime: inputs in the program's pytree order, outputs read back by name (the
     method has only `execute`; zero copy is a C++ path, see docs/generation.md)."""
 
-    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        components: Mapping[str, Any],
+        spec: GenerationSpec,
+        samples: Mapping[str, Any],
+        options: RuntimeOptions | None = None,
+    ) -> None:
         from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
 
-        super().__init__(components, spec, samples)
+        super().__init__(components, spec, samples, options)
         self.programs: dict[str, Any] = {}
         self.order: dict[str, list[tuple[str, Any]]] = {}
         self.output_names: dict[str, list[str]] = {}

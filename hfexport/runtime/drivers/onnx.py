@@ -13,7 +13,7 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import LAYOUT_METADATA_KEY, GenerationSpec, layout_mismatch
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, cache_name, flat
+from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step, cache_name, flat
 
 
 class OnnxDriver(NamedDriver):
@@ -26,8 +26,14 @@ class OnnxDriver(NamedDriver):
     output OrtValue to the next step's input without a copy.
     """
 
-    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
-        super().__init__(components, spec, samples)
+    def __init__(
+        self,
+        components: Mapping[str, Any],
+        spec: GenerationSpec,
+        samples: Mapping[str, Any],
+        options: RuntimeOptions | None = None,
+    ) -> None:
+        super().__init__(components, spec, samples, options)
         import onnxruntime as ort
 
         self.sessions = {}
@@ -35,7 +41,7 @@ class OnnxDriver(NamedDriver):
         for name, program in components.items():
             proto = None if isinstance(program, (str, bytes)) else program.model_proto
             model = program if proto is None else proto.SerializeToString()
-            options = ort.SessionOptions()
+            options = self.options.onnx_session_options or ort.SessionOptions()
             self.sessions[name] = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
             self.in_place[name] = written_in_place(proto if proto is not None else program)
         # Graph input/output names per session, read once (each get_inputs() call builds new objects).

@@ -12,7 +12,7 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import plain_name, variable_leaf
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step
+from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step
 
 
 class OpenVINODriver(NamedDriver):
@@ -24,11 +24,18 @@ class OpenVINODriver(NamedDriver):
     positions. `holder` is the component whose request holds the cache (None: `self.cache` holds it).
     """
 
-    def __init__(self, components: Mapping[str, Any], spec: GenerationSpec, samples: Mapping[str, Any]) -> None:
-        from hfexport.runtime.openvino import OpenVINORunner
+    def __init__(
+        self,
+        components: Mapping[str, Any],
+        spec: GenerationSpec,
+        samples: Mapping[str, Any],
+        options: RuntimeOptions | None = None,
+    ) -> None:
+        from hfexport.runtime.openvino import F32_HINT, OpenVINORunner
 
-        super().__init__(components, spec, samples)
-        self.runners = {name: OpenVINORunner(model) for name, model in components.items()}  # compiled once
+        super().__init__(components, spec, samples, options)
+        properties = {**F32_HINT, **(self.options.openvino_properties or {})}
+        self.runners = {name: OpenVINORunner(model, properties=properties) for name, model in components.items()}
         self.requests = {name: runner.compiled.create_infer_request() for name, runner in self.runners.items()}
         # component -> {cache leaf name: its variable state}, for the stateful components.
         self.states: dict[str, dict[str, Any]] = {}
