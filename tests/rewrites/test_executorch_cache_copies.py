@@ -44,11 +44,12 @@ def test_the_cache_is_no_longer_copied_outside_the_delegate() -> None:
     before, _, hits_before = _lowered(RuleSelection(disable=RULES))
     after, program, hits = _lowered(RuleSelection())
     # Without the rules: repeat_kv's expand of keys and values, the matmuls' same-shape expands, the full slices.
-    assert before["expand_copy"] >= 4 and before["slice_copy"] >= 1, before
+    assert before["expand_copy"] >= 4 and before["slice_copy"] >= 1 and before["mul"] >= 1, before
     assert all(rule not in hits_before for rule in RULES)
     assert hits[RULES[0]] == 1 and hits[RULES[1]] >= 1, hits
     # With them the one expand left is the small mask's, tiled over the query groups; no slice copies the cache.
-    assert after["expand_copy"] == 1 and after["slice_copy"] == 0, after
+    # The keys are no longer scaled by sqrt(scale) outside the delegate either: the query takes the whole scale.
+    assert after["expand_copy"] == 1 and after["slice_copy"] == 0 and after["mul"] == 0, after
     module, inputs = gqa.meta.examples[0].build()
     other = gqa.meta.examples[0].other_inputs()
     for feed in (inputs, other):

@@ -7,6 +7,7 @@ release fixes the cause, the "needed" test fails and says which rule to retire.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -287,3 +288,41 @@ def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None
     for disabled in (meta.id, "onnx"):
         config = OnnxConfig(quantizer=quantizer, rules=RuleSelection(disable=(disabled,)))
         assert not effective_selection(config, quantizer).is_enabled(meta), disabled
+
+
+def test_ort_dynamic_int8_attention_runs_as_float_matmuls_after_the_tool() -> None:
+    """OnnxRuntimeQuantizer turns `onnx/attention-as-matmul` off (the tool would quantize the scores); its
+    after-quantizer twin rewrites each `Attention` once the tool is done: no Attention node is left for ORT to
+    inline, the tool's integer MatMuls are the same, and the logits agree with the model that kept Attention."""
+    ort = pytest.importorskip("onnxruntime")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hfexport import OnnxConfig, OnnxExporter, OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer, RuleSelection
+    from hfexport.naming import onnx_feed
+    from hfexport.rewrites.rules.onnx.quantized_attention_as_matmul import quantized_attention_as_matmul as rule
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": mask}
+
+    def export(rules: RuleSelection) -> tuple[Any, Any]:
+        quantizer = OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
+        program = OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer, rules=rules))
+        proto = program.model_proto
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        logits = session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0]
+        return Counter(node.op_type for node in proto.graph.node), logits
+
+    kept, kept_logits = export(RuleSelection(disable=(rule.id,)))
+    ops, logits = export(RuleSelection())
+    assert kept["Attention"] == 2 and ops["Attention"] == 0, (kept, ops)
+    assert ops["MatMulInteger"] == kept["MatMulInteger"] > 0
+    rows = mask.bool().numpy()  # padded positions' logits are not compared
+    np.testing.assert_allclose(logits[rows], kept_logits[rows], rtol=1e-4, atol=1e-4)

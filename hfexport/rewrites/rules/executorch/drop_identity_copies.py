@@ -36,9 +36,15 @@ def _shape(node: Any) -> list[str] | None:
     return [str(s) for s in value.shape] if isinstance(value, torch.Tensor) else None
 
 
+def _times_one(node: fx.Node) -> bool:
+    # `x * 1.0` (SDPA's decomposition scales the keys by sqrt(scale), 1 when the query took the scale): the same
+    # values for every float, -0.0, inf and nan included; the dtype check below keeps out a promoting product.
+    return _target(node) in (_ops.mul.Scalar, _ops.mul.Tensor) and len(node.args) == 2 and node.args[1] == 1
+
+
 def _identity(node: fx.Node) -> bool:
-    """A copy op whose output has its input's shape and dtype: the same values."""
-    if node.op != "call_function" or _target(node) not in _COPIES or not node.args:
+    """A copy op (or a product by one) whose output has its input's shape and dtype: the same values."""
+    if node.op != "call_function" or not node.args or not (_target(node) in _COPIES or _times_one(node)):
         return False
     source = node.args[0]
     if not isinstance(source, fx.Node):

@@ -12,6 +12,7 @@ is viewed back. Each output row is the same softmax over the same scores, so the
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -187,9 +188,17 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
         stacked = _times(graph, length, groups)
         q = _call(graph, _ops.reshape.default, query, [batch, kv, stacked, dim])
         grouped_mask = None if mask is None else _grouped_mask(graph, mask, query, kv, groups)
-        # The scale stays as it was: SDPA's default (1 / sqrt(head size)) reads the same head size.
+        # SDPA's decomposition scales the query and the keys by sqrt(scale) each: the keys' product is a portable
+        # op over the whole cache. The query takes the whole scale instead and SDPA runs at scale 1, whose
+        # `key * 1.0` executorch/drop-identity-copies drops.
+        scale = _argument(node, "scale")
+        head = _value(query).shape[3]
+        if scale is None and isinstance(head, int):
+            scale = 1.0 / math.sqrt(head)  # SDPA's default
+        if scale is not None:
+            q = _call(graph, _ops.mul.Tensor, q, scale)
         attended = graph.call_function(
-            _SDPA, (q, key, value, grouped_mask, 0.0, False), {"scale": _argument(node, "scale")}
+            _SDPA, (q, key, value, grouped_mask, 0.0, False), {"scale": None if scale is None else 1.0}
         )
         # to_edge re-decomposes SDPA with other output strides, under which the split back into heads is not a
         # view ("Cannot view a tensor"): a contiguous copy (one attention output, not a cache) comes first.

@@ -30,5 +30,7 @@ RULES: list[Rule] = load_rules(
         "onnx/attention-as-matmul",
         # After the quantizer (`after_quantizer`): rewrites of what a weight quantizer wrote.
         "onnx/dequantized-gather-rows",
+        # Opt-in (OnnxRuntimeQuantizer): attention-as-matmul once the tool has quantized the weights' MatMuls.
+        "onnx/quantized-attention-as-matmul",
     ],
 )
