@@ -143,6 +143,24 @@ def apply_edge_pass_rule(rule: ExecutorchEdgePassRule, program: torch.export.Exp
     return hits
 
 
+def bypass_nodes(gm: fx.GraphModule, value_of: Callable[[fx.Node], fx.Node | None]) -> Any:
+    """An edge pass: every node for which `value_of(node)` names another node of the same values is replaced by
+    that node in its users and erased. Returns a `PassResult`."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        same = value_of(node)
+        if same is not None:
+            node.replace_all_uses_with(same)
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return PassResult(gm, changed)
+
+
 def edge_transform_passes(program: torch.export.ExportedProgram) -> list[Any]:
     """The edge-program passes the fired edge-pass rules recorded on `program`, in rule order."""
     return [p for factory in program.graph_module.meta.get(_EDGE_PASSES_KEY, []) if factory for p in factory()]

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule
+from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule, bypass_nodes
 from hfexport.rewrites.rule import RuleMeta
 
 # ATen writes of a slice of a tensor: transformers' StaticLayer.update (`keys.index_copy_(2, positions, states)`,
@@ -60,21 +60,15 @@ def drop_input_copies(gm: fx.GraphModule) -> Any:
     `run_decompositions` (inside `to_edge`) writes a mutated user input back as `copy(input, new)`, and removes
     that copy only for buffers and parameters (torch `_remove_unnecessary_copy_op_pass`); `copy` of a tensor of
     the same type is its values, so the program returns `new` itself as the mutation, exactly."""
-    from torch.fx.passes.infra.pass_base import PassResult
 
-    changed = False
-    for node in list(gm.graph.nodes):
+    def source_of(node: fx.Node) -> fx.Node | None:
         if not _is_copy(node) or len(node.args) < 2 or node.kwargs.get("non_blocking"):
-            continue
+            return None
         target, source = node.args[0], node.args[1]
-        if isinstance(target, fx.Node) and target.op == "placeholder" and _same_type(target, source):
-            node.replace_all_uses_with(source)
-            gm.graph.erase_node(node)
-            changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-    return PassResult(gm, changed)
+        placeholder = isinstance(target, fx.Node) and target.op == "placeholder"
+        return source if placeholder and _same_type(target, source) else None
+
+    return bypass_nodes(gm, source_of)
 
 
 def _edge_passes() -> list[Any]:

@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule
+from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule, bypass_nodes
 from hfexport.rewrites.rule import RuleMeta
 
 _ops = torch.ops.aten
@@ -62,18 +62,7 @@ def _identity(node: fx.Node) -> bool:
 
 def drop_same_shape_copies(gm: fx.GraphModule) -> Any:
     """Let every user of an identity copy read the copy's input; return a `PassResult`."""
-    from torch.fx.passes.infra.pass_base import PassResult
-
-    changed = False
-    for node in list(gm.graph.nodes):
-        if _identity(node):
-            node.replace_all_uses_with(node.args[0])
-            gm.graph.erase_node(node)
-            changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-    return PassResult(gm, changed)
+    return bypass_nodes(gm, lambda node: node.args[0] if _identity(node) else None)
 
 
 def _full_slice(node: fx.Node) -> bool:
@@ -149,7 +138,8 @@ drop_identity_copies = ExecutorchEdgePassRule(
         "decomposition (SDPA's too) expands each 4-D operand to its own shape, an expand_copy; XNNPACK takes "
         "neither, so the SmolLM2-135M decode program copied each layer's key and value cache twice more per step "
         "(slice_copy x2 and expand_copy x2 per layer outside the delegate, 4 x 196 KB, about 24 MB a token at 30 "
-        "layers). A copy whose output has its input's shape and dtype is its input's values: users read the input",
+        "layers). A copy whose output has its input's shape and dtype is its input's values: users read the input "
+        "(with executorch/grouped-sdpa-without-repeat-kv: 30-layer decode 21.4 -> 44.3 tok/s)",
         upstream="executorch==1.4.1 exir/passes/replace_aten_with_edge_pass.py (aten views become *_copy ops)",
         backends=("executorch",),
         models=("llama",),

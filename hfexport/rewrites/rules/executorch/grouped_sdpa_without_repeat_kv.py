@@ -22,39 +22,16 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._sdpa import SDPA, same_size, sdpa_argument
 
 _ops = torch.ops.aten
-_SDPA = _ops.scaled_dot_product_attention.default
 _RESHAPES = (_ops.reshape.default, _ops.view.default, _ops._unsafe_view.default)
-_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-_DEFAULTS: dict[str, Any] = {
-    "attn_mask": None,
-    "dropout_p": 0.0,
-    "is_causal": False,
-    "scale": None,
-    "enable_gqa": False,
-}
 _END = 2**63 - 1  # the `end` of a full slice (`x[:, :]`) in a captured graph
-
-
-def _argument(node: fx.Node, name: str) -> Any:
-    if name in node.kwargs:
-        return node.kwargs[name]
-    index = _NAMES.index(name) if name in _NAMES else len(node.args)
-    return node.args[index] if index < len(node.args) else _DEFAULTS[name]
 
 
 def _value(node: Any) -> torch.Tensor | None:
     value = getattr(node, "meta", {}).get("val")
     return value if isinstance(value, torch.Tensor) else None
-
-
-def _same(a: Any, b: Any) -> bool:
-    # Sizes are ints or SymInts of one shape env: one symbol per axis, so `==` decides.
-    try:
-        return bool(a == b)
-    except Exception:  # undecidable is not the same
-        return False
 
 
 def _skip_full_slices(node: Any) -> Any:
@@ -89,22 +66,23 @@ def _repeated_heads(node: Any) -> tuple[fx.Node, int] | None:
     groups = wide.shape[2]
     if not isinstance(groups, int) or groups < 2:
         return None
-    same_axes = all(_same(wide.shape[a], x.shape[b]) for a, b in ((0, 0), (1, 1), (3, 2), (4, 3)))
-    merged = _same(out.shape[1], x.shape[1] * groups) and all(_same(out.shape[a], x.shape[a]) for a in (0, 2, 3))
+    same_axes = all(same_size(wide.shape[a], x.shape[b]) for a, b in ((0, 0), (1, 1), (3, 2), (4, 3)))
+    merged = same_size(out.shape[1], x.shape[1] * groups)
+    merged = merged and all(same_size(out.shape[a], x.shape[a]) for a in (0, 2, 3))
     return (source, groups) if same_axes and merged else None
 
 
 def _plan(node: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
     """`(key, value, groups)` of a grouped SDPA the rewrite keeps exact, else None."""
-    if node.op != "call_function" or node.target is not _SDPA:
+    if node.op != "call_function" or node.target is not SDPA:
         return None
-    if _argument(node, "is_causal") or _argument(node, "dropout_p") not in (0, 0.0):
+    if sdpa_argument(node, "is_causal") or sdpa_argument(node, "dropout_p") not in (0, 0.0):
         return None  # causality over stacked query rows would mask by the wrong row index
     query = _value(node.args[0])
     if query is None or query.dim() != 4 or not isinstance(query.shape[1], int):
         return None
     key, value = node.args[1], node.args[2]
-    if _argument(node, "enable_gqa"):
+    if sdpa_argument(node, "enable_gqa"):
         k, v = _value(key), _value(value)
         if k is None or v is None or k.dim() != 4 or not isinstance(k.shape[1], int) or k.shape[1] < 1:
             return None
@@ -119,15 +97,15 @@ def _plan(node: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
     heads = query.shape[1]
     if _value(key).shape[1] * groups != heads or _value(value).shape[1] * groups != heads:
         return None
-    mask = _argument(node, "attn_mask")
+    mask = sdpa_argument(node, "attn_mask")
     if mask is not None:
         m = _value(mask)
         if m is None or m.dim() > 4:
             return None
         shape = (1,) * (4 - m.dim()) + tuple(m.shape)
-        if not (_same(shape[1], 1) or _same(shape[1], heads)):
+        if not (same_size(shape[1], 1) or same_size(shape[1], heads)):
             return None
-        if not (_same(shape[2], 1) or _same(shape[2], query.shape[2])):
+        if not (same_size(shape[2], 1) or same_size(shape[2], query.shape[2])):
             return None
     return key, value, groups
 
@@ -162,8 +140,8 @@ def _grouped_mask(graph: fx.Graph, mask: fx.Node, query: fx.Node, kv: int, group
         mask = _call(graph, _ops.unsqueeze.default, mask, 0)
         mask.meta["val"] = value.unsqueeze(0)  # a fake tensor's op runs in its own fake mode
     shape = (1,) * (4 - m.dim()) + tuple(m.shape)
-    per_head = not _same(shape[1], 1)
-    per_query = not _same(shape[2], 1)
+    per_head = not same_size(shape[1], 1)
+    per_query = not same_size(shape[2], 1)
     if not per_head and not per_query:
         return mask  # one row for every head and query: it broadcasts over the stacked rows as it is
     batch, rows, keys = (_size(graph, mask, axis) for axis in (0, 2, 3))
@@ -180,7 +158,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
     query = node.args[0]
     heads = _value(query).shape[1]
     kv = heads // groups
-    mask = _argument(node, "attn_mask")
+    mask = sdpa_argument(node, "attn_mask")
     graph = gm.graph
     before = set(graph.nodes)
     with graph.inserting_before(node):
@@ -191,14 +169,14 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
         # SDPA's decomposition scales the query and the keys by sqrt(scale) each: the keys' product is a portable
         # op over the whole cache. The query takes the whole scale instead and SDPA runs at scale 1, whose
         # `key * 1.0` executorch/drop-identity-copies drops.
-        scale = _argument(node, "scale")
+        scale = sdpa_argument(node, "scale")
         head = _value(query).shape[3]
         if scale is None and isinstance(head, int):
             scale = 1.0 / math.sqrt(head)  # SDPA's default
         if scale is not None:
             q = _call(graph, _ops.mul.Tensor, q, scale)
         attended = graph.call_function(
-            _SDPA, (q, key, value, grouped_mask, 0.0, False), {"scale": None if scale is None else 1.0}
+            SDPA, (q, key, value, grouped_mask, 0.0, False), {"scale": None if scale is None else 1.0}
         )
         # to_edge re-decomposes SDPA with other output strides, under which the split back into heads is not a
         # view ("Cannot view a tensor"): a contiguous copy (one attention output, not a cache) comes first.
@@ -276,7 +254,9 @@ grouped_sdpa_without_repeat_kv = ExecutorchNodeRule(
         "cache, `groups` times over, per layer and decode step: 6 expand_copy per layer in the SmolLM2-135M "
         "decode program, about 35 MB written per token at 30 layers, 3 % of the 2-layer step in repeat_tensor "
         "(perf). Stacking each group's query heads along the query axis attends every kv head once, with the "
-        "mask row of each stacked row, exactly",
+        "mask row of each stacked row, exactly; the query takes the whole scale, so the keys are not scaled by a "
+        "portable mul over the cache either. With executorch/drop-identity-copies the 30-layer SmolLM2-135M decode "
+        "went from 21.4 to 44.3 tok/s (56 -> 127 % of the matvec ceiling), tokens equal to eager's",
         upstream="executorch==1.4.1 backends/xnnpack/partition/config (no expand_copy: repeat_kv of "
         "transformers==5.24.0 models/llama/modeling_llama.py runs as a portable copy)",
         backends=("executorch",),

@@ -19,44 +19,23 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._sdpa import SDPA, same_size, sdpa_argument
 
-_SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _TRANSPOSE = torch.ops.aten.transpose.int
 # The dtypes custom_sdpa takes (executorch extension/llm/custom_ops/custom_ops.py `_validate_params`).
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-_DEFAULTS: dict[str, Any] = {
-    "attn_mask": None,
-    "dropout_p": 0.0,
-    "is_causal": False,
-    "scale": None,
-    "enable_gqa": False,
-}
-
-
-def _argument(node: fx.Node, name: str) -> Any:
-    if name in node.kwargs:
-        return node.kwargs[name]
-    index = _NAMES.index(name) if name in _NAMES else len(node.args)
-    return node.args[index] if index < len(node.args) else _DEFAULTS[name]
-
-
-def _same(a: Any, b: Any) -> bool:
-    # Sizes are ints or SymInts of the program's shape env: one symbol for one axis, so `==` decides.
-    try:
-        return bool(a == b)
-    except Exception:  # a comparison the shape env cannot decide is not the same size
-        return False
 
 
 def _unmasked_self_attention(node: fx.Node) -> bool:
     """SDPA without mask, dropout, causality or grouped heads, over 4-D query, key and value of one dtype with
     the same heads, tokens and head size (self-attention: query length == key length)."""
-    if node.op != "call_function" or node.target is not _SDPA:
+    if node.op != "call_function" or node.target is not SDPA:
         return False
-    if _argument(node, "attn_mask") is not None or _argument(node, "is_causal") or _argument(node, "enable_gqa"):
+    if sdpa_argument(node, "attn_mask") is not None:
         return False
-    if _argument(node, "dropout_p") not in (0, 0.0):
+    if sdpa_argument(node, "is_causal") or sdpa_argument(node, "enable_gqa"):
+        return False
+    if sdpa_argument(node, "dropout_p") not in (0, 0.0):
         return False
     values = [getattr(n, "meta", {}).get("val") for n in node.args[:3]]
     if len(values) != 3 or not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
@@ -64,7 +43,7 @@ def _unmasked_self_attention(node: fx.Node) -> bool:
     query, key, value = values
     if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
         return False
-    return all(_same(query.shape[axis], t.shape[axis]) for t in (key, value) for axis in (0, 1, 2, 3))
+    return all(same_size(query.shape[axis], t.shape[axis]) for t in (key, value) for axis in (0, 1, 2, 3))
 
 
 def _custom_sdpa(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -72,7 +51,7 @@ def _custom_sdpa(gm: fx.GraphModule, node: fx.Node) -> None:
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401 - registers llama::custom_sdpa
 
     query, key, value = node.args[:3]
-    scale = _argument(node, "scale")
+    scale = sdpa_argument(node, "scale")
     with gm.graph.inserting_before(node):
         q, k, v = (gm.graph.call_function(_TRANSPOSE, (x, 1, 2)) for x in (query, key, value))
         fused = gm.graph.call_function(torch.ops.llama.custom_sdpa.default, (q, k, v, 0, None, 0.0, False, scale))
