@@ -85,6 +85,10 @@ class Driver:
         self.spec = spec
         self.samples = samples
         self.options = options or RuntimeOptions()
+        self.open_runtimes(components)
+
+    def open_runtimes(self, components: Mapping[str, Any]) -> None:
+        """Open each component's runtime once (sessions, compiled models, loaded programs), with `self.options`."""
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
         raise NotImplementedError

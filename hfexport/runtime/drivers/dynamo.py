@@ -9,23 +9,16 @@ from typing import Any
 import torch
 
 from hfexport.errors import InputError
-from hfexport.generation_spec import CacheLeaf, GenerationSpec
+from hfexport.generation_spec import CacheLeaf
 from hfexport.naming import CACHE_ALIASES, named_outputs
-from hfexport.runtime.drivers.base import Backend, Driver, RuntimeOptions, SavedComponent, Step, initial_leaf
+from hfexport.runtime.drivers.base import Backend, Driver, SavedComponent, Step, initial_leaf
 
 
 class DynamoDriver(Driver):
     """Runs `ExportedProgram.module()`; the cache is a transformers `Cache` object (a static one is mutated in
     place by the program)."""
 
-    def __init__(
-        self,
-        components: Mapping[str, Any],
-        spec: GenerationSpec,
-        samples: Mapping[str, Any],
-        options: RuntimeOptions | None = None,
-    ) -> None:
-        super().__init__(components, spec, samples, options)
+    def open_runtimes(self, components: Mapping[str, Any]) -> None:
         self.modules = {name: program.module() for name, program in components.items()}
         self.cache: Any = None
 

@@ -12,34 +12,27 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
-from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step, flat
+from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, flat
 
 
 class ExecutorchDriver(NamedDriver):
     """The ExecuTorch Python runtime: inputs in the program's pytree order, outputs read back by name (the
     method has only `execute`; zero copy is a C++ path, see docs/generation.md)."""
 
-    def __init__(
-        self,
-        components: Mapping[str, Any],
-        spec: GenerationSpec,
-        samples: Mapping[str, Any],
-        options: RuntimeOptions | None = None,
-    ) -> None:
+    def open_runtimes(self, components: Mapping[str, Any]) -> None:
         from hfexport.runtime.executorch import ExecutorchProgram, executorch_named_feed
 
-        super().__init__(components, spec, samples, options)
         self.programs: dict[str, Any] = {}
         self.order: dict[str, list[tuple[str, Any]]] = {}
         self.output_names: dict[str, list[str]] = {}
         for name, native in components.items():
             if isinstance(native, SavedExecutorch):  # a loaded artifact: no manager, the layout says the order
                 self.programs[name] = native.program
-                self.order[name] = _saved_order(spec, name, native.program.method)
+                self.order[name] = _saved_order(self.spec, name, native.program.method)
                 self.output_names[name] = _saved_output_names(name, native)
             else:
                 self.programs[name] = ExecutorchProgram(native)
-                self.order[name] = executorch_named_feed(samples[name])
+                self.order[name] = executorch_named_feed(self.samples[name])
                 self.output_names[name] = _executorch_output_names(native)
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.generation_spec import LAYOUT_METADATA_KEY, GenerationSpec, layout_mismatch
+from hfexport.generation_spec import LAYOUT_METADATA_KEY, layout_mismatch
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
-from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step, cache_name, flat
+from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, cache_name, flat
 
 
 class OnnxDriver(NamedDriver):
@@ -26,14 +26,7 @@ class OnnxDriver(NamedDriver):
     output OrtValue to the next step's input without a copy.
     """
 
-    def __init__(
-        self,
-        components: Mapping[str, Any],
-        spec: GenerationSpec,
-        samples: Mapping[str, Any],
-        options: RuntimeOptions | None = None,
-    ) -> None:
-        super().__init__(components, spec, samples, options)
+    def open_runtimes(self, components: Mapping[str, Any]) -> None:
         import onnxruntime as ort
 
         self.sessions = {}
@@ -41,8 +34,8 @@ class OnnxDriver(NamedDriver):
         for name, program in components.items():
             proto = None if isinstance(program, (str, bytes)) else program.model_proto
             model = program if proto is None else proto.SerializeToString()
-            options = self.options.onnx_session_options or ort.SessionOptions()
-            self.sessions[name] = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+            session_options = self.options.onnx_session_options or ort.SessionOptions()
+            self.sessions[name] = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
             self.in_place[name] = written_in_place(proto if proto is not None else program)
         # Graph input/output names per session, read once (each get_inputs() call builds new objects).
         self.io = {

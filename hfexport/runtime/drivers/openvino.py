@@ -10,9 +10,8 @@ import numpy as np
 import torch
 
 from hfexport.errors import InputError
-from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import plain_name, variable_leaf
-from hfexport.runtime.drivers.base import Backend, NamedDriver, RuntimeOptions, SavedComponent, Step
+from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step
 
 
 class OpenVINODriver(NamedDriver):
@@ -24,16 +23,9 @@ class OpenVINODriver(NamedDriver):
     positions. `holder` is the component whose request holds the cache (None: `self.cache` holds it).
     """
 
-    def __init__(
-        self,
-        components: Mapping[str, Any],
-        spec: GenerationSpec,
-        samples: Mapping[str, Any],
-        options: RuntimeOptions | None = None,
-    ) -> None:
+    def open_runtimes(self, components: Mapping[str, Any]) -> None:
         from hfexport.runtime.openvino import F32_HINT, OpenVINORunner
 
-        super().__init__(components, spec, samples, options)
         properties = {**F32_HINT, **(self.options.openvino_properties or {})}
         self.runners = {name: OpenVINORunner(model, properties=properties) for name, model in components.items()}
         self.requests = {name: runner.compiled.create_infer_request() for name, runner in self.runners.items()}
