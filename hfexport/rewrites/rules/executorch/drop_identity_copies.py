@@ -19,9 +19,9 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule, bypass_nodes
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._graph import SDPA, is_full_slice
 
 _ops = torch.ops.aten
-_END = 2**63 - 1  # the `end` of a full slice (`x[:, :]`) in a captured graph
 # Edge copies that may leave the shape as it is.
 _COPIES = (_ops.slice_copy.Tensor, _ops.expand_copy.default, _ops.view_copy.default)
 
@@ -65,17 +65,8 @@ def drop_same_shape_copies(gm: fx.GraphModule) -> Any:
     return bypass_nodes(gm, lambda node: node.args[0] if _identity(node) else None)
 
 
-def _full_slice(node: fx.Node) -> bool:
-    if node.target is not _ops.slice.Tensor or len(node.args) < 2:
-        return False
-    start = node.args[2] if len(node.args) > 2 else None
-    end = node.args[3] if len(node.args) > 3 else None
-    step = node.args[4] if len(node.args) > 4 else 1
-    return start in (0, None) and end in (_END, None) and step == 1
-
-
 def _batched_matmul(node: fx.Node) -> bool:
-    if node.target not in (_ops.matmul.default, _ops.scaled_dot_product_attention.default):
+    if node.op != "call_function" or node.target not in (_ops.matmul.default, SDPA) or not node.args:
         return False
     value = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     return isinstance(value, torch.Tensor) and value.dim() >= 4
@@ -84,9 +75,7 @@ def _batched_matmul(node: fx.Node) -> bool:
 def count_identity_copies(program: torch.export.ExportedProgram) -> int:
     """The captured program's ops that `to_edge` turns into same-shape copies: full slices and batched matmuls
     (SDPA's included) over 4-D or wider operands."""
-    return sum(
-        1 for node in program.graph.nodes if node.op == "call_function" and (_full_slice(node) or _batched_matmul(node))
-    )
+    return sum(1 for node in program.graph.nodes if is_full_slice(node) or _batched_matmul(node))
 
 
 def _edge_passes() -> list[Any]:

@@ -22,11 +22,10 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._sdpa import SDPA, same_size, sdpa_argument
+from hfexport.rewrites.rules.executorch._graph import SDPA, is_full_slice, same_size, sdpa_argument
 
 _ops = torch.ops.aten
 _RESHAPES = (_ops.reshape.default, _ops.view.default, _ops._unsafe_view.default)
-_END = 2**63 - 1  # the `end` of a full slice (`x[:, :]`) in a captured graph
 
 
 def _value(node: Any) -> torch.Tensor | None:
@@ -36,12 +35,7 @@ def _value(node: Any) -> torch.Tensor | None:
 
 def _skip_full_slices(node: Any) -> Any:
     """The tensor under `x[:, :, ...]`-style slices that keep the whole axis (start 0, no end, step 1)."""
-    while (
-        isinstance(node, fx.Node)
-        and node.op == "call_function"
-        and node.target is _ops.slice.Tensor
-        and tuple(node.args[2:]) in ((0, _END), (0, _END, 1), (None, None), ())
-    ):
+    while is_full_slice(node):
         node = node.args[0]
     return node
 

@@ -19,7 +19,7 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._sdpa import SDPA, same_size, sdpa_argument
+from hfexport.rewrites.rules.executorch._graph import SDPA, same_size, sdpa_argument
 
 _TRANSPOSE = torch.ops.aten.transpose.int
 # The dtypes custom_sdpa takes (executorch extension/llm/custom_ops/custom_ops.py `_validate_params`).

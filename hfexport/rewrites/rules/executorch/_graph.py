@@ -1,4 +1,4 @@
-"""Reading an `aten.scaled_dot_product_attention` call of a captured graph: its arguments and its sizes."""
+"""Reading calls of a captured ATen graph: SDPA's arguments, sizes, full slices (shared by the ExecuTorch rules)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,16 @@ def same_size(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # a comparison the shape env cannot decide is not the same size
         return False
+
+
+_END = 2**63 - 1  # the `end` of a full slice (`x[:, :]`) in a captured graph
+
+
+def is_full_slice(node: object) -> bool:
+    """Whether `node` is `aten.slice` keeping its whole axis (`x[:, :]`: start 0 or None, no end, step 1)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    start = node.args[2] if len(node.args) > 2 else None
+    end = node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    return start in (0, None) and end in (_END, None) and step == 1
