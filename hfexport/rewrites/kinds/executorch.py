@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from hfexport.rewrites.kinds.fx import fill_missing_values
 from hfexport.rewrites.rule import Rule
 
 
@@ -34,33 +35,6 @@ class ExecutorchNodeRule(Rule):
     predicate: Callable[[fx.Node], bool] | None = None
     rewrite: Callable[[fx.GraphModule, fx.Node], None] | None = None
     stage: str = field(init=False, default="executorch")
-
-
-def fill_missing_values(gm: fx.GraphModule) -> int:
-    """Give each ATen call without a `val` (nodes an earlier graph rule added, e.g. fx/complex-to-real) its fake
-    value, computed from its inputs' in the program's fake mode, so node predicates can read shapes; return
-    how many were filled. A node whose inputs have no value either is left as it is."""
-    from torch._guards import detect_fake_mode
-    from torch.utils import _pytree as pytree
-
-    fake_mode = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
-    if fake_mode is None:
-        return 0
-    filled = 0
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or "val" in node.meta or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
-        if any("val" not in a.meta for a in inputs):
-            continue
-        args, kwargs = pytree.tree_map_only(fx.Node, lambda a: a.meta["val"], (node.args, node.kwargs))
-        try:
-            with fake_mode:
-                node.meta["val"] = node.target(*args, **kwargs)
-        except Exception:  # metadata only: a node that cannot be evaluated keeps none
-            continue
-        filled += 1
-    return filled
 
 
 def apply_executorch_rule(rule: ExecutorchNodeRule, program: torch.export.ExportedProgram) -> int:

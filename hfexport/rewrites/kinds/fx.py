@@ -40,6 +40,33 @@ class FxGraphRule(Rule):
 FxRule = FxNodeRule | FxGraphRule
 
 
+def fill_missing_values(gm: fx.GraphModule) -> int:
+    """Give each ATen call without a `val` (nodes an earlier graph rule added, e.g. fx/complex-to-real) its fake
+    value, computed from its inputs' in the program's fake mode, so node predicates can read shapes; return
+    how many were filled. A node whose inputs have no value either is left as it is."""
+    from torch._guards import detect_fake_mode
+    from torch.utils import _pytree as pytree
+
+    fake_mode = detect_fake_mode([n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+    if fake_mode is None:
+        return 0
+    filled = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "val" in node.meta or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
+        if any("val" not in a.meta for a in inputs):
+            continue
+        args, kwargs = pytree.tree_map_only(fx.Node, lambda a: a.meta["val"], (node.args, node.kwargs))
+        try:
+            with fake_mode:
+                node.meta["val"] = node.target(*args, **kwargs)
+        except Exception:  # metadata only: a node that cannot be evaluated keeps none
+            continue
+        filled += 1
+    return filled
+
+
 def apply_fx_rule(rule: FxRule, target: fx.GraphModule | torch.export.ExportedProgram) -> int:
     """Apply one rule to a graph (or an `ExportedProgram`'s graph) in place; return how many sites it rewrote."""
     if isinstance(rule, FxGraphRule) and rule.program_transform is not None:

@@ -19,7 +19,7 @@ from torch import fx
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchEdgePassRule, bypass_nodes
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._graph import SDPA, is_full_slice
+from hfexport.rewrites.rules._aten_graph import SDPA, is_full_slice
 
 _ops = torch.ops.aten
 # Edge copies that may leave the shape as it is.

@@ -10,7 +10,8 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
+from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
 
 _SCATTER_REDUCE = torch.ops.aten.scatter_reduce.two

@@ -17,9 +17,10 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule, fill_missing_values
+from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._graph import SDPA, same_size, sdpa_argument
+from hfexport.rewrites.rules._aten_graph import SDPA, same_size, sdpa_argument
 
 _TRANSPOSE = torch.ops.aten.transpose.int
 # The dtypes custom_sdpa takes (executorch extension/llm/custom_ops/custom_ops.py `_validate_params`).

@@ -1,4 +1,4 @@
-"""Reading calls of a captured ATen graph: SDPA's arguments, sizes, full slices (shared by the ExecuTorch rules)."""
+"""Reading calls of a captured ATen graph: SDPA's arguments, sizes, full slices (ExecuTorch and OpenVINO rules)."""
 
 from __future__ import annotations
 
