@@ -482,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="torch threads (the eager and Dynamo runs; default: torch's); ONNX Runtime and OpenVINO keep theirs",
     )
+    parser.add_argument("--disable", default="", help="rule ids (or prefixes) to switch off, comma-separated: an A/B")
     parser.add_argument("--json", help="write the profiles to this file")
     parser.add_argument("--trace-dir", help="keep ONNX Runtime's JSON trace in this folder (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -503,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load {load_start}; matvec bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     ids = torch.randint(3, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     settings = dict(VARIANTS.get(args.backend, {"export_format": args.backend, "dynamic": True}))
+    if args.disable:
+        settings["rules"] = {"disable": [rule for rule in args.disable.split(",") if rule]}
     config = AutoExportConfig.from_dict(settings)
     quantizer = quantizer_for(args.backend, args.precision)
     if quantizer is not None:

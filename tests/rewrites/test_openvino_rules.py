@@ -58,6 +58,8 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/distinct-repeated-outputs",
         "openvino/exact-int-floor-divide",
         "openvino/quant-right-shift-as-floor-scale",
+        "openvino/grouped-sdpa-without-repeat-kv",
+        "openvino/copy-back-without-broadcast",
     }
     assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
     for rule in [*registry.rules("openvino"), openvino_moe_batched_experts]:
@@ -67,6 +69,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
     assert [r.id for r in _rules_of(PROGRAM_RULES)] == [
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
+        "openvino/grouped-sdpa-without-repeat-kv",
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
         "openvino/sym-ceil-to-int",
@@ -76,6 +79,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
     assert [r.id for r in _rules_of((OpenVINOModelRule,))] == [
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
+        "openvino/copy-back-without-broadcast",
     ]
 
 

@@ -54,9 +54,12 @@ class OpenVINODriver(NamedDriver):
             self._put_state(name)
         names = [port.get_any_name() for port in runner.compiled.inputs]
         feed = {k: v.numpy() for k, v in self._flat_feed(name, step, names).items()}
-        result = self.requests[name].infer(feed)
+        # The request reads the arrays in place (the fed cache is not copied into it) and hands back fresh arrays
+        # of its outputs, one copy each, which the next step may feed back (no output aliases an input).
+        result = self.requests[name].infer(feed, share_inputs=True, share_outputs=False)
         outputs = {
-            out: np.array(result[port]) for out, port in zip(runner.output_names, runner.compiled.outputs, strict=True)
+            out: np.asarray(result[port])
+            for out, port in zip(runner.output_names, runner.compiled.outputs, strict=True)
         }
         return self._take_outputs(outputs)
 

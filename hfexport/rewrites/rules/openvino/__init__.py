@@ -13,6 +13,8 @@ RULES: list[Rule] = load_rules(
         # on the program
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
+        # after the zeroing of fully masked rows, which it leaves where it is (after the heads' transpose)
+        "openvino/grouped-sdpa-without-repeat-kv",
         "openvino/sym-mod-to-floordiv",
         "openvino/sym-min-max-to-floordiv",
         "openvino/sym-ceil-to-int",
@@ -21,5 +23,6 @@ RULES: list[Rule] = load_rules(
         # on the converted model
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
+        "openvino/copy-back-without-broadcast",
     ],
 )

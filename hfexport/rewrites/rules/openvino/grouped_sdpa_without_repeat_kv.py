@@ -1,0 +1,47 @@
+"""Grouped-query attention on OpenVINO: each key/value head attends for its query group, no `repeat_kv` copies.
+
+openvino.convert_model translates `repeat_kv` as it is written: an unsqueeze, a Broadcast (the CPU plugin's
+reference kernel) or a Multiply by ones, and a Reshape of the whole static cache, for keys and values, in every
+layer and decode step, with Transposes around them. The match, rewrite and examples are shared with ExecuTorch's
+rule (`rules/_grouped_attention.py`).
+"""
+
+from __future__ import annotations
+
+from torch import fx
+
+from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._grouped_attention import grouped_examples, is_grouped_sdpa, stack_query_groups
+
+
+def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
+    # The CPU plugin runs SDPA as an MHA subgraph that scales and transposes the keys, a Multiply and a Transpose
+    # over the whole cache per layer and step; with the scale on the query and SDPA at scale 1 both are gone
+    # (the compiled 2-layer decode graph). The output's split back into heads is a Reshape of any layout.
+    stack_query_groups(gm, node, query_takes_scale=True, contiguous_output=False)
+
+
+grouped_sdpa_without_repeat_kv = OpenVINOFxNodeRule(
+    RuleMeta(
+        id="openvino/grouped-sdpa-without-repeat-kv",
+        why="openvino.convert_model translates repeat_kv (and refuses SDPA's enable_gqa) as written: per layer and "
+        "decode step the compiled CPU graph broadcasts the keys and the values to every query head (an Eltwise over "
+        "`groups` times the cache), transposes the widened keys, and its MHA subgraph multiplies the keys by the "
+        "scale: 28-38 % of the 30-layer SmolLM2-135M decode step's node time (docs/benchmarks.md, session 19). "
+        "Stacking each group's query heads along the query axis attends every kv head once, exactly, and with the "
+        "scale on the query the attention reads the cache as the scatter wrote it (no Broadcast, Transpose or "
+        "Multiply of it). With openvino/copy-back-without-broadcast the 8-layer stateful decode step went from "
+        "14.9 to 6.8 ms (best of 12, load 4), tokens equal to eager's",
+        upstream="openvino==2026.4 PyTorch frontend (repeat_kv of transformers==5.24.0 "
+        "models/llama/modeling_llama.py converted op by op: no GQA form of ScaledDotProductAttention is made)",
+        backends=("openvino",),
+        kind="optimization",
+        models=("llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3", "olmo2", "granite"),
+        # convert_model refuses SDPA's enable_gqa ("Conversion is failed for aten.scaled_dot_product_attention"),
+        # which the rule also stacks; without the rule there is no export to compare that example with.
+        examples=grouped_examples(enable_gqa=False),
+    ),
+    predicate=is_grouped_sdpa,
+    rewrite=_rewrite,
+)
