@@ -23,6 +23,10 @@ from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.fx import fill_missing_values
 from hfexport.rewrites.rules._aten_graph import SDPA, is_full_slice, same_size, sdpa_argument
 
+# Model types whose attention calls `repeat_kv` with fewer key/value heads in their usual configs (the rules match
+# the graph pattern, not these names; the list is the rules' `models` metadata).
+GQA_MODELS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3", "olmo2", "granite")
+
 _ops = torch.ops.aten
 _RESHAPES = (_ops.reshape.default, _ops.view.default, _ops._unsafe_view.default)
 

@@ -12,7 +12,12 @@ from torch import fx
 
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules._grouped_attention import grouped_examples, is_grouped_sdpa, stack_query_groups
+from hfexport.rewrites.rules._grouped_attention import (
+    GQA_MODELS,
+    grouped_examples,
+    is_grouped_sdpa,
+    stack_query_groups,
+)
 
 
 def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -38,7 +43,7 @@ grouped_sdpa_without_repeat_kv = ExecutorchNodeRule(
         "transformers==5.24.0 models/llama/modeling_llama.py runs as a portable copy)",
         backends=("executorch",),
         kind="optimization",
-        models=("llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3", "olmo2", "granite"),
+        models=GQA_MODELS,
         examples=grouped_examples(),
     ),
     predicate=is_grouped_sdpa,

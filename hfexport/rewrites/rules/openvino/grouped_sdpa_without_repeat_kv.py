@@ -12,7 +12,12 @@ from torch import fx
 
 from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules._grouped_attention import grouped_examples, is_grouped_sdpa, stack_query_groups
+from hfexport.rewrites.rules._grouped_attention import (
+    GQA_MODELS,
+    grouped_examples,
+    is_grouped_sdpa,
+    stack_query_groups,
+)
 
 
 def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -37,7 +42,7 @@ grouped_sdpa_without_repeat_kv = OpenVINOFxNodeRule(
         "models/llama/modeling_llama.py converted op by op: no GQA form of ScaledDotProductAttention is made)",
         backends=("openvino",),
         kind="optimization",
-        models=("llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3", "olmo2", "granite"),
+        models=GQA_MODELS,
         # convert_model refuses SDPA's enable_gqa ("Conversion is failed for aten.scaled_dot_product_attention"),
         # which the rule also stacks; without the rule there is no export to compare that example with.
         examples=grouped_examples(enable_gqa=False),
