@@ -216,7 +216,11 @@ blocked_dequantize_matmul_nbits = OnnxRewriteRule(
         "Expand of the cache and the decomposed attention (ORT profile, docs/benchmarks.md). At the newest opset "
         "NNCF writes DequantizeLinear(int4, block_size) + MatMul, which ONNX Runtime fuses into MatMulNBits with "
         "accuracy_level 4 (int8 activations): this rule writes NNCF's opset-20 MatMulNBits (accuracy_level 0) "
-        "instead, so the export gets the fusions and keeps the int4 numbers",
+        "instead, byte for byte (2-layer SmolLM2 shape: 15 of 15 identical), so the export gets the fusions and "
+        "keeps the int4 numbers (logits vs the opset-20 export: 3.1e-06 max, same greedy tokens). 8-layer decode "
+        "step, 1 ORT thread, cache 256, per-node medians: non-MatMulNBits node time 2.33 -> 1.88 ms (Split, Neg, "
+        "Equal, repeat_kv's Expand gone; Where 0.13 -> 0.01 ms); bench_generate 8 layers at load 4.2-4.7: "
+        "98.2 -> 125.8 tok/s",
         upstream="nncf==3.4.0 nncf/quantization/algorithms/weight_compression/onnx_backend.py transform_model "
         "(MatMulNBits below opset 21, blocked DequantizeLinear from 21); onnxruntime==1.32.0 "
         "onnxruntime/core/optimizer/qdq_transformer/selectors_actions/qdq_selector_action_transformer.cc "
