@@ -62,8 +62,9 @@ def _export(model: Any, opset: int | None) -> tuple[Any, Any]:
     sample = {"input_ids": ids[:, :4], "attention_mask": torch.ones_like(ids[:, :4])}
     exporter = AutoHfExporter.from_config(config)
     static = GenerationConfig(cache_implementation="static", max_cache_len=ids.shape[1] + NEW_TOKENS)
+    # The static cache's multi-token decode graph takes the prompt too: `generate` runs it alone.
     components = exporter.export_for_generation(
-        model, sample, config, generation_config=static, multi_token_decode=True
+        model, sample, config, generation_config=static, multi_token_decode=True, runtime_components=False
     )
     return components, exporter.reports["decode"]
 
@@ -83,14 +84,23 @@ def _repeat_kv_expands(program: Any) -> int:
 
 
 @pytest.fixture(scope="module")
-def exports() -> dict[str, Any]:
-    model = _llama()
-    return {"model": model, "newest": _export(model, None), "opset20": _export(model, 20)}
+def model() -> Any:
+    return _llama()
 
 
-def test_int4_decode_graph_has_the_fp32_fusions(exports: dict[str, Any]) -> None:
-    (components, report), (old, _) = exports["newest"], exports["opset20"]
-    decode, before = components["decode"], old["decode"]
+@pytest.fixture(scope="module")
+def newest(model: Any) -> tuple[Any, Any]:
+    return _export(model, None)
+
+
+@pytest.fixture(scope="module")
+def opset20(model: Any) -> tuple[Any, Any]:
+    return _export(model, 20)
+
+
+def test_int4_decode_graph_has_the_fp32_fusions(newest: tuple[Any, Any]) -> None:
+    components, report = newest
+    decode = components["decode"]
     ops = _ops(decode)
     hits = report.hits["onnx"]
     for rule in ("rotary-embedding-fusion", "attention-drop-repeat-kv", "attention-as-matmul"):
@@ -100,16 +110,16 @@ def test_int4_decode_graph_has_the_fp32_fusions(exports: dict[str, Any]) -> None
     assert ops["com.microsoft:MatMulNBits"] == 15 and ops["ai.onnx:DequantizeLinear"] == 0, ops
     assert ops["ai.onnx:RotaryEmbedding"] == 4 and ops["ai.onnx:Neg"] == 0, ops
     assert _repeat_kv_expands(decode) == 0
-    # The graph before: no fusion, rotary written out, repeat_kv's Expand of the cache in each layer.
-    assert _ops(before)["ai.onnx:RotaryEmbedding"] == 0 and _repeat_kv_expands(before) == 4
-    assert _ops(before)["com.microsoft:MatMulNBits"] == 15
 
 
-def test_int4_numbers_and_tokens_equal_the_opset20_export(exports: dict[str, Any]) -> None:
+def test_int4_numbers_and_tokens_equal_the_opset20_export(newest: tuple[Any, Any], opset20: tuple[Any, Any]) -> None:
     from hfexport.runtime import generate
     from hfexport.runtime.generation import prompt_logits
 
-    (new, _), (old, _) = exports["newest"], exports["opset20"]
+    (new, _), (old, _) = newest, opset20
+    # The graph before the change: no fusion, rotary written out, repeat_kv's Expand of the cache in each layer.
+    assert _ops(old["decode"])["ai.onnx:RotaryEmbedding"] == 0 and _repeat_kv_expands(old["decode"]) == 4
+    assert _ops(old["decode"])["com.microsoft:MatMulNBits"] == 15
     ids, mask = _prompt()
     logits = prompt_logits(new, ids, mask)
     reference = prompt_logits(old, ids, mask)
