@@ -62,9 +62,10 @@ def _onnx_pair(checkpoint: dict[str, Any], tmp: Path, mode: str) -> tuple[Path, 
     """The in-memory and the streamed ONNX export with the same NNCF weight compression."""
     memory, streamed = tmp / "memory" / "model.onnx", tmp / "streamed" / "model.onnx"
     quantizer = NNCFOnnxQuantizer(_compression(mode))
-    OnnxExporter().export(
-        checkpoint["model"], SHAPES[0], OnnxConfig(dynamic=True, output_path=str(memory), quantizer=quantizer)
-    )
+    # A low-memory export with weight compression is made at opset 20 (NNCF's MatMulNBits, which the streamed
+    # save recomputes); the in-memory one defaults to the newest opset, so it is asked for 20 here.
+    memory_config = OnnxConfig(dynamic=True, output_path=str(memory), quantizer=quantizer, opset_version=20)
+    OnnxExporter().export(checkpoint["model"], SHAPES[0], memory_config)
     config = OnnxConfig(dynamic=True, low_memory=True, output_path=str(streamed), quantizer=quantizer)
     OnnxExporter().export(empty_model(checkpoint["folder"]), SHAPES[0], config)
     return memory, streamed

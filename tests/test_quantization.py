@@ -592,7 +592,8 @@ def test_documented_recipes_compose_with_default_configs(tiny: Any) -> None:
     exporter = OnnxExporter()
     program = exporter.export(model, inputs, onnx_int4)
     assert _onnx_ops(program.model).get("MatMulNBits", 0) > 0, "int4 weights are ONNX Runtime's MatMulNBits"
-    assert any("opset_version=20" in note for note in exporter.report.notes), exporter.report.notes
+    # Weight compression needs no opset cap: the newest, where NNCF's blocked DequantizeLinear becomes MatMulNBits.
+    assert not any("opset_version=" in note for note in exporter.report.notes), exporter.report.notes
     with torch.no_grad():
         expected = model(**inputs).logits
     actual = torch.from_numpy(_ort_run(program.model, inputs))

@@ -230,7 +230,7 @@ def quantizer_defaults(quantizer: Any, config: Any) -> tuple[Any, list[str]]:
     """
     import dataclasses
 
-    newest = quantizer.newest_onnx_opset()
+    newest = quantizer.newest_onnx_opset(config)
     if str(getattr(config, "export_format", "")) != "onnx" or newest is None or config.opset_version is not None:
         return config, []
     from hfexport.lowerings.onnx import newest_opset

@@ -200,10 +200,10 @@ class ExportQuantizer:
         self.check_format(export_format)
         return self.validate_environment()
 
-    def newest_onnx_opset(self) -> int | None:
-        """The newest ONNX opset this quantizer gives the documented result at (None: any). An ONNX export
-        that sets no `opset_version` is made at this one; an explicit newer one is refused by `check_config`
-        where it cannot work."""
+    def newest_onnx_opset(self, config: Any = None) -> int | None:
+        """The newest ONNX opset this quantizer gives the documented result at for the export `config` (None:
+        any). An ONNX export that sets no `opset_version` is made at this one; an explicit newer one is refused
+        by `check_config` where it cannot work."""
         return None
 
     def calibration(self, sample_inputs: Mapping[str, Any], feed: Callable[[Mapping[str, Any]], Any]) -> CalibrationSet:

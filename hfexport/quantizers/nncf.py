@@ -248,7 +248,7 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
                 "NNCFWeightCompressionConfig(...), or use PT2EQuantizer(XNNPACKQuantizer(...)) for int8 activations"
             )
 
-    def newest_onnx_opset(self) -> int | None:
+    def newest_onnx_opset(self, config: Any = None) -> int | None:
         return None if self.weight_only else MAX_ONNX_INT8_OPSET
 
     def check_config(self, config: Any) -> None:
@@ -272,7 +272,9 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
 
 class NNCFOnnxQuantizer(_NNCFQuantizer):
     """NNCF on the ONNX model after lowering. Int4 weight compression becomes ONNX Runtime's `MatMulNBits` at
-    opset <= 20 (`OnnxConfig(opset_version=20)`) and blocked `DequantizeLinear` at opset 21 and up."""
+    opset <= 20 and blocked `DequantizeLinear` at opset 21 and up, which the rule `onnx/blocked-dequantize-matmul-
+    nbits` turns into the same `MatMulNBits` (so weight compression exports at the newest opset, with its fusions;
+    a low-memory export at 20)."""
 
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.ONNX,)
     required_packages: ClassVar[tuple[str, ...]] = ("nncf", "onnx", "onnx-ir")
@@ -280,9 +282,14 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
     # name val_..."): the rule gives that MatMul a transposed initializer of its own.
     enabled_rules: ClassVar[tuple[str, ...]] = ("onnx/fold-shared-weight-transpose",)
 
-    def newest_onnx_opset(self) -> int | None:
-        # int8: the newest opset ONNX Runtime loads NNCF's QDQ graph at; int4: the newest at which NNCF writes
-        # MatMulNBits (the documented form) rather than blocked DequantizeLinear.
+    def newest_onnx_opset(self, config: Any = None) -> int | None:
+        # int8 activations: the newest opset ONNX Runtime loads NNCF's QDQ graph at. Weight compression: any (the
+        # newest, where the opset-23 fusions apply); NNCF writes int4 groups there as blocked DequantizeLinear,
+        # which `onnx/blocked-dequantize-matmul-nbits` turns into the MatMulNBits it writes below opset 21. A
+        # low-memory export stays at 20: its weights are computed when saved, in the layout NNCF chose
+        # (quantize_streaming), which the rule does not repack.
+        if self.weight_only and not getattr(config, "low_memory", False):
+            return None
         return MAX_ONNX_INT8_OPSET
 
     def check_config(self, config: Any) -> None:

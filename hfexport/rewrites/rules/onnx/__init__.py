@@ -30,6 +30,8 @@ RULES: list[Rule] = load_rules(
         "onnx/attention-as-matmul",
         # After the quantizer (`after_quantizer`): rewrites of what a weight quantizer wrote.
         "onnx/dequantized-gather-rows",
+        # NNCF's int4 weights in groups at opset >= 21 (DequantizeLinear + MatMul) as its opset-20 MatMulNBits.
+        "onnx/blocked-dequantize-matmul-nbits",
         # Opt-in (OnnxRuntimeQuantizer): attention-as-matmul once the tool has quantized the weights' MatMuls.
         "onnx/quantized-attention-as-matmul",
     ],
