@@ -6,13 +6,17 @@ Every test runs the real command in a subprocess and checks its exit code and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
-import time
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -119,28 +123,82 @@ def test_debug_shows_the_traceback_and_version_prints() -> None:
     assert result.returncode == 0 and result.stdout.startswith("hfexport ")
 
 
-def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
-    # ONNX with validation: seconds of work after "• exporting" (the Dynamo export of the tiny Llama became fast
-    # enough to finish before the signal arrived, exiting 0).
-    command = ["export", "--model", "tiny-llama", "--format", "onnx", "--validate", "--output", str(tmp_path / "out")]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hfexport", *command],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
+@contextlib.contextmanager
+def _sigint_at_its_default() -> Iterator[None]:
+    """A child started in the block gets SIGINT at its default, as a terminal's foreground command does.
+
+    A signal ignored in a process stays ignored in the programs it runs, and Python keeps an ignored SIGINT
+    ignored. A shell without job control (`bash script.sh &`, or `cmd &` inside a script) starts background
+    commands with SIGINT ignored (POSIX, "Signals and Error Handling"): a pytest started that way ran this
+    test's export with SIGINT ignored, which finished and exited 0 (session 19). A handler (not SIG_IGN) is
+    reset to the default by exec, so setting one here gives the child the default whatever pytest inherited.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe already full: a process writing to it blocks until the reader drains it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"." * 4096)
+    os.set_blocking(write_end, True)  # the child shares this flag: it must block, not fail
+    return read_end, write_end
+
+
+def _lines_into(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+@pytest.mark.parametrize(
+    "after", ["• exporting", "• validating"], ids=["during-the-export", "after-the-save-during-validation"]
+)
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, after: str) -> None:
+    # ONNX with validation: seconds of work after "• exporting"; after "• validating" the artifact is saved,
+    # and an interrupted command must remove it. The export's stdout is a full pipe and the command is
+    # unbuffered: its first stdout line (the validation's result, after "• validating") blocks until the
+    # test drains the pipe, so the signal always arrives before the command can finish, whatever the load.
+    out = tmp_path / "out"
+    command = ["export", "--model", "tiny-llama", "--format", "onnx", "--validate", "--output", str(out)]
+    stdout_read, stdout_write = _full_pipe()
+    with _sigint_at_its_default():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hfexport", *command],
+            stderr=subprocess.PIPE,
+            stdout=stdout_write,
+            text=True,
+            env={**ENV, "PYTHONUNBUFFERED": "1"},
+        )
+    os.close(stdout_write)
     assert process.stderr is not None
-    deadline = time.monotonic() + 300
-    for line in process.stderr:  # the export has started: the model is being built or traced
-        if line.startswith("• exporting") or time.monotonic() > deadline:
-            break
-    process.send_signal(signal.SIGINT)
-    rest = process.stderr.read()
-    # The stderr after the signal says what happened if the exit is not 130 (a flake under a heavy load once).
-    assert process.wait(timeout=120) == 130, rest[-3000:]
-    assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest
-    assert not (tmp_path / "out").exists()
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_lines_into, args=(process.stderr, lines), daemon=True).start()
+    seen: list[str] = []
+    try:
+        while not seen or not seen[-1].startswith(after):
+            line = lines.get(timeout=300)
+            assert line is not None, "".join(seen)[-3000:]  # the command ended before the line
+            seen.append(line)
+        process.send_signal(signal.SIGINT)
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        with open(stdout_read, "rb") as stdout:  # drained in full: the command can go on, and exit
+            stdout.read()
+    code = process.wait(timeout=120)
+    rest = "".join(iter(lambda: lines.get(timeout=60), None))
+    # The stderr after the signal says what happened if the exit is not 130.
+    assert code == 130, rest[-3000:]
+    assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest[-3000:]
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
 def test_a_refused_artifact_exits_4(tmp_path: Path) -> None:
