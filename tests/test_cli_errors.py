@@ -128,10 +128,10 @@ def _sigint_at_its_default() -> Iterator[None]:
     """A child started in the block gets SIGINT at its default, as a terminal's foreground command does.
 
     A signal ignored in a process stays ignored in the programs it runs, and Python keeps an ignored SIGINT
-    ignored. A shell without job control (`bash script.sh &`, or `cmd &` inside a script) starts background
-    commands with SIGINT ignored (POSIX, "Signals and Error Handling"): a pytest started that way ran this
-    test's export with SIGINT ignored, which finished and exited 0 (session 19). A handler (not SIG_IGN) is
-    reset to the default by exec, so setting one here gives the child the default whatever pytest inherited.
+    ignored. A shell without job control starts `cmd &` with SIGINT ignored (POSIX, "Signals and Error
+    Handling"), e.g. `bash run_tests.sh &` in a non-interactive shell: a pytest under it ran this test's export
+    with SIGINT ignored, which finished and exited 0 (session 19's failure, reproduced that way). A handler (not
+    SIG_IGN) is reset to the default by exec, so setting one here gives the child the default SIGINT.
     """
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -199,6 +199,44 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, after: str) -> None:
     assert code == 130, rest[-3000:]
     assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest[-3000:]
     assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_an_interrupt_removes_only_the_artifact_this_command_published(tmp_path: Path) -> None:
+    from hfexport.cli.export import nothing_left_on_interrupt
+
+    def publish(folder: Path, files: dict[str, str]) -> None:  # what `save` leaves: the files, then the manifest
+        for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+        (folder / "manifest.json").write_text(json.dumps({"files": sorted(files)}))
+
+    new, report = tmp_path / "new", tmp_path / "new" / "report.html"
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(new, [report]):
+        new.mkdir()
+        publish(new, {"model.onnx": "m", "decoder/model.onnx": "d"})
+        report.write_text("r")
+        raise KeyboardInterrupt
+    assert not new.exists()
+    # --overwrite interrupted before its publish: the previous artifact stays, untouched.
+    old = tmp_path / "old"
+    old.mkdir()
+    publish(old, {"model.onnx": "previous"})
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(old, []):
+        raise KeyboardInterrupt
+    assert (old / "model.onnx").read_text() == "previous" and (old / "manifest.json").exists()
+    # Published over it: the new artifact goes; the folder the user made stays, and a file no manifest lists.
+    (old / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(old, []):
+        (old / "model.onnx").unlink()
+        publish(old, {"model.onnx.data": "new", "model.onnx": "new"})
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+    # Any other exception is the export's failure, reported as such: the folder is not touched.
+    with pytest.raises(ValueError), nothing_left_on_interrupt(new, []):
+        new.mkdir()
+        publish(new, {"model.onnx": "m"})
+        raise ValueError
+    assert (new / "model.onnx").exists()
 
 
 def test_a_refused_artifact_exits_4(tmp_path: Path) -> None:
