@@ -6,13 +6,17 @@ Every test runs the real command in a subprocess and checks its exit code and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
-import time
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -119,28 +123,128 @@ def test_debug_shows_the_traceback_and_version_prints() -> None:
     assert result.returncode == 0 and result.stdout.startswith("hfexport ")
 
 
-def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
-    # ONNX with validation: seconds of work after "• exporting" (the Dynamo export of the tiny Llama became fast
-    # enough to finish before the signal arrived, exiting 0).
-    command = ["export", "--model", "tiny-llama", "--format", "onnx", "--validate", "--output", str(tmp_path / "out")]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hfexport", *command],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
+@contextlib.contextmanager
+def _sigint_at_its_default() -> Iterator[None]:
+    """A child started in the block gets SIGINT at its default, as a terminal's foreground command does.
+
+    A signal ignored in a process stays ignored in the programs it runs, and Python keeps an ignored SIGINT
+    ignored. A shell without job control starts `cmd &` with SIGINT ignored (POSIX, "Signals and Error
+    Handling"), e.g. `bash run_tests.sh &` in a non-interactive shell: a pytest under it ran this test's export
+    with SIGINT ignored, which finished and exited 0 (session 19's failure, reproduced that way). A handler (not
+    SIG_IGN) is reset to the default by exec, so setting one here gives the child the default SIGINT.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe already full: a process writing to it blocks until the reader drains it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"." * 4096)
+    os.set_blocking(write_end, True)  # the child shares this flag: it must block, not fail
+    return read_end, write_end
+
+
+def _lines_into(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        pytest.param("• exporting", id="during-the-export"),
+        # The whole export runs first: 9-13 s on the shared 2 cores.
+        pytest.param("• validating", id="after-the-save-during-validation", marks=pytest.mark.slow),
+    ],
+)
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, after: str) -> None:
+    # ONNX with validation: seconds of work after "• exporting"; after "• validating" the artifact is saved,
+    # and an interrupted command must remove it. The export's stdout is a full pipe and the command is
+    # unbuffered: its first stdout line (the validation's result, after "• validating") blocks until the
+    # test drains the pipe, so the signal always arrives before the command can finish, whatever the load.
+    out = tmp_path / "out"
+    command = ["export", "--model", "tiny-llama", "--format", "onnx", "--validate", "--output", str(out)]
+    stdout_read, stdout_write = _full_pipe()
+    with _sigint_at_its_default():
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hfexport", *command],
+            stderr=subprocess.PIPE,
+            stdout=stdout_write,
+            text=True,
+            env={**ENV, "PYTHONUNBUFFERED": "1"},
+        )
+    os.close(stdout_write)
     assert process.stderr is not None
-    deadline = time.monotonic() + 300
-    for line in process.stderr:  # the export has started: the model is being built or traced
-        if line.startswith("• exporting") or time.monotonic() > deadline:
-            break
-    process.send_signal(signal.SIGINT)
-    rest = process.stderr.read()
-    # The stderr after the signal says what happened if the exit is not 130 (a flake under a heavy load once).
-    assert process.wait(timeout=120) == 130, rest[-3000:]
-    assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest
-    assert not (tmp_path / "out").exists()
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_lines_into, args=(process.stderr, lines), daemon=True).start()
+    seen: list[str] = []
+    try:
+        while not seen or not seen[-1].startswith(after):
+            try:
+                line = lines.get(timeout=300)
+            except queue.Empty:  # e.g. blocked writing to its stdout: a line there before the validation's
+                pytest.fail(f"no {after!r} line in 300 s; stderr so far: {''.join(seen)[-3000:]}")
+            assert line is not None, "".join(seen)[-3000:]  # the command ended before the line
+            seen.append(line)
+        process.send_signal(signal.SIGINT)
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        with open(stdout_read, "rb") as stdout:  # drained in full: the command can go on, and exit
+            stdout.read()
+    code = process.wait(timeout=120)
+    rest = "".join(iter(lambda: lines.get(timeout=60), None))
+    # The stderr after the signal says what happened if the exit is not 130.
+    assert code == 130, rest[-3000:]
+    assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest[-3000:]
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_an_interrupt_removes_only_the_artifact_this_command_published(tmp_path: Path) -> None:
+    from hfexport.cli.export import nothing_left_on_interrupt
+
+    def publish(folder: Path, files: dict[str, str]) -> None:  # what `save` leaves: the files, then the manifest
+        for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+        (folder / "manifest.json").write_text(json.dumps({"files": sorted(files)}))
+
+    new, report = tmp_path / "new", tmp_path / "new" / "report.html"
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(new, [report]):
+        new.mkdir()
+        publish(new, {"model.onnx": "m", "decoder/model.onnx": "d"})
+        report.write_text("r")
+        raise KeyboardInterrupt
+    assert not new.exists()
+    # --overwrite interrupted before its publish: the previous artifact stays, untouched.
+    old = tmp_path / "old"
+    old.mkdir()
+    publish(old, {"model.onnx": "previous"})
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(old, []):
+        raise KeyboardInterrupt
+    assert (old / "model.onnx").read_text() == "previous" and (old / "manifest.json").exists()
+    # Published over it: the new artifact goes; the folder the user made stays, and a file no manifest lists.
+    (old / "notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt), nothing_left_on_interrupt(old, []):
+        (old / "model.onnx").unlink()
+        publish(old, {"model.onnx.data": "new", "model.onnx": "new"})
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+    # Any other exception is the export's failure, reported as such: the folder is not touched.
+    with pytest.raises(ValueError), nothing_left_on_interrupt(new, []):
+        new.mkdir()
+        publish(new, {"model.onnx": "m"})
+        raise ValueError
+    assert (new / "model.onnx").exists()
 
 
 def test_a_refused_artifact_exits_4(tmp_path: Path) -> None:

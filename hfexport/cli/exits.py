@@ -20,7 +20,10 @@ class ExitCode(IntEnum):
     USAGE = 2  # a user mistake: refused before any work
     EXPORT_FAILED = 3  # a pipeline stage (or an unexpected error) failed
     REFUSED = 4  # `check`: the artifact was refused (manifest, paths, checksums, format)
-    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+    # Ctrl-C (128 + SIGINT, as shells report it). A SIGINT the parent process ignored stays ignored, as in every
+    # Unix command (Python installs its handler only over the default): a shell without job control starts
+    # `cmd &` so, so that a Ctrl-C in the terminal stops the script's foreground command, not its background ones.
+    INTERRUPTED = 130
 
 
 class UsageError(Exception):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +97,59 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _manifest_bytes(output: Path) -> bytes | None:
+    try:
+        return (output / "manifest.json").read_bytes()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def nothing_left_on_interrupt(output: Path, reports: list[Path]) -> Iterator[None]:
+    """Ctrl-C in the block: remove the artifact the command published in `output` before the interruption.
+
+    An interrupted export leaves no folder that looks finished: its validation, report and "done" never came
+    (docs/cli.md, exit 130: "nothing half-written is left"). Only what this command wrote goes: the artifact
+    whose manifest differs from the one `output` held before (an `--overwrite` interrupted before its publish
+    keeps the previous artifact), the files its manifest lists, the manifest, the report files this command
+    created in it; then the folders left empty, `output` itself when this command created it.
+    """
+    existed = output.exists()
+    before = _manifest_bytes(output)
+    new_reports = [path for path in reports if not path.exists()]
+    try:
+        yield
+    except KeyboardInterrupt:
+        if _manifest_bytes(output) not in (None, before):
+            _remove_artifact(output, new_reports, remove_folder=not existed)
+        raise
+
+
+def _remove_artifact(output: Path, reports: list[Path], remove_folder: bool) -> None:
+    try:
+        listed = json.loads((output / "manifest.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a manifest this command wrote whole: nothing is removed
+    root = output.resolve()
+    for path in [*(output / str(rel) for rel in listed), *reports, output / "manifest.json"]:
+        resolved = path.resolve()
+        if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
+            resolved.unlink()
+    folders = sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), key=lambda p: -len(p.parts))
+    for folder in [*folders, *([root] if remove_folder else [])]:
+        with contextlib.suppress(OSError):  # not empty: a file this command did not write stays
+            folder.rmdir()
+    print(f"removed the unfinished artifact in {output}/", file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    reports = [Path(path) for path in (args.report_html, args.report_markdown) if path]
+    with nothing_left_on_interrupt(output, reports):
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
     from hfexport.artifacts import ArtifactExistsError, check_destination, save, update_manifest, validate
     from hfexport.auto import AutoHfExporter
     from hfexport.errors import HfExportError
