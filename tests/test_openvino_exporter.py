@@ -128,8 +128,12 @@ def test_report_has_the_openvino_stages_and_hits(llama_export: dict[str, Any]) -
     report = llama_export["report"]
     assert report.export_format == "openvino"
     assert {"trace", "patch", "openvino", "convert", "save"} <= set(report.stage_seconds)
-    # per layer: a cat onto a fresh DynamicCache layer for keys and for values, and one masked attention
-    assert report.hits["openvino"] == {"openvino/cat-drop-legacy-empty": 4, "openvino/sdpa-fully-masked-rows": 2}
+    # per layer: a cat onto a fresh DynamicCache layer for keys and for values, and one masked grouped (GQA) attention
+    assert report.hits["openvino"] == {
+        "openvino/cat-drop-legacy-empty": 4,
+        "openvino/sdpa-fully-masked-rows": 2,
+        "openvino/grouped-sdpa-without-repeat-kv": 2,
+    }
     statuses = {o.id: o.status for o in report.rules}
     assert statuses["openvino/drop-constant-inputs"] == "no-match"
     assert statuses["patch/openvino-moe-batched-experts"] == "not-applicable"
@@ -148,6 +152,7 @@ def test_compress_to_fp16_halves_the_weights_and_constant_inputs_are_dropped(
     # use_cache=False is folded by torch.export; its placeholder would be an input the CPU plugin refuses.
     assert exporter.report.hits["openvino"] == {
         "openvino/sdpa-fully-masked-rows": 2,
+        "openvino/grouped-sdpa-without-repeat-kv": 2,
         "openvino/drop-constant-inputs": 1,
     }
     assert [p.get_any_name() for p in ov_model.inputs] == ["input_ids", "attention_mask"]
