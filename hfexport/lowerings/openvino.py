@@ -64,7 +64,8 @@ def _separate_passthrough_outputs(model: Any) -> None:
         source = result.input_value(0)
         if passthrough:
             zero = ops.constant(np.zeros((), dtype=source.get_element_type().to_dtype()))
-            copy = ops.logical_or(source, zero) if source.get_element_type() == ov.Type.boolean else ops.add(source, zero)
+            boolean = source.get_element_type() == ov.Type.boolean
+            copy = ops.logical_or(source, zero) if boolean else ops.add(source, zero)
             result = ops.result(copy)
         rebuilt.append(result)
     for result in results:

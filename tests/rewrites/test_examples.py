@@ -56,21 +56,11 @@ _ONNX_GUARDS_FN = (
     "counter derived from an input; the rule's ONNX path is checked by tests/test_generation.py::"
     "test_sliding_window_generates_past_the_window[onnx] on real generation components"
 )
-_STATIC_GUARDS_FN = (
-    "torch.onnx's decomposition and openvino.convert_model fail running the example program's `_guards_fn` "
-    "('NoneType' object has no attribute 'size'): the example builds its StaticCache and runs a prefix and a step "
-    "in one graph; the rule's ONNX and OpenVINO paths are checked by tests/test_generation_sliding_static.py on "
-    "real generation components (prefill and one decode graph, past the window)"
-)
 KNOWN_FAILURES = {
     ("patch/sliding-window-mask-sizes-symbolic", 0, "onnx"): _ONNX_GUARDS_FN,
     ("patch/sliding-window-mask-sizes-symbolic", 1, "onnx"): _ONNX_GUARDS_FN,
     ("patch/sdpa-causal-skip-traced", 0, "onnx"): _ONNX_GUARDS_FN,
     ("patch/sdpa-causal-skip-traced", 1, "onnx"): _ONNX_GUARDS_FN,
-    ("patch/static-sliding-window-full-length", 0, "onnx"): _STATIC_GUARDS_FN,
-    ("patch/static-sliding-window-full-length", 1, "onnx"): _STATIC_GUARDS_FN,
-    ("patch/static-sliding-window-full-length", 0, "openvino"): _STATIC_GUARDS_FN,
-    ("patch/static-sliding-window-full-length", 1, "openvino"): _STATIC_GUARDS_FN,
     ("patch/longt5-pad-blocks", 0, "executorch"): _XNNPACK_RESHAPE,
     ("patch/moonshine-conv-lengths", 0, "executorch"): _XNNPACK_RESHAPE,
     ("patch/qsa-indexer-vectorized", 0, "executorch"): _XNNPACK_RESHAPE,

@@ -141,7 +141,7 @@ static_sliding_window_full_length = ModuleFunctionPatch(
                 "tokens (before the window), then a 9-token left-padded prefix (past it) and 2 tokens",
                 atol=1e-5,
                 other_inputs=lambda: _inputs(9, 2),
-                needs=("aten/sdpa-fully-masked-rows",),
+                needs=("aten/sdpa-fully-masked-rows", "openvino/sdpa-fully-masked-rows"),
             ),
             Match(
                 lambda: _before_the_window("eager"),
