@@ -225,3 +225,30 @@ def test_auto_classes_pick_openvino_and_the_config_round_trips() -> None:
     assert isinstance(config, OpenVINOConfig) and not config.compress_to_fp16
     assert isinstance(AutoHfExporter.from_config(config), OpenVINOExporter)
     assert OpenVINOConfig.from_json(config.to_json()) == config
+
+
+def test_an_input_passed_through_keeps_its_own_name_after_saving(tmp_path: Path) -> None:
+    # A Result fed by a Parameter shares its tensor: naming the output used to rename the input, and the saved
+    # model took `output.<name>` (gemma2's prefill: `output.past_key_values.layers_0__sliding_window_tensor`).
+    from openvino import opset13 as ops
+
+    from hfexport.lowerings.openvino import name_inputs_and_outputs
+
+    window = ops.parameter([], ov.Type.i64, name="w")
+    flag = ops.parameter([2], ov.Type.boolean, name="f")
+    hidden = ops.parameter([2], ov.Type.f32, name="x")
+    model = ov.Model([ops.result(ops.relu(hidden)), ops.result(window), ops.result(flag)], [hidden, window, flag])
+    cache = ["past_key_values.w", "past_key_values.f"]
+    name_inputs_and_outputs(model, ["x", *cache], ["y", *cache])
+    ov.save_model(model, tmp_path / "m.xml")
+    loaded = ov.Core().read_model(tmp_path / "m.xml")
+    assert [port.get_names() for port in loaded.inputs] == [{"x"}, *({"input." + name} for name in cache)]
+    assert [port.get_any_name() for port in loaded.outputs] == ["y", *("output." + name for name in cache)]
+    compiled = ov.Core().compile_model(loaded, "CPU")
+    feed = {
+        "x": np.array([1.0, -1.0], np.float32),
+        "input.past_key_values.w": np.array(7),
+        "input.past_key_values.f": np.array([1, 0], bool),
+    }
+    out = {port.get_any_name(): value for port, value in compiled(feed).items()}
+    assert out["output.past_key_values.w"] == 7 and out["output.past_key_values.f"].tolist() == [True, False]

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,11 +63,19 @@ class FixedArguments(torch.nn.Module):
     reports and errors name the real model class.
     """
 
-    def __init__(self, inner: torch.nn.Module, fixed: Mapping[str, Any], cache_key: str | None) -> None:
+    def __init__(
+        self,
+        inner: torch.nn.Module,
+        fixed: Mapping[str, Any],
+        cache_key: str | None,
+        masks: LayerTypeMasks | None = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.fixed = dict(fixed)
         self.cache_key = cache_key
+        # The graph takes one 4-D mask over the static cache's slots; the forward gets generate's masks from it.
+        self.masks = masks
         # The inner module's mode, without `train()`, which would set every submodule's.
         self.training = inner.training
 
@@ -79,6 +88,8 @@ class FixedArguments(torch.nn.Module):
             # eager call does the same. Otherwise the seed's "sanity-check the eager forward before exporting"
             # would grow the recorded sample in place, and the export after it would trace a later step.
             kwargs[self.cache_key] = copy.deepcopy(cache)
+        if self.masks is not None and isinstance(kwargs.get("attention_mask"), torch.Tensor):
+            kwargs["attention_mask"] = self.masks.build(kwargs["attention_mask"])
         out = self.inner(**kwargs, **self.fixed)
         if cache is not None and not _is_static(cache):
             out = _with_cache(out, kwargs[self.cache_key])
@@ -141,14 +152,96 @@ def _with_past(out: Any, cache: Any) -> Any:
 _NAMED_WRAPPERS: dict[type, type] = {}
 
 
-def fixed_arguments(module: torch.nn.Module, fixed: Mapping[str, Any], cache_key: str | None) -> FixedArguments:
+def fixed_arguments(
+    module: torch.nn.Module, fixed: Mapping[str, Any], cache_key: str | None, masks: LayerTypeMasks | None = None
+) -> FixedArguments:
     """`FixedArguments(module, ...)` whose class is named like `module`'s (a subclass made once per class)."""
     cls = type(module)
     named = _NAMED_WRAPPERS.get(cls)
     if named is None:
         named = type(cls.__name__, (FixedArguments,), {"__qualname__": cls.__qualname__, "__module__": __name__})
         _NAMED_WRAPPERS[cls] = named
-    return named(module, fixed, cache_key)
+    return named(module, fixed, cache_key, masks)
+
+
+@dataclass(frozen=True)
+class LayerTypeMasks:
+    """How a static-cache step's forward gets the masks generate hands it, from the one 4-D mask the graph takes.
+
+    With a compileable cache, generate builds the masks itself (`create_masks_for_generate`) and hands the forward
+    a dict by layer type (`{"full_attention": ..., "sliding_attention": ...}`) or, for a model whose every layer
+    slides (Mistral), one tensor with the window in it. A graph traced on that call took one input per layer type
+    (`attention_mask.sliding_attention`), which the generation loop does not have: it builds one 4-D mask over the
+    cache slots, causal and with the padding off (`hfexport.runtime.generation`). The graph takes that mask, and
+    this rebuilds generate's from it, inside the graph: a sliding layer's keeps the slots within `window` of the
+    query's own slot, which is the last one its row attends (a query attends itself; a padding query's row is all
+    off, as are its sliding ones). `kinds` holds (layer type, window) pairs, layer type None for a single tensor;
+    `dtype` is generate's (bool for sdpa, an additive float mask for eager attention).
+    """
+
+    kinds: tuple[tuple[str | None, int | None], ...]
+    dtype: torch.dtype
+
+    def build(self, mask: torch.Tensor) -> Any:
+        mask = mask.bool()
+        slots = torch.arange(mask.shape[-1], device=mask.device)
+        built: dict[str | None, torch.Tensor] = {}
+        for kind, window in self.kinds:
+            each = mask
+            if window is not None:
+                own = torch.where(mask, slots, -1).amax(-1, keepdim=True)  # the query's slot
+                each = mask & (slots > own - window)
+            if self.dtype != torch.bool:
+                each = torch.zeros(each.shape, dtype=self.dtype, device=each.device).masked_fill(
+                    ~each, torch.finfo(self.dtype).min
+                )
+            built[kind] = each
+        return built.get(None, built)
+
+
+def layer_type_masks(model: torch.nn.Module, call: dict[str, Any]) -> tuple[dict[str, Any], LayerTypeMasks | None]:
+    """A static-cache step whose mask holds a sliding window (a dict by layer type, or one tensor with the window):
+    the call with the one 4-D mask the generation loop builds instead, and how the forward gets generate's masks
+    back (`LayerTypeMasks`). Other calls are returned as they are, with None.
+    """
+    recorded = call.get("attention_mask")
+    cache_key = _cache_key(call)
+    if cache_key is None or not _is_static(call[cache_key]):
+        return call, None
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if isinstance(recorded, Mapping):
+        masks = {k: v for k, v in recorded.items() if v is not None}
+        if not masks or not all(isinstance(v, torch.Tensor) and v.ndim == 4 for v in masks.values()):
+            return call, None
+        unknown = sorted(set(masks) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise InputError(
+                f"{type(model).__name__}'s static-cache step takes masks for layer types {unknown}, which the "
+                "generation loop cannot build yet (only full_attention and sliding_attention)"
+            )
+        kinds = tuple((k, window if k == "sliding_attention" else None) for k in masks)
+    elif isinstance(recorded, torch.Tensor) and recorded.ndim == 4 and isinstance(window, int):
+        masks = {None: recorded}
+        kinds = ((None, window),)
+    else:
+        return call, None
+    if any(kind == "sliding_attention" for kind, _ in kinds) and not isinstance(window, int):
+        raise InputError(f"{type(model).__name__}'s config has sliding_attention layers but no sliding_window")
+    first = masks.get("full_attention", next(iter(masks.values())))
+    dtype = first.dtype
+    plain = first if dtype == torch.bool else first == 0
+    plan = LayerTypeMasks(kinds, dtype)
+    built = plan.build(plain)
+    rebuilt = built if isinstance(built, dict) else {None: built}
+    for kind, value in masks.items():
+        if rebuilt[kind].shape != value.shape or not torch.equal(rebuilt[kind], value):
+            raise InputError(
+                f"{type(model).__name__}'s {kind or 'attention'} mask of the recorded step is not the sliding-window "
+                "mask of one 4-D causal mask over the cache slots: its generate builds masks the loop cannot"
+            )
+    return {**call, "attention_mask": plain.contiguous()}, plan
 
 
 def _is_model_cache(value: Any) -> bool:
@@ -170,9 +263,12 @@ def _graph_input(value: Any) -> bool:
     return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
 
 
-def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torch.nn.Module, dict[str, Any]]:
+def graph_call(
+    module: torch.nn.Module, kwargs: Mapping[str, Any], masks: LayerTypeMasks | None = None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The component to export for one recorded call: tensor inputs (the cache as `past_key_values`) in graph
-    order, with every Python-valued argument fixed in a `FixedArguments` wrapper (`logits_to_keep` as 0)."""
+    order, with every Python-valued argument fixed in a `FixedArguments` wrapper (`logits_to_keep` as 0), and
+    generate's masks by layer type rebuilt from the one mask the graph takes (`masks`, see `layer_type_masks`)."""
     key = _cache_key(kwargs)
     inputs = {k: v for k, v in kwargs.items() if k == key or _graph_input(v)}
     fixed = {k: (0 if k in _LOGITS_TO_KEEP else v) for k, v in kwargs.items() if k not in inputs}
@@ -181,9 +277,9 @@ def graph_call(module: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[torc
     order += [key] if key is not None else []
     ordered = {(CACHE_INPUT if k == key else k): inputs[k] for k in order}
     # A growing cache is always wrapped: the wrapper's eager call leaves it as it was (`FixedArguments.forward`).
-    if not fixed and (key is None or (key == CACHE_INPUT and _is_static(inputs[key]))):
+    if masks is None and not fixed and (key is None or (key == CACHE_INPUT and _is_static(inputs[key]))):
         return module, ordered
-    return fixed_arguments(module, fixed, key), ordered
+    return fixed_arguments(module, fixed, key, masks), ordered
 
 
 def same_graph(first: tuple[torch.nn.Module, dict[str, Any]], second: tuple[torch.nn.Module, dict[str, Any]]) -> bool:
@@ -198,6 +294,8 @@ def same_graph(first: tuple[torch.nn.Module, dict[str, Any]], second: tuple[torc
         if not (isinstance(module_a, FixedArguments) and isinstance(module_b, FixedArguments)):
             return False
         if module_a.inner is not module_b.inner or module_a.cache_key != module_b.cache_key:
+            return False
+        if module_a.masks != module_b.masks:
             return False
         plain = (bool, int, float, str, type(None))
         fixed_a, fixed_b = module_a.fixed, module_b.fixed
@@ -339,7 +437,9 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
     batch: 2-D over past + current tokens, or, with a compileable (static) cache, the 4-D mask that
     `create_masks_for_generate` makes.
     """
-    if call.get("attention_mask") is not None or not _accepts(model, "attention_mask"):
+    given = call.get("attention_mask")
+    by_type_skipped = isinstance(given, Mapping) and any(v is None for v in given.values())
+    if (given is not None and not by_type_skipped) or not _accepts(model, "attention_mask"):
         return call
     tokens = next((call[k] for k in ("input_ids", "inputs_embeds") if isinstance(call.get(k), torch.Tensor)), None)
     if tokens is None:
@@ -354,7 +454,9 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
     length = cache.get_seq_length() if has_length else None
     past = int(length) if length is not None else 0
     mask: Any = torch.ones((batch, past + query), dtype=torch.long, device=tokens.device)
-    if cache is not None and getattr(cache, "is_compileable", False) and not all(cache.is_linear):
+    if by_type_skipped:
+        mask = given  # generate's masks by layer type, where sdpa's fast path left some out: filled in below
+    elif cache is not None and getattr(cache, "is_compileable", False) and not all(cache.is_linear):
         from transformers.masking_utils import create_masks_for_generate
 
         make = getattr(model, "create_masks_for_generate", create_masks_for_generate)
@@ -366,12 +468,15 @@ def restore_attention_mask(model: torch.nn.Module, call: dict[str, Any]) -> dict
             cache=cache,
             position_ids=call.get("position_ids"),
         )
-        if mask is None:
-            # sdpa's is_causal fast path (no padding, empty cache) needs no mask; a graph input needs one.
-            positions = call.get("position_ids")
-            if not isinstance(positions, torch.Tensor):
-                positions = torch.arange(past, past + query, device=tokens.device).expand(batch, query)
-            length = max((layer.get_max_length() for layer in cache.layers), default=-1)
-            slots = torch.arange(length if length > 0 else past + query, device=tokens.device)
-            mask = (slots[None, None, None, :] <= positions[:, None, :, None]).contiguous()
+    skipped = mask is None or (isinstance(mask, Mapping) and any(v is None for v in mask.values()))
+    if cache is not None and skipped:
+        # sdpa's is_causal fast path (no padding, empty cache) needs no mask; a graph input needs one. By layer
+        # type (exaone4: `{"sliding_attention": None}`), each such mask is this one: `layer_type_masks` checks it.
+        positions = call.get("position_ids")
+        if not isinstance(positions, torch.Tensor):
+            positions = torch.arange(past, past + query, device=tokens.device).expand(batch, query)
+        length = max((layer.get_max_length() for layer in cache.layers), default=-1)
+        slots = torch.arange(length if length > 0 else past + query, device=tokens.device)
+        causal = (slots[None, None, None, :] <= positions[:, None, :, None]).contiguous()
+        mask = causal if mask is None else {k: causal if v is None else v for k, v in mask.items()}
     return {**call, "attention_mask": mask}

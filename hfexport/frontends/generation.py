@@ -41,11 +41,13 @@ from hfexport.frontends.calls import (
     CACHE_INPUT,
     Components,
     FixedArguments,
+    LayerTypeMasks,
     _cache_key,
     _empty_like_static,
     _is_static,
     _plain_inputs,
     graph_call,
+    layer_type_masks,
     merge_decode_calls,
     restore_attention_mask,
     tensor_fields,
@@ -206,9 +208,17 @@ def decompose_for_generation(
     cache_key = _cache_key(decode)
     if cache_key is not None and _is_static(decode[cache_key]):
         prefill = {**prefill, cache_key: _empty_like_static(decode[cache_key])}
+    masks: dict[str, LayerTypeMasks | None] = {}
     if not is_encoder_decoder:
         prefill, decode = restore_attention_mask(model, prefill), restore_attention_mask(model, decode)
         after = restore_attention_mask(model, after) if after is not None else None
+        # A static cache's masks by layer type (sliding windows) become the one mask the loop builds.
+        prefill, masks["prefill"] = layer_type_masks(model, prefill)
+        decode, masks["decode"] = layer_type_masks(model, decode)
+        if after is not None:
+            after, after_masks = layer_type_masks(model, after)
+            if after_masks != masks["decode"]:
+                raise InputError(f"{type(model).__name__}'s two decode steps take masks of different layer types")
     if after is not None:
         decode = merge_decode_calls(decode, after)
 
@@ -247,7 +257,9 @@ def decompose_for_generation(
         components["prefill"] = (model, _plain_inputs(prefill))
     components["decode"] = (model, _plain_inputs(decode))
     # Every graph takes tensors and the cache only, in one order; generate's Python arguments are fixed inside.
-    documented, layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in components.items()})
+    documented, layouts = specialise_layouts(
+        {name: graph_call(m, call, masks.get(name)) for name, (m, call) in components.items()}
+    )
     extra, extra_layouts = specialise_layouts({name: graph_call(m, call) for name, (m, call) in runtime.items()})
     return Decomposition(documented, extra, {**layouts, **extra_layouts})
 

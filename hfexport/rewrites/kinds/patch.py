@@ -94,6 +94,9 @@ class ModuleFunctionPatch(Rule):
     # For shared helpers (e.g. transformers.integrations) that no model class is defined next to: says
     # whether the model uses the function, instead of the module-of-a-submodule check.
     applies: Callable[[torch.nn.Module], bool] | None = None
+    # Also installed while `decompose_for_generation` records generate's calls (`engine.recording`): for a patch
+    # that changes the cache generate builds, so the recorded samples hold the cache the program takes.
+    records: bool = False
     stage: str = field(init=False, default="patch")
 
 

@@ -34,6 +34,7 @@ RULES: list[Rule] = load_rules(
         "patch/sliding-window-cache-symbolic",
         "patch/sliding-window-mask-sizes-symbolic",
         "patch/sdpa-causal-skip-traced",
+        "patch/static-sliding-window-full-length",
         "patch/identity-experts-routed-loop",
         "patch/qsa-indexer-vectorized",
         "patch/eos-pooling-gather",
