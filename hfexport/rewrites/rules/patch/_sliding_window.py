@@ -41,7 +41,7 @@ def uses_sliding_layer_method(model: torch.nn.Module, method: str) -> bool:
 _WINDOW = 6
 
 
-class _PrefixThenStep(torch.nn.Module):
+class PrefixThenStep(torch.nn.Module):
     """A causal LM that runs a prefix into a fresh cache, then a step of new tokens on that cache: the step's
     masks are sized by the token counter the prefix left (a symbolic one, since the prefix length is), as a
     generation decode step's are. Outputs: the step's logits and every cache layer's kept keys and values."""
@@ -51,12 +51,18 @@ class _PrefixThenStep(torch.nn.Module):
         self.model = model
         self.config = model.config
 
-    def forward(
-        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, prefix_mask: torch.Tensor, step_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+    def new_cache(self) -> Any:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.config)
+        return DynamicCache(config=self.config)
+
+    def outputs(self, out: Any, cache: Any) -> tuple[torch.Tensor, ...]:
+        return (out.logits, *(t for layer in cache.layers for t in (layer.keys, layer.values)))
+
+    def forward(
+        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, prefix_mask: torch.Tensor, step_mask: torch.Tensor
+    ) -> Any:
+        cache = self.new_cache()
         # The mask in two inputs: one of `prefix + step` tokens would be a derived dimension, whose guard function
         # torch.onnx's decomposition cannot run.
         attention_mask = torch.cat([prefix_mask, step_mask], dim=-1)
@@ -77,12 +83,11 @@ class _PrefixThenStep(torch.nn.Module):
             past_key_values=cache,
             use_cache=True,
         )
-        kept = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *kept)
+        return self.outputs(out, cache)
 
 
 def _mistral(attention: str = "sdpa") -> torch.nn.Module:
-    return _PrefixThenStep(sliding_mistral(_WINDOW, attention)).eval()
+    return PrefixThenStep(sliding_mistral(_WINDOW, attention)).eval()
 
 
 def _inputs(prefix: int, step: int, batch: int = 2, padding: int = 2) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from hfexport.rewrites.example_models import sliding_mistral
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._sliding_window import static_example
+from hfexport.rewrites.rules.patch._sliding_window import PrefixThenStep, static_example
 
 _TARGET = "transformers.cache_utils.StaticCache.__init__"
 
@@ -68,40 +68,16 @@ def _static_sliding(model: torch.nn.Module) -> bool:
 _WINDOW, _SLOTS = 6, 24
 
 
-class _StaticPrefixThenStep(torch.nn.Module):
+class _StaticPrefixThenStep(PrefixThenStep):
     """A causal LM that builds a static cache of `_SLOTS` slots, runs a prefix into it, then a step of new tokens,
     as generate does with `cache_implementation="static"`. Outputs: the step's logits."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config = model.config
-
-    def forward(
-        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, prefix_mask: torch.Tensor, step_mask: torch.Tensor
-    ) -> Any:
+    def new_cache(self) -> Any:
         from transformers import StaticCache
 
-        cache = StaticCache(config=self.config, max_cache_len=_SLOTS)
-        # The mask in two inputs: one of `prefix + step` tokens would be a derived dimension, whose guard function
-        # torch.onnx's decomposition cannot run.
-        attention_mask = torch.cat([prefix_mask, step_mask], dim=-1)
-        prefix = prefix_ids.shape[1]
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        self.model(
-            input_ids=prefix_ids,
-            attention_mask=prefix_mask,
-            position_ids=positions[:, :prefix],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions[:, prefix:],
-            past_key_values=cache,
-            use_cache=True,
-        )
+        return StaticCache(config=self.config, max_cache_len=_SLOTS)
+
+    def outputs(self, out: Any, cache: Any) -> torch.Tensor:
         return out.logits
 
 
