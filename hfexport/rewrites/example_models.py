@@ -57,3 +57,20 @@ def sliding_mistral(window: int, attention: str = "sdpa") -> torch.nn.Module:
         attn_implementation=attention,
     )
     return transformers.MistralForCausalLM(config).eval()
+
+
+def left_padded_llama(tokens: int = 6, padded: int = 3, head_dim: int | None = None) -> Built:
+    """A Llama (GQA) whose first row is left-padded by `padded` tokens: the OpenVINO attention rules' examples;
+    `head_dim` gives one layer of 2 query heads on 1 kv head at that width."""
+    # use_cache=False in the config, not as a kwarg: no cache to build and no constant input to convert.
+    width = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    if head_dim is not None:
+        width = {"hidden_size": 2 * head_dim, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": head_dim}
+        width["num_hidden_layers"] = 1
+    model, inputs = tiny_model(
+        "LlamaConfig", "LlamaModel", tokens=tokens, vocab_size=64, intermediate_size=32, use_cache=False, **width
+    )
+    ids = inputs["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, :padded] = 0
+    return model, {"input_ids": ids, "attention_mask": mask}

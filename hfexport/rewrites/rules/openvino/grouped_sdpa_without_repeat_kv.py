@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from hfexport.rewrites.example_models import left_padded_llama
 from hfexport.rewrites.examples import Match
 from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
 from hfexport.rewrites.rule import RuleMeta
@@ -19,7 +20,6 @@ from hfexport.rewrites.rules._grouped_attention import (
     is_grouped_sdpa,
     stack_query_groups,
 )
-from hfexport.rewrites.rules.openvino.sdpa_fully_masked_rows import _left_padded_llama
 
 
 def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -52,7 +52,7 @@ grouped_sdpa_without_repeat_kv = OpenVINOFxNodeRule(
             Match(
                 # The CPU plugin's MHA snippet is wrong at head_dim 128 when the zeroing of fully masked rows is fused
                 # into it: with the heads stacked, the zeroing still comes after the split back into heads.
-                lambda: _left_padded_llama(tokens=64, padded=5, head_dim=128),
+                lambda: left_padded_llama(tokens=64, padded=5, head_dim=128),
                 "a left-padded GQA Llama (2 query heads on 1 kv head) at head_dim 128 and 64 tokens",
                 needs=("openvino/sdpa-fully-masked-rows",),
             ),

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from hfexport.rewrites.example_models import tiny_model
-from hfexport.rewrites.examples import Built, Match, NoMatch
+from hfexport.rewrites.example_models import left_padded_llama
+from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
 from hfexport.rewrites.rule import RuleMeta
 
@@ -96,21 +96,6 @@ def _attention_inputs(batch: int, length: int, padded: int, seed: int = 0) -> di
     }
 
 
-def _left_padded_llama(tokens: int = 6, padded: int = 3, head_dim: int | None = None) -> Built:
-    # use_cache=False in the config, not as a kwarg: no cache to build and no constant input to convert.
-    width = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
-    if head_dim is not None:
-        width = {"hidden_size": 2 * head_dim, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": head_dim}
-        width["num_hidden_layers"] = 1
-    model, inputs = tiny_model(
-        "LlamaConfig", "LlamaModel", tokens=tokens, vocab_size=64, intermediate_size=32, use_cache=False, **width
-    )
-    ids = inputs["input_ids"]
-    mask = torch.ones_like(ids)
-    mask[0, :padded] = 0
-    return model, {"input_ids": ids, "attention_mask": mask}
-
-
 sdpa_fully_masked_rows = OpenVINOFxNodeRule(
     RuleMeta(
         id="openvino/sdpa-fully-masked-rows",
@@ -134,10 +119,10 @@ sdpa_fully_masked_rows = OpenVINOFxNodeRule(
                 lambda: (_Attention(additive=True), _attention_inputs(2, 6, padded=2)),
                 "additive -inf mask",
             ),
-            Match(_left_padded_llama, "a left-padded Llama batch"),
+            Match(left_padded_llama, "a left-padded Llama batch"),
             Match(
                 # The width at which the CPU plugin's MHA snippet goes wrong when the zeroing is fused into it.
-                lambda: _left_padded_llama(tokens=64, padded=5, head_dim=128),
+                lambda: left_padded_llama(tokens=64, padded=5, head_dim=128),
                 "head_dim 128 at 64 tokens: the zeroing follows the heads' transpose, outside the MHA snippet",
             ),
             NoMatch(
