@@ -233,12 +233,14 @@ def test_an_input_passed_through_keeps_its_own_name_after_saving(tmp_path: Path)
     from openvino import opset13 as ops
 
     from hfexport.lowerings.openvino import name_inputs_and_outputs
+    from hfexport.rewrites.rules.openvino.passthrough_outputs_own_tensor import separate_passthrough_outputs
 
     window = ops.parameter([], ov.Type.i64, name="w")
     flag = ops.parameter([2], ov.Type.boolean, name="f")
     hidden = ops.parameter([2], ov.Type.f32, name="x")
     model = ov.Model([ops.result(ops.relu(hidden)), ops.result(window), ops.result(flag)], [hidden, window, flag])
     cache = ["past_key_values.w", "past_key_values.f"]
+    assert separate_passthrough_outputs(model) == 2  # the rule, run before the names as in the lowering
     name_inputs_and_outputs(model, ["x", *cache], ["y", *cache])
     ov.save_model(model, tmp_path / "m.xml")
     loaded = ov.Core().read_model(tmp_path / "m.xml")

@@ -33,44 +33,12 @@ logger = logging.getLogger("hfexport")
 def name_inputs_and_outputs(model: Any, input_names: list[str], output_names: list[str]) -> None:
     """Give the inputs and outputs of `model` (an `openvino.Model`) their signature names, in place."""
     inputs, outputs = paired_names(input_names, output_names)
-    _separate_passthrough_outputs(model)
     for port, name in zip(model.inputs, inputs, strict=True):
         port.get_tensor().set_names({name})
     for port, name in zip(model.outputs, outputs, strict=True):
         # A Result's names are its own (OpenVINO >= 2025.0), so an output that is an input passed through, or
         # one tensor returned twice, still gets one name per output.
         port.get_tensor().set_names({name})
-
-
-def _separate_passthrough_outputs(model: Any) -> None:
-    """Give each output that is an input passed through (a Result fed by a Parameter) its own tensor, in place.
-
-    Such a Result shares the Parameter's tensor: naming the output named the input too, and after saving the
-    input kept the output's name only (a gemma2 prefill took `output.past_key_values.layers_0__sliding_window_tensor`,
-    the window a sliding layer returns as it got it, which the generation loop does not feed). `set_names` on the
-    input afterwards does not undo it. The output is read through an `Add` of zero instead, a new Result in the
-    same place: OpenVINO 2026.4 keeps the Parameter's names then.
-    """
-    import numpy as np
-    import openvino as ov
-    from openvino import opset13 as ops
-
-    results = list(model.get_results())
-    fed = [r.input_value(0).get_node().get_type_name() == "Parameter" for r in results]
-    if not any(fed):
-        return
-    rebuilt = []
-    for result, passthrough in zip(results, fed, strict=True):
-        source = result.input_value(0)
-        if passthrough:
-            zero = ops.constant(np.zeros((), dtype=source.get_element_type().to_dtype()))
-            boolean = source.get_element_type() == ov.Type.boolean
-            copy = ops.logical_or(source, zero) if boolean else ops.add(source, zero)
-            result = ops.result(copy)
-        rebuilt.append(result)
-    for result in results:
-        model.remove_result(result)
-    model.add_results(rebuilt)
 
 
 def _on_program(rule: Any) -> bool:

@@ -60,6 +60,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/quant-right-shift-as-floor-scale",
         "openvino/grouped-sdpa-without-repeat-kv",
         "openvino/copy-back-without-broadcast",
+        "openvino/passthrough-outputs-own-tensor",
     }
     assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
     for rule in [*registry.rules("openvino"), openvino_moe_batched_experts]:
@@ -80,6 +81,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
         "openvino/copy-back-without-broadcast",
+        "openvino/passthrough-outputs-own-tensor",
     ]
 
 

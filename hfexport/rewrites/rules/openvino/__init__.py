@@ -24,5 +24,7 @@ RULES: list[Rule] = load_rules(
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
         "openvino/copy-back-without-broadcast",
+        # last: the outputs as they will be named
+        "openvino/passthrough-outputs-own-tensor",
     ],
 )
