@@ -349,4 +349,9 @@ def bench_generation(
                 if os.environ.get("HFEXPORT_DEBUG"):
                     traceback.print_exc()
                 row.note = _one_line(exc)
+            # Each row as it ends: a long run (an hour at 30 layers) leaves its figures in the log if it stops early.
+            say(
+                f"{backend} {precision}: TTFT {row.ttft_s * 1e3:.0f} ms, {row.tokens_per_s:.1f} tok/s, tokens "
+                f"{row.tokens or '-'}, export {row.export_s:.0f} s, peak {row.peak_mb:.0f} MB {row.note}".rstrip()
+            )
     return BenchResult(rows, bandwidth, weight_bytes_per_token(model), prompt, new, (load_start, os.getloadavg()[0]))
