@@ -1,7 +1,7 @@
 """`generate(..., runtime_options=RuntimeOptions(...))` opens the runtimes with the caller's ONNX Runtime session
 options and OpenVINO compile properties (tools/profile_generate.py profiles through them): the options must
 reach the runtime (ORT writes its profile file; OpenVINO's infer request has per-node counters) and leave the
-tokens as they were.
+tokens as they were. `generate(..., torch_threads=...)` sets torch's intra-op threads while the loop runs.
 """
 
 from __future__ import annotations
@@ -91,3 +91,38 @@ def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) ->
     assert "f32" in str(compiled.get_property("INFERENCE_PRECISION_HINT")) or "float32" in str(
         compiled.get_property("INFERENCE_PRECISION_HINT")
     )
+
+
+def test_torch_threads_are_one_while_a_runtime_with_its_own_threads_generates(llama: torch.nn.Module) -> None:
+    """`generate` drives ONNX Runtime with torch's intra-op threads at `torch_threads` (1 by default; None keeps
+    them), restores them after, also when the loop raises, and leaves them alone for Dynamo (torch is its runtime)."""
+    from hfexport import DynamoConfig, DynamoExporter
+
+    onnx = _export(OnnxExporter(), OnnxConfig(dynamic=True), llama)
+    dynamo = _export(DynamoExporter(), DynamoConfig(dynamic=True), llama)
+    ids, mask = _prompt()
+    seen: list[int] = []
+
+    def record(driver: object) -> None:
+        seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = generate(onnx, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, on_step=record)
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+        seen.clear()
+        kept = generate(onnx, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, on_step=record, torch_threads=None)
+        assert set(seen) == {2} and torch.equal(one, kept)
+        seen.clear()
+        generate(dynamo, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, on_step=record)
+        assert set(seen) == {2}
+
+        def fail(driver: object) -> None:
+            raise RuntimeError("stop")
+
+        with pytest.raises(RuntimeError, match="stop"):
+            generate(onnx, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, on_step=fail)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -7,7 +7,8 @@ component of that format is opened and run (`hfexport.load(...).run`) and what `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -66,6 +67,8 @@ class Driver:
 
     # Whether the runtime takes flat tensors by input name (else the forward's own pytrees: ModelOutputs, caches).
     feeds_by_name: ClassVar[bool] = False
+    # Whether the components run on torch's own intra-op threads (an ExportedProgram), not a runtime's.
+    runs_on_torch_threads: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -86,6 +89,29 @@ class Driver:
         self.samples = samples
         self.options = options or RuntimeOptions()
         self.open_runtimes(components)
+
+    @contextmanager
+    def running(self, torch_threads: int | None = 1) -> Iterator[None]:
+        """The context `generate` runs its loop in: torch's intra-op threads set to `torch_threads` (None: left as
+        they are) while a runtime with its own threads runs the components, then restored.
+
+        Why: between two calls the loop does small torch work (the copies of the cache tensors the runtime returns,
+        masks, the next token's argmax). At torch's default thread count each such op wakes torch's OpenMP
+        workers, which then spin-wait for the next parallel region on the cores the runtime's own threads
+        (XNNPACK's pthreadpool, ONNX Runtime's and OpenVINO's pools) need: in the 30-layer ExecuTorch decode of
+        docs/benchmarks.md (session 21, `perf`) libgomp had 13-19 % of the samples. With 1 thread, decode at 8
+        layers ran 1.07x (ONNX Runtime), 1.17x (OpenVINO stateful) and 1.28x (ExecuTorch) as fast, tokens equal
+        (`tools/ab_torch_threads.py`).
+        """
+        before = torch.get_num_threads()
+        if self.runs_on_torch_threads or torch_threads is None or torch_threads == before:
+            yield
+            return
+        torch.set_num_threads(torch_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def open_runtimes(self, components: Mapping[str, Any]) -> None:
         """Open each component's runtime once (sessions, compiled models, loaded programs), with `self.options`."""

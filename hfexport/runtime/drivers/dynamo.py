@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -17,6 +17,8 @@ from hfexport.runtime.drivers.base import Backend, Driver, SavedComponent, Step,
 class DynamoDriver(Driver):
     """Runs `ExportedProgram.module()`; the cache is a transformers `Cache` object (a static one is mutated in
     place by the program)."""
+
+    runs_on_torch_threads: ClassVar[bool] = True
 
     def open_runtimes(self, components: Mapping[str, Any]) -> None:
         self.modules = {name: program.module() for name, program in components.items()}
