@@ -24,7 +24,7 @@ def _first_example_without_rule(rule) -> None:
     [
         ("longt5_pad_blocks", r"Guard failed"),
         ("nllb_moe_router_cast", r"Couldn't swap"),
-        ("nllb_moe_dense_experts", r"data-dependent|Could not guard|GuardOnDataDependent"),
+        ("nllb_moe_routed_experts", r"data-dependent|Could not guard|GuardOnDataDependent"),
         ("moonshine_conv_lengths", r"Guard failed|[Cc]onstraint|specializ"),
     ],
 )
@@ -43,6 +43,31 @@ def test_the_rules_are_registered() -> None:
     assert {
         "patch/longt5-pad-blocks",
         "patch/nllb-moe-router-cast",
-        "patch/nllb-moe-dense-experts",
+        "patch/nllb-moe-routed-experts",
         "patch/moonshine-conv-lengths",
     } <= ids
+
+
+def test_nllb_moe_experts_run_on_their_routed_tokens_only() -> None:
+    """The routed form runs each expert on the tokens routed to it (not every expert on every token) and still
+    equals the original, with a capacity that leaves tokens without an expert."""
+    from hfexport.rewrites.rules.patch._nllb_moe import _experts, routed_experts
+
+    module, inputs = _experts(0.0, capacity_drop=True)
+    experts = module.experts
+    rows: dict[int, int] = {}
+    hooks = [
+        experts[f"expert_{e}"].register_forward_hook(lambda m, args, out, e=e: rows.__setitem__(e, args[0].shape[0]))
+        for e in range(experts.num_experts)
+    ]
+    with torch.no_grad():
+        want = experts(**inputs)
+        rows.clear()
+        got = routed_experts(None, experts, **inputs)
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(got, want)
+    routed = [int((inputs["router_mask"] == e).any(-1).sum()) for e in range(experts.num_experts)]
+    assert [rows[e] for e in range(experts.num_experts)] == routed
+    tokens = inputs["hidden_states"].shape[0]
+    assert 0 < sum(routed) < experts.num_experts * tokens

@@ -24,7 +24,7 @@ RULES: list[Rule] = load_rules(
         "patch/bigbird-block-sparse-dense",
         "patch/bigbird-pad-blocks",
         "patch/nllb-moe-router-cast",
-        "patch/nllb-moe-dense-experts",
+        "patch/nllb-moe-routed-experts",
         "patch/moonshine-conv-lengths",
         "patch/hunyuan-vl-placeholder-check",
         "patch/hunyuan-vl-rope-index-tensor",

@@ -23,36 +23,39 @@ def cast_classifier(original: Any, self: torch.nn.Module) -> Any:
     return None
 
 
-def dense_experts(
+def routed_experts(
     original: Any,
     self: torch.nn.Module,
     hidden_states: torch.Tensor,
     router_mask: torch.Tensor,
     router_probs: torch.Tensor,
 ) -> Any:
-    """`NllbMoeExperts.forward` over every expert, each weighted by the routing the original would apply.
+    """`NllbMoeExperts.forward` with a loop over every expert, each run on the tokens routed to it.
 
     The original iterates `for expert_idx in expert_mask.sum(...).nonzero()` and gathers the routed rows with
-    `torch.where`: a loop whose length is data, which torch.export cannot trace. Here each expert runs on all
-    tokens; a token gets its output times the sum of the `router_probs[token, idx]` over the `(idx, token)`
-    pairs the original routes to that expert (the same `one_hot(router_mask)` selection), and tokens the
-    expert does not get are left untouched. Experts are added in the original's (ascending) order.
+    `torch.where`: a loop whose length is data, which torch.export cannot trace. Here the loop runs over all
+    experts (bounded by their count, unrolled by the trace); each picks its tokens with `nonzero` over a 1-D
+    mask (the `(idx, token)` pairs of the original's `one_hot(router_mask)` selection, any per token), runs on
+    those rows only and adds them back with `scatter_add`, so memory and FLOPs grow with tokens x the experts a
+    token is routed to, not tokens x experts. A token's output is weighted by the sum of `router_probs[token,
+    idx]` over its pairs (the original adds one product per pair: the same sum, another rounding). Experts are
+    added in the original's ascending order; an expert without tokens runs on 0 rows.
     """
     if self.training:
         return NOT_APPLICABLE  # token dropout is random there
     final_hidden_states = torch.zeros_like(hidden_states)
-    # [num_experts (the class), num_experts (idx), tokens], as the original.
-    expert_mask = torch.nn.functional.one_hot(router_mask, num_classes=self.num_experts).permute(2, 1, 0)
     for expert_idx in range(self.num_experts):
-        selected = expert_mask[expert_idx].transpose(0, 1)  # [tokens, idx]
-        weight = (router_probs * selected.to(router_probs.dtype)).sum(-1, keepdim=True)
-        current_hidden_states = self[f"expert_{expert_idx}"](hidden_states) * weight
+        # expert_mask[expert_idx] of the original, transposed: [tokens, idx], true where router_mask == expert_idx.
+        selected = router_mask == expert_idx
+        token = torch.nonzero(selected.any(-1)).reshape(-1)
+        weight = (router_probs * selected.to(router_probs.dtype)).sum(-1, keepdim=True).index_select(0, token)
+        current_hidden_states = self[f"expert_{expert_idx}"](hidden_states.index_select(0, token)) * weight
         if self.moe_token_dropout > 0:
             current_hidden_states = current_hidden_states * (1 - self.moe_token_dropout)
-        routed = selected.any(-1, keepdim=True)
-        final_hidden_states = final_hidden_states + torch.where(
-            routed, current_hidden_states.to(hidden_states.dtype), torch.zeros_like(final_hidden_states)
-        )
+        current_hidden_states = current_hidden_states.to(hidden_states.dtype)
+        # scatter_add, not index_add: OpenVINO's converter refuses aten.index_add without its alpha argument.
+        index = token.unsqueeze(-1).expand_as(current_hidden_states)
+        final_hidden_states = final_hidden_states.scatter_add(0, index, current_hidden_states)
     return final_hidden_states
 
 
