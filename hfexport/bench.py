@@ -196,6 +196,25 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the vector extensions that select the runtimes' kernels (AVX-512, AMX, and VNNI for
+    int8: without it, AVX2's 8-bit dot products can saturate their 16-bit intermediate sums, which OpenVINO's docs
+    call the saturation issue), so that a run's speed and quantized tokens can be read against its CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        import platform
+
+        return platform.processor() or "unknown"
+    fields = dict(
+        (key.strip(), value.strip()) for key, _, value in (line.partition(":") for line in text.splitlines()[:40])
+    )
+    flags = set(fields.get("flags", "").split())
+    isa = [flag for flag in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if flag in flags]
+    return f"{fields.get('model name', 'unknown')} ({', '.join(isa) or 'no AVX2'})"
+
+
 COLUMNS = ("run", "precision", "TTFT ms", "decode tok/s", "% of ceiling", "x eager", "tokens", "export s", "peak MB")
 
 
@@ -210,6 +229,7 @@ class BenchResult:
     new: int
     load: tuple[float, float] = (float("nan"), float("nan"))  # 1-minute load average at the start and the end
     threads: int = field(default_factory=_torch_threads)
+    cpu: str = field(default_factory=cpu_description)
 
     @property
     def ceiling(self) -> float:
@@ -239,11 +259,11 @@ class BenchResult:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """One line: threads, load, bandwidth, weights per token and the fp32 ceiling."""
+        """One line: the CPU, threads, load, bandwidth, weights per token and the fp32 ceiling."""
         return (
-            f"torch threads {self.threads}; load {self.load[0]:.1f} -> {self.load[1]:.1f}; matvec bandwidth "
-            f"{self.bandwidth / 1e9:.1f} GB/s; weights read per token {self.weight_bytes / 1e6:.1f} MB; fp32 decode "
-            f"ceiling {self.ceiling:.1f} tok/s; prompt {self.prompt}, {self.new} new tokens"
+            f"{self.cpu}; torch threads {self.threads}; load {self.load[0]:.1f} -> {self.load[1]:.1f}; matvec "
+            f"bandwidth {self.bandwidth / 1e9:.1f} GB/s; weights read per token {self.weight_bytes / 1e6:.1f} MB; "
+            f"fp32 decode ceiling {self.ceiling:.1f} tok/s; prompt {self.prompt}, {self.new} new tokens"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,6 +276,7 @@ class BenchResult:
             "new": self.new,
             "load": list(self.load),
             "threads": self.threads,
+            "cpu": self.cpu,
         }
 
 

@@ -469,6 +469,40 @@ def table(prefill: CallProfile, decode: CallProfile, bandwidth: float, top: int 
     return "\n".join(lines)
 
 
+def export_like_bench(
+    backend: str, precision: str, layers: int, prompt: int, cache: int, disable: str = ""
+) -> tuple[Any, Any, Any, Any, float, float]:
+    """The benchmark's model, prompt and `export_for_generation` (static cache of `cache` slots, one multi-token
+    decode graph, `quantizer_for`'s recipe), with `disable` (comma-separated rule ids) switched off. Returns the
+    model, the prompt ids, the exporter (its `reports` hold each component's stage seconds), the components, the
+    export's seconds, and this machine's matvec bandwidth (bytes/s, measured before the export)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.bench import VARIANTS
+
+    model = build_model(layers)
+    bandwidth = matvec_bandwidth(512, 10)
+    print(f"load {os.getloadavg()}; matvec bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
+    settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
+    if disable:
+        settings["rules"] = {"disable": [rule for rule in disable.split(",") if rule]}
+    config = AutoExportConfig.from_dict(settings)
+    quantizer = quantizer_for(backend, precision)
+    if quantizer is not None:
+        config = dataclasses.replace(config, quantizer=quantizer)
+    sample = {"input_ids": ids[:, :8].repeat(2, 1), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    static = GenerationConfig(cache_implementation="static", max_cache_len=cache)
+    exporter = AutoHfExporter.from_config(config)
+    start = time.perf_counter()
+    components = exporter.export_for_generation(
+        model, sample, config, generation_config=static, multi_token_decode=True
+    )
+    return model, ids, exporter, components, time.perf_counter() - start, bandwidth
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, required=True)
@@ -488,35 +522,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import GenerationConfig
-
-    from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.bench import VARIANTS
 
     if args.threads:
         # On this shared 2-core machine a second busy process makes each parallel aten op wait for a core at its
         # OpenMP barrier (a 196 KB cache copy took 8 ms): one thread shows the ops without those waits.
         torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
-    model = build_model(args.layers)
-    vocab = model.config.vocab_size
-    bandwidth = matvec_bandwidth(512, 10)
-    print(f"load {load_start}; matvec bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
-    ids = torch.randint(3, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
-    settings = dict(VARIANTS.get(args.backend, {"export_format": args.backend, "dynamic": True}))
-    if args.disable:
-        settings["rules"] = {"disable": [rule for rule in args.disable.split(",") if rule]}
-    config = AutoExportConfig.from_dict(settings)
-    quantizer = quantizer_for(args.backend, args.precision)
-    if quantizer is not None:
-        config = dataclasses.replace(config, quantizer=quantizer)
-    sample = {"input_ids": ids[:, :8].repeat(2, 1), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
-    static = GenerationConfig(cache_implementation="static", max_cache_len=args.cache)
-    start = time.perf_counter()
-    components = AutoHfExporter.from_config(config).export_for_generation(
-        model, sample, config, generation_config=static, multi_token_decode=True
+    model, ids, _, components, export_s, bandwidth = export_like_bench(
+        args.backend, args.precision, args.layers, args.prompt, args.cache, args.disable
     )
-    export_s = time.perf_counter() - start
+    vocab = model.config.vocab_size
     print(f"exported in {export_s:.0f} s; load {os.getloadavg()}", flush=True)
 
     eager = None
