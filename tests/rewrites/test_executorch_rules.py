@@ -249,3 +249,29 @@ def test_node_rules_see_the_shapes_of_nodes_an_earlier_graph_rule_added() -> Non
     assert "val" not in stacked.meta
     assert fill_missing_values(gm) == 1
     assert stacked.meta["val"].shape[-1] == 2 and stacked.meta["val"].shape[0] == 2
+
+
+def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.delegate import executorch_call_delegate
+
+    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
+    from hfexport.rewrites.rules.executorch.one_dynamic_axis_view_inferred import (
+        one_dynamic_axis_view_inferred as rule,
+    )
+
+    module, inputs = rule.meta.examples[0].build()
+    shapes = {"x": {1: torch.export.Dim.AUTO(max=32)}}  # batch 1, the length dynamic
+
+    def delegates(with_rule: bool) -> int:
+        program = torch.export.export(module, (), inputs, dynamic_shapes=shapes)
+        if with_rule:
+            assert apply_executorch_rule(rule, program) == 2, "the split into heads and the merge back"
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        graph = edge.exported_program().graph
+        return sum(1 for node in graph.nodes if node.target is executorch_call_delegate)
+
+    # Without the rule both views run outside XNNPACK and cut the work into three partitions.
+    assert delegates(with_rule=False) == 3
+    assert delegates(with_rule=True) == 1

@@ -9,6 +9,8 @@ RULES: list[Rule] = load_rules(
         "executorch/unmasked-sdpa-as-custom-sdpa",
         "executorch/grouped-sdpa-without-repeat-kv",
         "executorch/dynamic-trailing-unsqueeze-as-view",
+        # A view with one dynamic axis as -1 there: inside XNNPACK's partition (after the unsqueeze rule's views).
+        "executorch/one-dynamic-axis-view-inferred",
         "executorch/dynamic-conv1d-as-conv2d",
         "executorch/dynamic-empty-as-zeros",
         "executorch/split-as-slices",
