@@ -29,10 +29,14 @@ if TYPE_CHECKING:
 # Weight bits of each precision: a quantized row's ceiling is the fp32 one times 32 / bits.
 PRECISION_BITS = {"fp32": 32, "int8": 8, "int4": 4}
 # Backend names that are a config variant of a format rather than the format's defaults.
+STATIC_DECODE = "static_decode"  # a variant's key (not a config field): see `_generation_export`
 VARIANTS: dict[str, dict[str, Any]] = {
     "openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True},
+    # A dynamic prefill graph and a static one-token decode graph, traced at batch 1: XNNPACK takes the views,
+    # slices and unsqueezes of a static graph, so the decode step has fewer partitions (docs/executorch.md).
+    "executorch-static-decode": {"export_format": "executorch", "dynamic": True, STATIC_DECODE: True},
 }
-BACKENDS = ("onnx", "executorch", "openvino", "openvino-stateful", "dynamo")
+BACKENDS = ("onnx", "executorch", "executorch-static-decode", "openvino", "openvino-stateful", "dynamo")
 DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format (`hfexport bench` without --backends)
 
 
@@ -284,6 +288,27 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:160].replace("|", "/").replace("\n", " ")
 
 
+def _generation_export(backend: str, precision: str, sample: dict[str, Any]) -> tuple[Any, Any, Any, bool]:
+    """`backend`'s config for `precision`, the config argument of `export_for_generation` (that config, or one per
+    component), the sample to trace on and whether the decode graph takes several tokens.
+
+    Every backend: one multi-token decode graph, dynamic, traced on the two-row `sample`. `STATIC_DECODE` variants:
+    a dynamic prefill graph and a one-token decode graph exported static, both traced on the sample's first row
+    (so the program runs batch 1 only, as on a device)."""
+    from hfexport.auto import AutoExportConfig
+
+    settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
+    static_decode = settings.pop(STATIC_DECODE, False)
+    config = AutoExportConfig.from_dict(settings)
+    quantizer = quantizer_for(backend, precision)
+    if quantizer is not None:
+        config = dataclasses.replace(config, quantizer=quantizer)
+    if not static_decode:
+        return config, config, sample, True
+    configs = {"prefill": config, "decode": dataclasses.replace(config, dynamic=False)}
+    return config, configs, {name: value[:1] for name, value in sample.items()}, False
+
+
 def bench_generation(
     model: Any,
     *,
@@ -301,7 +326,7 @@ def bench_generation(
     import torch
     from transformers import GenerationConfig
 
-    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.auto import AutoHfExporter
     from hfexport.runtime.generation import generate
 
     unknown = [b for b in backends if b not in BACKENDS]
@@ -346,15 +371,11 @@ def bench_generation(
             rows.append(row)
             say(f"{backend} {precision}: export_for_generation")
             try:
-                settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
-                config = AutoExportConfig.from_dict(settings)
-                quantizer = quantizer_for(backend, precision)
-                if quantizer is not None:
-                    config = dataclasses.replace(config, quantizer=quantizer)
+                config, configs, call_sample, multi_token = _generation_export(backend, precision, sample)
                 start = time.perf_counter()
                 with PeakRss() as memory:
                     components = AutoHfExporter.from_config(config).export_for_generation(
-                        model, sample, config, generation_config=static, multi_token_decode=True
+                        model, call_sample, configs, generation_config=static, multi_token_decode=multi_token
                     )
                 row.export_s, row.peak_mb = time.perf_counter() - start, memory.megabytes
 

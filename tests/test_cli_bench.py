@@ -67,3 +67,33 @@ def test_bench_executorch_int8_generates_eager_tokens(capsys: pytest.CaptureFixt
     header, *rows = _rows(printed)
     assert [(r[0], r[1]) for r in rows][1:] == [("hfexport executorch (static cache)", "int8")]
     assert rows[1][header.index("tokens")] == "equal", printed
+
+
+def test_static_decode_variant_exports_a_dynamic_prefill_and_a_static_one_token_decode_at_batch_one() -> None:
+    import torch
+
+    from hfexport.bench import _generation_export
+
+    two_rows = {"input_ids": torch.ones(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    config, configs, sample, multi_token = _generation_export("executorch-static-decode", "int8", two_rows)
+    assert not multi_token and set(configs) == {"prefill", "decode"}
+    assert configs["prefill"].dynamic and not configs["decode"].dynamic
+    assert configs["decode"].quantizer is config.quantizer is not None, "both graphs quantized alike"
+    assert {name: tuple(value.shape) for name, value in sample.items()} == {
+        "input_ids": (1, 8),
+        "attention_mask": (1, 8),
+    }
+    # The plain backend: one dynamic multi-token decode graph on the two-row sample (the batch stays dynamic).
+    config, configs, sample, multi_token = _generation_export("executorch", "fp32", two_rows)
+    assert multi_token and configs is config and config.dynamic and sample is two_rows
+
+
+@pytest.mark.slow
+def test_bench_executorch_static_decode_generates_eager_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "--model", "tiny-llama", "--backends", "executorch-static-decode"]
+    code = main([*args, "--prompt", "6", "--new", "3", "--repeats", "1", "--bandwidth-mb", "8"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    header, *rows = _rows(printed)
+    assert [(r[0], r[1]) for r in rows][1:] == [("hfexport executorch-static-decode (static cache)", "fp32")]
+    assert rows[1][header.index("tokens")] == "equal", printed

@@ -16,8 +16,9 @@ SmolLM2-135M-shaped Llama (random weights, seed 0), batch 1. Rows: eager `model.
 the peer (`transformers.exporters`, ONNX, driven by the same loop where it can run), and hfexport's
 `export_for_generation` + `hfexport.runtime.generate` per backend (static cache of prompt + new slots, one
 multi-token decode graph); `openvino-stateful` is OpenVINO with the cache kept in the infer request
-(`OpenVINOConfig(stateful=True)`), beside `openvino`, which feeds it back every step. TTFT is a 1-token
-generate; decode tok/s is (new - 1) / (time(new) - TTFT).
+(`OpenVINOConfig(stateful=True)`), beside `openvino`, which feeds it back every step. `executorch-static-decode`
+(not run by default) exports a dynamic prefill and a one-token decode graph static at batch 1 (docs/executorch.md).
+TTFT is a 1-token generate; decode tok/s is (new - 1) / (time(new) - TTFT).
 The same run measures this machine's matrix-vector bandwidth (fp32 `torch.mv` over a matrix far larger
 than cache) and the decode ceiling it implies: bandwidth / weight bytes read per token.
 

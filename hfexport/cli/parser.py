@@ -216,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--backends",
         action="append",
-        help="comma-separated: onnx, executorch, openvino, openvino-stateful, dynamo (default: all but "
-        "openvino-stateful)",
+        help="comma-separated: onnx, executorch, executorch-static-decode, openvino, openvino-stateful, dynamo "
+        "(default: onnx, openvino, executorch, dynamo)",
     )
     bench.add_argument("--precisions", action="append", help="comma-separated: fp32, int8, int4 (default fp32)")
     bench.add_argument("--prompt", type=int, default=128, help="prompt tokens (batch 1, random ids; default 128)")

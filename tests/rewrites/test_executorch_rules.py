@@ -275,3 +275,9 @@ def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:
     # Without the rule both views run outside XNNPACK and cut the work into three partitions.
     assert delegates(with_rule=False) == 3
     assert delegates(with_rule=True) == 1
+    # Batch and length both dynamic: two symbolic sizes in each view, which XNNPACK's reshape cannot infer.
+    two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
+    both = torch.export.export(
+        module, (), two_rows, dynamic_shapes={"x": {0: torch.export.Dim.AUTO(max=8), 1: shapes["x"][1]}}
+    )
+    assert apply_executorch_rule(rule, both) == 0
