@@ -281,3 +281,35 @@ def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:
         module, (), two_rows, dynamic_shapes={"x": {0: torch.export.Dim.AUTO(max=8), 1: shapes["x"][1]}}
     )
     assert apply_executorch_rule(rule, both) == 0
+
+
+def test_a_last_axis_mean_joins_the_xnnpack_partition() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.delegate import executorch_call_delegate
+
+    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
+    from hfexport.rewrites.rules.executorch.last_axis_mean_as_pooling import last_axis_mean_as_pooling as rule
+
+    module, inputs = rule.meta.examples[0].build()
+    shapes = {"x": {1: torch.export.Dim.AUTO(max=32)}}  # batch 1, the length dynamic
+
+    def lowered(with_rule: bool) -> list[str]:
+        program = torch.export.export(module, (), inputs, dynamic_shapes=shapes)
+        if with_rule:
+            assert apply_executorch_rule(rule, program) == 1
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        graph = edge.exported_program().graph
+        return [str(node.target) for node in graph.nodes if node.op == "call_function"]
+
+    # Without the rule the mean runs in the portable kernel between two partitions; with it, one partition.
+    without = lowered(with_rule=False)
+    assert sum("mean" in target for target in without) == 1
+    assert without.count(str(executorch_call_delegate)) == 2
+    assert lowered(with_rule=True).count(str(executorch_call_delegate)) == 1
+    # Batch and length both dynamic: the views around the pooling would need two inferred sizes.
+    two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
+    both = torch.export.export(
+        module, (), two_rows, dynamic_shapes={"x": {0: torch.export.Dim.AUTO(max=8), 1: shapes["x"][1]}}
+    )
+    assert apply_executorch_rule(rule, both) == 0

@@ -11,6 +11,8 @@ RULES: list[Rule] = load_rules(
         "executorch/dynamic-trailing-unsqueeze-as-view",
         # A view with one dynamic axis as -1 there: inside XNNPACK's partition (after the unsqueeze rule's views).
         "executorch/one-dynamic-axis-view-inferred",
+        # RMSNorm's last-axis mean as XNNPACK's pooling between two such views.
+        "executorch/last-axis-mean-as-pooling",
         "executorch/dynamic-conv1d-as-conv2d",
         "executorch/dynamic-empty-as-zeros",
         "executorch/split-as-slices",
