@@ -11,18 +11,10 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch.one_dynamic_axis_view_inferred import inferred_sizes
 
 _MEAN = torch.ops.aten.mean.dim
 _VIEW = torch.ops.aten.view.default
-
-
-def _sizes(value: Any) -> list[int] | None:
-    """`value`'s sizes as view arguments (-1 on its one dynamic axis), or None with more than one dynamic axis or
-    a static size of 0 (where -1 could not be inferred)."""
-    sizes = [-1 if free_symbols(size) else int(size) for size in value.shape]
-    if sizes.count(-1) > 1 or 0 in sizes:
-        return None
-    return sizes
 
 
 def _last_axis_mean(node: fx.Node) -> bool:
@@ -39,7 +31,7 @@ def _last_axis_mean(node: fx.Node) -> bool:
     dims = node.args[1] if len(node.args) > 1 else None
     if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] % source.ndim != source.ndim - 1:
         return False
-    return _sizes(source) is not None and _sizes(value) is not None
+    return inferred_sizes(source) is not None and inferred_sizes(value) is not None
 
 
 def _as_pooling(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -56,7 +48,7 @@ def _as_pooling(gm: fx.GraphModule, node: fx.Node) -> None:
         images.meta["val"] = source_value.reshape(-1, 1, columns, 1)
         pooled = gm.graph.call_function(_MEAN, (images, [2, 3], True))
         pooled.meta["val"] = images.meta["val"].mean([2, 3], keepdim=True)
-        result = gm.graph.call_function(_VIEW, (pooled, _sizes(node.meta["val"])))
+        result = gm.graph.call_function(_VIEW, (pooled, inferred_sizes(node.meta["val"])))
     result.meta = dict(node.meta)
     node.replace_all_uses_with(result)
     gm.graph.erase_node(node)

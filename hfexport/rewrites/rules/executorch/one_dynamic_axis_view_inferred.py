@@ -19,6 +19,13 @@ def _dynamic_axes(value: Any) -> list[int]:
     return [axis for axis, size in enumerate(value.shape) if free_symbols(size)]
 
 
+def inferred_sizes(value: Any) -> list[int] | None:
+    """`value`'s sizes as view arguments XNNPACK takes: ints, and -1 on its one dynamic axis; None with more than one
+    dynamic axis, or with a static size of 0 (where -1 could not be inferred: numel 0 fits any size there)."""
+    sizes = [-1 if free_symbols(size) else int(size) for size in value.shape]
+    return None if sizes.count(-1) > 1 or 0 in sizes else sizes
+
+
 def _one_dynamic_axis_view(node: fx.Node) -> bool:
     """A view (or reshape) given a symbolic size, whose input and output each have one dynamic axis at most and
     whose output's other axes are static and non-zero: there `-1` on the dynamic axis names the same shape."""
@@ -31,20 +38,15 @@ def _one_dynamic_axis_view(node: fx.Node) -> bool:
     source = getattr(node.args[0], "meta", {}).get("val")
     if not isinstance(value, torch.Tensor) or not isinstance(source, torch.Tensor):
         return False
-    dynamic = _dynamic_axes(value)
-    if len(dynamic) != 1 or len(_dynamic_axes(source)) > 1:
-        return False
-    # With a zero-size static axis, -1 would not be inferable (numel 0 fits any size there).
-    return all(int(size) > 0 for axis, size in enumerate(value.shape) if axis != dynamic[0])
+    sizes = inferred_sizes(value)
+    return sizes is not None and -1 in sizes and len(_dynamic_axes(source)) <= 1
 
 
 def _as_inferred(gm: fx.GraphModule, node: fx.Node) -> None:
     """`view(x, [1, s, -1, 64])` (or `[1, s, 9, 64]`) -> `view(x, [1, -1, 9, 64])`: the static sizes from the traced
     output, -1 on the one dynamic axis. The same view for every size the dynamic axis takes, since the other
     sizes are fixed and non-zero; the graph's `sym_size` calls it no longer uses go with the dead code."""
-    value = node.meta["val"]
-    sizes = [-1 if free_symbols(size) else int(size) for size in value.shape]
-    node.args = (node.args[0], sizes, *node.args[2:])
+    node.args = (node.args[0], inferred_sizes(node.meta["val"]), *node.args[2:])
 
 
 class _Heads(torch.nn.Module):
