@@ -644,3 +644,26 @@ def test_sliding_window_generates_past_the_window(backend: str, tmp_path: Path) 
         # The counter is a graph input and output (its context is saved as such): a loaded artifact generates too.
         loaded = hfexport.load(hfexport.save(components, tmp_path / "gen"), trust=True)
         assert torch.equal(generate(loaded, ids, mask, max_new_tokens=new, min_new_tokens=new), expected)
+
+
+@pytest.mark.slow
+def test_executorch_components_traced_at_batch_one_refuse_a_batch_of_two_by_name() -> None:
+    """A program planned for batch 1 (a static decode graph, and the prefill whose size-1 batch was specialised): the
+    runtime's own refusal ("set_inputs() ... failed with error 0x10") is explained by the input that does not fit."""
+    pytest.importorskip("executorch")
+    from hfexport import ExecutorchConfig, ExecutorchExporter
+    from hfexport.errors import InputError
+    from hfexport.runtime import generate
+    from hfexport.tiny import get_tiny_model
+
+    model = get_tiny_model("tiny-llama").build()
+    ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    one = {"input_ids": ids[:1], "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    configs = {"prefill": ExecutorchConfig(dynamic=True), "decode": ExecutorchConfig(dynamic=False)}
+    static = GenerationConfig(cache_implementation="static", max_cache_len=32)
+    components = ExecutorchExporter().export_for_generation(model, one, configs, generation_config=static)
+    with torch.no_grad():
+        expected = model.generate(ids[:1], max_new_tokens=3, do_sample=False)
+    assert torch.equal(generate(components, ids[:1], max_new_tokens=3), expected)
+    with pytest.raises(InputError, match="'input_ids' has size 2 on axis 0, but the program was planned for at most 1"):
+        generate(components, ids, max_new_tokens=3)

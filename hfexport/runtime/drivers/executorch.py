@@ -41,14 +41,28 @@ class ExecutorchDriver(NamedDriver):
     def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         values = flat(self._encoder_kwargs(name, inputs))
         inputs_in_order = [values.get(leaf, constant) for leaf, constant in self.order[name]]
-        outputs = self.programs[name].method.execute(inputs_in_order)
+        outputs = self._execute(name, inputs_in_order)
         return dict(zip(self.output_names[name], outputs, strict=False))
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         values = {**flat(self._kwargs(name, step)), **self.cache}
         inputs_in_order = [values.get(leaf, constant) for leaf, constant in self.order[name]]
-        outputs = self.programs[name].method.execute(inputs_in_order)
+        outputs = self._execute(name, inputs_in_order)
         return self._take_outputs(dict(zip(self.output_names[name], outputs, strict=False)))
+
+    def _execute(self, name: str, inputs_in_order: list[Any]) -> Any:
+        """`method.execute` unchecked (a check per decode step costs Python time on every input); when the
+        runtime refuses the feed, its error ("set_inputs() ... failed with error 0x10") is explained by the input
+        that does not fit the program's planned shapes (e.g. a batch of 2 for a program traced at batch 1)."""
+        from hfexport.runtime.executorch import _slots, check_feed
+
+        method = self.programs[name].method
+        try:
+            return method.execute(inputs_in_order)
+        except RuntimeError:
+            names = [leaf for leaf, _ in self.order[name]]
+            check_feed(_slots(method), list(zip(names, inputs_in_order, strict=True)))
+            raise
 
 
 def _executorch_output_names(manager: Any) -> list[str]:
