@@ -251,65 +251,60 @@ def test_node_rules_see_the_shapes_of_nodes_an_earlier_graph_rule_added() -> Non
     assert stacked.meta["val"].shape[-1] == 2 and stacked.meta["val"].shape[0] == 2
 
 
-def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:
+_LENGTH = torch.export.Dim.AUTO(max=32)
+
+
+def _lowered_targets(rule, hits: int | None) -> list[str]:
+    """The call targets of `rule`'s first Match example lowered to XNNPACK, batch 1 and the length dynamic, with the
+    rule applied first (asserting `hits`) unless `hits` is None."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.exir.delegate import executorch_call_delegate
 
     from hfexport.rewrites.kinds.executorch import apply_executorch_rule
+
+    module, inputs = rule.meta.examples[0].build()
+    program = torch.export.export(module, (), inputs, dynamic_shapes={"x": {1: _LENGTH}})
+    if hits is not None:
+        assert apply_executorch_rule(rule, program) == hits
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    return [str(node.target) for node in edge.exported_program().graph.nodes if node.op == "call_function"]
+
+
+def _hits_with_batch_and_length_dynamic(rule) -> int:
+    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
+
+    module, inputs = rule.meta.examples[0].build()
+    two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
+    shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: _LENGTH}}
+    return apply_executorch_rule(rule, torch.export.export(module, (), two_rows, dynamic_shapes=shapes))
+
+
+def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:
+    from executorch.exir.delegate import executorch_call_delegate
+
     from hfexport.rewrites.rules.executorch.one_dynamic_axis_view_inferred import (
         one_dynamic_axis_view_inferred as rule,
     )
 
-    module, inputs = rule.meta.examples[0].build()
-    shapes = {"x": {1: torch.export.Dim.AUTO(max=32)}}  # batch 1, the length dynamic
-
-    def delegates(with_rule: bool) -> int:
-        program = torch.export.export(module, (), inputs, dynamic_shapes=shapes)
-        if with_rule:
-            assert apply_executorch_rule(rule, program) == 2, "the split into heads and the merge back"
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-        graph = edge.exported_program().graph
-        return sum(1 for node in graph.nodes if node.target is executorch_call_delegate)
-
+    delegate = str(executorch_call_delegate)
     # Without the rule both views run outside XNNPACK and cut the work into three partitions.
-    assert delegates(with_rule=False) == 3
-    assert delegates(with_rule=True) == 1
+    assert _lowered_targets(rule, hits=None).count(delegate) == 3
+    # The split into heads and the merge back.
+    assert _lowered_targets(rule, hits=2).count(delegate) == 1
     # Batch and length both dynamic: two symbolic sizes in each view, which XNNPACK's reshape cannot infer.
-    two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
-    both = torch.export.export(
-        module, (), two_rows, dynamic_shapes={"x": {0: torch.export.Dim.AUTO(max=8), 1: shapes["x"][1]}}
-    )
-    assert apply_executorch_rule(rule, both) == 0
+    assert _hits_with_batch_and_length_dynamic(rule) == 0
 
 
 def test_a_last_axis_mean_joins_the_xnnpack_partition() -> None:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.delegate import executorch_call_delegate
 
-    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
     from hfexport.rewrites.rules.executorch.last_axis_mean_as_pooling import last_axis_mean_as_pooling as rule
 
-    module, inputs = rule.meta.examples[0].build()
-    shapes = {"x": {1: torch.export.Dim.AUTO(max=32)}}  # batch 1, the length dynamic
-
-    def lowered(with_rule: bool) -> list[str]:
-        program = torch.export.export(module, (), inputs, dynamic_shapes=shapes)
-        if with_rule:
-            assert apply_executorch_rule(rule, program) == 1
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-        graph = edge.exported_program().graph
-        return [str(node.target) for node in graph.nodes if node.op == "call_function"]
-
+    delegate = str(executorch_call_delegate)
     # Without the rule the mean runs in the portable kernel between two partitions; with it, one partition.
-    without = lowered(with_rule=False)
+    without = _lowered_targets(rule, hits=None)
     assert sum("mean" in target for target in without) == 1
-    assert without.count(str(executorch_call_delegate)) == 2
-    assert lowered(with_rule=True).count(str(executorch_call_delegate)) == 1
+    assert without.count(delegate) == 2
+    assert _lowered_targets(rule, hits=1).count(delegate) == 1
     # Batch and length both dynamic: the views around the pooling would need two inferred sizes.
-    two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
-    both = torch.export.export(
-        module, (), two_rows, dynamic_shapes={"x": {0: torch.export.Dim.AUTO(max=8), 1: shapes["x"][1]}}
-    )
-    assert apply_executorch_rule(rule, both) == 0
+    assert _hits_with_batch_and_length_dynamic(rule) == 0
