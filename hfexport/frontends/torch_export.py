@@ -179,6 +179,26 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return shapes
 
 
+def size_one_axis_warnings(inputs: Mapping[str, Any]) -> list[str]:
+    """One warning per sample tensor with a size-1 axis, for a `dynamic=True` export: torch.export specialises a
+    size-1 sample axis (0/1 specialisation) even under `Dim.AUTO`, so that axis is exported static.
+
+    A 4-D `attention_mask` (transformers' `[batch, 1, query, key]` form, which `generate` builds for a static
+    cache) is 1 on axis 1 by design: that axis broadcasts over the heads, and no sample should widen it."""
+    warnings: list[str] = []
+    for name, value in inputs.items():
+        shape = getattr(value, "shape", ())
+        ones = [axis for axis, size in enumerate(shape) if size == 1]
+        if name == "attention_mask" and len(shape) == 4:
+            ones = [axis for axis in ones if axis != 1]
+        if ones:
+            warnings.append(
+                f"{name} has size 1 on axis {ones} in the sample: that axis is exported static; "
+                "trace with a sample of size >= 2 there to keep it dynamic"
+            )
+    return warnings
+
+
 def _flat_forward(forward: Any, names: list[str]) -> Any:
     """A forward whose explicit signature is the sample input names, in order.
 
@@ -300,14 +320,7 @@ def capture(
         dynamic_shapes: dict[str, Any] | None = dict(options.dynamic_shapes)
     elif options.dynamic:
         dynamic_shapes = auto_dynamic_shapes(inputs)
-        for name, value in inputs.items():
-            ones = [axis for axis, size in enumerate(getattr(value, "shape", ())) if size == 1]
-            if ones:
-                # torch.export specialises a size-1 sample axis (0/1 specialisation) even under Dim.AUTO.
-                warnings_out.append(
-                    f"{name} has size 1 on axis {ones} in the sample: that axis is exported static; "
-                    "trace with a sample of size >= 2 there to keep it dynamic"
-                )
+        warnings_out.extend(size_one_axis_warnings(inputs))
     else:
         dynamic_shapes = None
 

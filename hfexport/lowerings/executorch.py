@@ -272,20 +272,15 @@ def bounded_dynamic_shapes(
     (`dim_caps`); explicit bounds are kept. One warning (appended to `warnings_out`, else logged) lists the
     caps and how to pass explicit `Dim(min, max)` bounds instead.
     """
-    from hfexport.frontends.torch_export import auto_dynamic_shapes
+    from hfexport.frontends.torch_export import auto_dynamic_shapes, size_one_axis_warnings
 
     if config.dynamic_shapes is not None:
         shapes = dict(config.dynamic_shapes)
     elif config.dynamic:
         shapes = auto_dynamic_shapes(sample_inputs)
-        for name, value in sample_inputs.items():
-            ones = [axis for axis, size in enumerate(getattr(value, "shape", ())) if size == 1]
-            if ones and warnings_out is not None:
-                # As the capture says for dynamic=True: torch.export specialises a size-1 sample axis.
-                warnings_out.append(
-                    f"{name} has size 1 on axis {ones} in the sample: that axis is exported static; "
-                    "trace with a sample of size >= 2 there to keep it dynamic"
-                )
+        if warnings_out is not None:
+            # As the capture says for dynamic=True: torch.export specialises a size-1 sample axis.
+            warnings_out.extend(size_one_axis_warnings(sample_inputs))
     else:
         return None
     caps = dim_caps(model, sample_inputs)

@@ -257,6 +257,29 @@ def test_size_one_sample_axis_is_reported() -> None:
     assert any("input_ids has size 1 on axis [0]" in w for w in exporter.report.warnings)
 
 
+def test_size_one_warning_spares_the_head_axis_of_a_4d_mask() -> None:
+    """A static cache's decode sample carries transformers' [batch, 1, query, key] mask: its axis 1 broadcasts over
+    the heads, so "trace with size >= 2 there" would be wrong advice; the other size-1 axes are still named."""
+    from hfexport.frontends.torch_export import size_one_axis_warnings
+
+    warnings = size_one_axis_warnings(
+        {
+            "input_ids": torch.ones(2, 1, dtype=torch.long),
+            "attention_mask": torch.ones(2, 1, 1, 32),
+            "pixel_mask": torch.ones(2, 1, 4, 4),
+        }
+    )
+    assert warnings == [
+        "input_ids has size 1 on axis [1] in the sample: that axis is exported static; trace with a sample of size "
+        ">= 2 there to keep it dynamic",
+        "attention_mask has size 1 on axis [2] in the sample: that axis is exported static; trace with a sample of "
+        "size >= 2 there to keep it dynamic",
+        "pixel_mask has size 1 on axis [1] in the sample: that axis is exported static; trace with a sample of size "
+        ">= 2 there to keep it dynamic",
+    ]
+    assert size_one_axis_warnings({"attention_mask": torch.ones(2, 1, 8, 32)}) == []
+
+
 def test_strict_export_refuses_gated_patches_before_tracing() -> None:
     tiny = get_tiny_model("tiny-mamba")
     model = tiny.build()
