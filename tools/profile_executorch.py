@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     by_family: collections.Counter[str] = collections.Counter()
     for (dso, sym), samples in decode.items():
         by_family[family(dso, sym)] += samples
+    # The prompt's call (TTFT) by family too: a 1-token generate is the prefill alone.
+    prefill_families: collections.Counter[str] = collections.Counter()
+    for (dso, sym), samples in prefill.items():
+        prefill_families[family(dso, sym)] += samples
+    prefill_total = max(sum(prefill_families.values()), 1)
     weights = weight_bytes_per_token(model) * PRECISION_BITS[args.precision] / 32
     # XNNPACK's kernels, named or not: the GEMMs that stream the weights and the little else XNNPACK runs.
     kernels = by_family["xnnpack gemm (weights)"] + by_family["executorch library, unnamed (XNNPACK micro-kernels)"]
@@ -193,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, samples in by_family.most_common():
         print(f"| {name} | {100 * samples / total:.1f} | {step_ms * samples / total:.2f} |")
     print()
+    print(f"| family | % of the prefill ({args.prompt} tokens) | ms of TTFT |")
+    print("|---|---|---|")
+    for name, samples in prefill_families.most_common():
+        print(f"| {name} | {100 * samples / prefill_total:.1f} | {ttft * 1e3 * samples / prefill_total:.1f} |")
+    print()
     print("| symbol | library | % of the decode step |")
     print("|---|---|---|")
     top = decode.most_common(20)
@@ -214,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s": tokens_per_s,
             "decode_samples": total,
             "families": dict(by_family),
+            "prefill_families": dict(prefill_families),
             "top_symbols": [[dso, sym, n] for (dso, sym), n in top],
         }
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
