@@ -3,9 +3,10 @@
     python tools/ab_rules.py [--backend onnx] [--model llama] [--layers 8] [--rounds 4] [--prompt 128] [--new 64]
         [--precision fp32] [--rules onnx/rms-norm-fusion,...] [--json out.json]
 
-The model is the benchmark's SmolLM2-135M-shaped Llama (`--model llama`) or a GPT-2 of the same width (`--model
-gpt2`: LayerNorm, tanh GELU and biased projections, which the Llama does not have), cut to `--layers`, random
-weights (seed 0). It is exported once with every rule (`export_for_generation`, static cache of prompt + new slots,
+The model is the benchmark's SmolLM2-135M-shaped Llama (`--model llama`), a GPT-2 of the same width (`--model
+gpt2`: LayerNorm, tanh GELU and biased projections, which the Llama does not have) or another causal LM's
+`model_type` at that width (`--model nanochat`: RMSNorms without a weight), cut to `--layers`, random weights (seed
+0). It is exported once with every rule (`export_for_generation`, static cache of prompt + new slots,
 one multi-token decode graph, `hfexport.bench.quantizer_for`'s recipe, as `hfexport bench` does); the export's
 reports say which `kind="optimization"` rules fired (or `--rules` names them), and it is exported again once per
 such rule with that rule disabled. Rounds then alternate every export, each round a 1-token generate (TTFT) and a
@@ -33,25 +34,27 @@ from hfexport.runtime.generation import generate
 
 
 def build(model: str, layers: int) -> Any:
+    """`model` at SmolLM2-135M's width, `layers` deep, random weights (seed 0): "llama" is the benchmark's model,
+    "gpt2" a GPT-2 of that width (GPT2Config names its sizes its own way), any other transformers `model_type`
+    takes SmolLM2's sizes by their common names (`AutoConfig.for_model`)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
 
     torch.manual_seed(0)
-    if model == "llama":
-        config = LlamaConfig(**{**SMOLLM2_135M, "num_hidden_layers": layers})
-        config._attn_implementation = "sdpa"
-        return LlamaForCausalLM(config).eval()
-    width = SMOLLM2_135M
-    config = GPT2Config(
-        vocab_size=width["vocab_size"],
-        n_embd=width["hidden_size"],
-        n_head=width["num_attention_heads"],
-        n_inner=width["intermediate_size"],
-        n_layer=layers,
-        n_positions=1024,
-    )
+    if model == "gpt2":
+        width = SMOLLM2_135M
+        config = GPT2Config(
+            vocab_size=width["vocab_size"],
+            n_embd=width["hidden_size"],
+            n_head=width["num_attention_heads"],
+            n_inner=width["intermediate_size"],
+            n_layer=layers,
+            n_positions=1024,
+        )
+    else:
+        config = AutoConfig.for_model(model, **{**SMOLLM2_135M, "num_hidden_layers": layers})
     config._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(config).eval()
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def export(model: Any, backend: str, precision: str, cache: int, disable: tuple[str, ...] = ()) -> tuple[Any, Any]:
@@ -101,7 +104,7 @@ def fired_optimizations(reports: list[Any]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="onnx", choices=sorted({"onnx", "executorch", "openvino", *VARIANTS}))
-    parser.add_argument("--model", default="llama", choices=("llama", "gpt2"))
+    parser.add_argument("--model", default="llama", help="llama (the benchmark's), gpt2, or a model_type")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "int8", "int4"))
     parser.add_argument("--rounds", type=int, default=4)
