@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     for rule in rules:
         start = time.perf_counter()
         variants[rule], without = export(model, args.backend, args.precision, cache, (rule,))
-        left = {r: n for r, n in fired_optimizations(without).items() if hits.get(r) != n}
+        now = fired_optimizations(without)
+        left = {r: now.get(r, 0) for r in {*hits, *now} - {rule} if hits.get(r, 0) != now.get(r, 0)}
         seconds = time.perf_counter() - start
         print(f"without {rule}: exported in {seconds:.0f} s; other rules' hits changed: {left}", flush=True)
 
