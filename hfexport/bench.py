@@ -19,7 +19,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +178,35 @@ def timed(fn: Callable[[int], Any], new: int, repeats: int) -> tuple[float, floa
     # On a tiny model with few repeats the noise of the two medians can exceed the decode time itself: no
     # reading then, rather than a rate from a difference of about zero.
     return first, (new - 1) / (full - first) if full > first else float("nan")
+
+
+@dataclass
+class Alternated:
+    """One setting's readings in `timed_alternately`: TTFT and decode tok/s medians, and its last `new`-token output."""
+
+    ttft_s: float
+    tokens_per_s: float
+    output: Any
+
+
+def timed_alternately(runs: Mapping[str, Callable[[int], Any]], new: int, rounds: int) -> dict[str, Alternated]:
+    """`timed` for an A/B: each round runs every setting in turn (a 1-token call for TTFT, then a `new`-token one),
+    so a change of machine load lands on every side; round 0 warms them up and is not counted."""
+    ttft: dict[str, list[float]] = {name: [] for name in runs}
+    rate: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, Any] = {}
+    for round_ in range(rounds + 1):
+        for name, fn in runs.items():
+            first = _time(lambda fn=fn: fn(1))
+            start = time.perf_counter()
+            outputs[name] = fn(new)
+            whole = time.perf_counter() - start
+            if round_:
+                ttft[name].append(first)
+                rate[name].append((new - 1) / (whole - first))
+    return {
+        name: Alternated(statistics.median(ttft[name]), statistics.median(rate[name]), outputs[name]) for name in runs
+    }
 
 
 @dataclass

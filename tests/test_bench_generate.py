@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,25 @@ def test_quick_run_prints_one_row_per_backend_and_precision() -> None:
     assert rows[1][COLUMNS.index("tokens")] == "equal"
     for row in rows[1:]:
         assert float(row[COLUMNS.index("export s")]) >= 0 and float(row[COLUMNS.index("decode tok/s")]) > 0, row
+
+
+def test_timed_alternately_runs_every_setting_each_round_and_keeps_its_last_output() -> None:
+    """The A/B tools' timing: round 0 warms up, then each round calls every setting with 1 token and `new` tokens
+    in turn, so the settings interleave; each keeps the output of its last `new`-token call."""
+    from hfexport.bench import timed_alternately
+
+    calls: list[tuple[str, int]] = []
+
+    def setting(name: str) -> object:
+        def run(n: int) -> str:
+            time.sleep(0.005 * n)  # a call's time grows with its tokens, as generate's does
+            calls.append((name, n))
+            return f"{name}:{n}:{len(calls)}"
+
+        return run
+
+    timed = timed_alternately({"a": setting("a"), "b": setting("b")}, new=4, rounds=2)
+    assert calls == [("a", 1), ("a", 4), ("b", 1), ("b", 4)] * 3
+    assert timed["a"].output == "a:4:10" and timed["b"].output == "b:4:12"
+    # 5 ms a token: TTFT at least 5 ms, and the 4-token call takes longer than the 1-token one.
+    assert all(r.ttft_s >= 0.005 and r.tokens_per_s > 0 for r in timed.values())

@@ -22,14 +22,13 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
 
 from bench_onnx import SMOLLM2_135M  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import VARIANTS
+from hfexport.bench import VARIANTS, timed_alternately
 from hfexport.runtime.generation import generate
 
 
@@ -135,39 +134,25 @@ def main(argv: list[str] | None = None) -> int:
 
     ids = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
-    tokens: dict[str, Any] = {}
-    ttft: dict[str, list[float]] = {name: [] for name in variants}
-    rate: dict[str, list[float]] = {name: [] for name in variants}
-    for round_ in range(args.rounds + 1):  # round 0 warms every variant up
-        for name, comps in variants.items():
-            begin = time.perf_counter()
-            generate(comps, ids, mask, max_new_tokens=1, min_new_tokens=1)
-            first = time.perf_counter() - begin
-            begin = time.perf_counter()
-            tokens[name] = generate(comps, ids, mask, max_new_tokens=args.new, min_new_tokens=args.new)
-            whole = time.perf_counter() - begin
-            if round_:
-                ttft[name].append(first)
-                rate[name].append((args.new - 1) / (whole - first))
 
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
+    def run(components: Any) -> Any:
+        return lambda n: generate(components, ids, mask, max_new_tokens=n, min_new_tokens=n)
 
-    base_rate, base_ttft = median(rate["every rule"]), median(ttft["every rule"])
-    rows = []
-    for rule in rules:
-        rows.append(
-            {
-                "rule": rule,
-                "hits": hits.get(rule, 0),
-                "tok_s_with": round(base_rate, 1),
-                "tok_s_without": round(median(rate[rule]), 1),
-                "decode_gain": round(base_rate / median(rate[rule]), 3),
-                "ttft_ms_with": round(base_ttft * 1e3),
-                "ttft_ms_without": round(median(ttft[rule]) * 1e3),
-                "tokens_equal": bool(torch.equal(tokens[rule], tokens["every rule"])),
-            }
-        )
+    timed = timed_alternately({name: run(comps) for name, comps in variants.items()}, args.new, args.rounds)
+    base = timed["every rule"]
+    rows = [
+        {
+            "rule": rule,
+            "hits": hits.get(rule, 0),
+            "tok_s_with": round(base.tokens_per_s, 1),
+            "tok_s_without": round(timed[rule].tokens_per_s, 1),
+            "decode_gain": round(base.tokens_per_s / timed[rule].tokens_per_s, 3),
+            "ttft_ms_with": round(base.ttft_s * 1e3),
+            "ttft_ms_without": round(timed[rule].ttft_s * 1e3),
+            "tokens_equal": bool(torch.equal(timed[rule].output, base.output)),
+        }
+        for rule in rules
+    ]
     summary = (
         f"{args.backend} {args.precision}, {args.model} at {args.layers} layers, prompt {args.prompt}, {args.new} new "
         f"tokens, {args.rounds} rounds; torch threads {torch.get_num_threads()}; load {load_start:.1f} -> "

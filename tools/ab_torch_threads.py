@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 from profile_generate import export_like_bench  # tools/ is on sys.path when this script runs
 
+from hfexport.bench import timed_alternately
 from hfexport.runtime.generation import generate
 
 
@@ -46,27 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         mask = ids.new_ones(ids.shape)
         print(f"{backend}: exported in {export_s:.0f} s", flush=True)
-        tokens: dict[str, Any] = {}
-        ttft: dict[str, list[float]] = {name: [] for name in settings}
-        rate: dict[str, list[float]] = {name: [] for name in settings}
-        for round_ in range(args.rounds + 1):  # round 0 warms both up
-            for name, threads in settings.items():
 
-                def run(n: int, threads: int | None = threads, feed: tuple[Any, ...] = (components, ids, mask)) -> Any:
-                    return generate(*feed, max_new_tokens=n, min_new_tokens=n, torch_threads=threads)
+        def run(threads: int | None, feed: tuple[Any, ...] = (components, ids, mask)) -> Any:
+            return lambda n: generate(*feed, max_new_tokens=n, min_new_tokens=n, torch_threads=threads)
 
-                start = time.perf_counter()
-                run(1)
-                first = time.perf_counter() - start
-                start = time.perf_counter()
-                tokens[name] = run(args.new)
-                whole = time.perf_counter() - start
-                if round_:
-                    ttft[name].append(first)
-                    rate[name].append((args.new - 1) / (whole - first))
-        a, b = (statistics.median(rate[name]) for name in settings)
-        ta, tb = (statistics.median(ttft[name]) for name in settings)
-        same = torch.equal(*tokens.values())
+        timed = timed_alternately({name: run(threads) for name, threads in settings.items()}, args.new, args.rounds)
+        a, b = (timed[name].tokens_per_s for name in settings)
+        ta, tb = (timed[name].ttft_s for name in settings)
+        same = torch.equal(*(timed[name].output for name in settings))
         lines.append(
             f"| {backend} | {args.precision} | {ta * 1e3:.0f} / {tb * 1e3:.0f} | {a:.1f} / {b:.1f} | {b / a:.2f} | "
             f"{'equal' if same else 'differ'} |"

@@ -116,6 +116,14 @@ def family(dso: str, sym: str) -> str:
     return next(name for name, test in FAMILIES if test(dso, sym))
 
 
+def families(samples: collections.Counter[tuple[str, str]]) -> collections.Counter[str]:
+    """Samples per (dso, symbol) summed by family."""
+    by_family: collections.Counter[str] = collections.Counter()
+    for (dso, sym), count in samples.items():
+        by_family[family(dso, sym)] += count
+    return by_family
+
+
 def export_profile(stats: pstats.Stats, top: int) -> list[tuple[str, float]]:
     """The `top` functions naming an export stage, by cumulative seconds."""
     rows = []
@@ -167,13 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     decode = collections.Counter({key: whole[key] - prefill[key] for key in whole if whole[key] > prefill[key]})
     total = sum(decode.values())
     step_ms = 1e3 / tokens_per_s
-    by_family: collections.Counter[str] = collections.Counter()
-    for (dso, sym), samples in decode.items():
-        by_family[family(dso, sym)] += samples
+    by_family = families(decode)
     # The prompt's call (TTFT) by family too: a 1-token generate is the prefill alone.
-    prefill_families: collections.Counter[str] = collections.Counter()
-    for (dso, sym), samples in prefill.items():
-        prefill_families[family(dso, sym)] += samples
+    prefill_families = families(prefill)
     prefill_total = max(sum(prefill_families.values()), 1)
     weights = weight_bytes_per_token(model) * PRECISION_BITS[args.precision] / 32
     # XNNPACK's kernels, named or not: the GEMMs that stream the weights and the little else XNNPACK runs.
