@@ -54,12 +54,12 @@ class ExecutorchDriver(NamedDriver):
         """`method.execute` unchecked (a check per decode step costs Python time on every input); when the
         runtime refuses the feed, its error ("set_inputs() ... failed with error 0x10") is explained by the input
         that does not fit the program's planned shapes (e.g. a batch of 2 for a program traced at batch 1)."""
-        from hfexport.runtime.executorch import check_feed
-
         program = self.programs[name]  # an ExecutorchProgram: its planned shapes were read when it was loaded
         try:
             return program.method.execute(inputs_in_order)
         except RuntimeError:
+            from hfexport.runtime.executorch import check_feed  # the failure path only: nothing added per step
+
             names = [leaf for leaf, _ in self.order[name]]
             check_feed(program.slots, list(zip(names, inputs_in_order, strict=True)))
             raise
