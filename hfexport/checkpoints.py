@@ -143,8 +143,8 @@ def _read_index(index: Path, folder: Path) -> list[str]:
     size = index.stat().st_size
     if size > MAX_INDEX_BYTES:
         raise InputError(f"{index} is {size} bytes; a checkpoint index is at most {MAX_INDEX_BYTES}")
-    with open(index, "rb") as file:
-        data = _parse_json(file.read(MAX_INDEX_BYTES + 1), str(index))
+    with open(index, "rb") as file:  # read(n) allocates n bytes up front: read what the file holds, bounded
+        data = _parse_json(file.read(min(size, MAX_INDEX_BYTES) + 1), str(index))
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
         raise InputError(f"{index} has no weight_map object ({{tensor name: shard file}}): not a checkpoint index")

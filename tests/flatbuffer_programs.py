@@ -71,3 +71,64 @@ def program(shape: Shape, identifier: bytes = b"ET12") -> bytes:
     root = table({1: ("ref", refs(plan, shape.plans))})
     b.Finish(root, file_identifier=identifier)
     return bytes(b.Output())
+
+
+# -- arbitrary flatbuffers: tables of any fields, shared between references ---------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A flatbuffer table: slot -> (kind, value). Kinds: `u8`, `i32`, `i64` (scalars), `ref` (a Table), `refs` (a
+    vector of Tables, repeats allowed), `ints` (a vector of int32), `longs` (int64), `bytes` (a vector of bytes),
+    `text` (a string, any bytes). The same Table object referenced twice is written once (a shared table)."""
+
+    fields: dict[int, tuple[str, Any]]
+
+
+def write(root: Table, identifier: bytes = b"ET12") -> bytes:
+    """The flatbuffer of `root` (children first, each Table once), with the file identifier at bytes 4-8."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(1024)
+    b.ForceDefaults(True)
+    offsets: dict[int, int] = {}
+
+    def scalars(kind: str, values: list[int]) -> int:
+        size, prepend = {"ints": (4, b.PrependInt32), "longs": (8, b.PrependInt64), "bytes": (1, b.PrependUint8)}[kind]
+        b.StartVector(size, len(values), size)
+        for value in reversed(values):
+            prepend(value)
+        return b.EndVector()
+
+    def build(table: Table) -> int:
+        if id(table) in offsets:
+            return offsets[id(table)]
+        children: dict[int, int] = {}
+        for slot, (kind, value) in table.fields.items():
+            if kind == "ref":
+                children[slot] = build(value)
+            elif kind == "refs":
+                targets = [build(item) for item in value]
+                b.StartVector(4, len(targets), 4)
+                for target in reversed(targets):
+                    b.PrependUOffsetTRelative(target)
+                children[slot] = b.EndVector()
+            elif kind in ("ints", "longs", "bytes"):
+                children[slot] = scalars(kind, value)
+            elif kind == "text":
+                children[slot] = b.CreateString(value)
+        b.StartObject(max(table.fields, default=-1) + 1)
+        for slot, (kind, value) in sorted(table.fields.items(), reverse=True):
+            if slot in children:
+                b.PrependUOffsetTRelativeSlot(slot, children[slot], 0)
+            elif kind == "u8":
+                b.PrependUint8Slot(slot, value, 0)
+            elif kind == "i32":
+                b.PrependInt32Slot(slot, value, 0)
+            else:
+                b.PrependInt64Slot(slot, value, 0)
+        offsets[id(table)] = b.EndObject()
+        return offsets[id(table)]
+
+    b.Finish(build(root), file_identifier=identifier)
+    return bytes(b.Output())

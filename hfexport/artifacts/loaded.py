@@ -56,7 +56,7 @@ class LoadedComponent:
         if self.runtime is not None:
             return self.runtime
         try:
-            self.runtime = backend(self.export_format).open(self.path, self.inputs)
+            runtime = backend(self.export_format).open(self.path, self.inputs)
         except ImportError:
             raise
         except Exception as exc:
@@ -64,6 +64,13 @@ class LoadedComponent:
                 f"component {self.name!r} ({self.main}) does not load in the {self.export_format} runtime: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             ) from exc
+        for names in _graph_inputs(self.export_format, runtime):
+            if not names & set(self.inputs):
+                raise ArtifactError(
+                    f"component {self.name!r} ({self.main}) takes an input named {sorted(names)}, which its manifest "
+                    f"does not list ({self.inputs[:20]}): the model file and the manifest do not belong together"
+                )
+        self.runtime = runtime
         return self.runtime
 
     @property
@@ -92,6 +99,16 @@ class LoadedComponent:
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:
         return self.run(inputs)
+
+
+def _graph_inputs(export_format: str, runtime: Any) -> list[set[str]]:
+    """The names of each input the opened runtime takes by name (ONNX Runtime, OpenVINO; a port may have several):
+    a feed is built from the manifest's inputs, so each must be one of them."""
+    if export_format == "onnx":
+        return [{i.name} for i in runtime.get_inputs()]
+    if export_format == "openvino":
+        return [set(port.get_names()) for port in runtime.compiled.inputs]
+    return []
 
 
 @dataclass
