@@ -526,6 +526,7 @@ def test_fuzz_safetensors_index_within_budget(examples: int, tmp_path: Path) -> 
 # -- an artifact's ONNX external data ------------------------------------------------------------------------
 
 _ONNX_BUDGET = Budget("onnx external data", seconds=5, mib=64)
+_STREAMED_BUDGET = Budget("low-memory onnx check", seconds=2, mib=32)
 _LOCATIONS = ["model.onnx.data", "../outside.data", "/etc/passwd", "sub/../../outside.data", "", ".", "model.onnx"]
 _LOCATIONS += ["unlisted.data", "extra.data", "a\\b", "./model.onnx.data", "C:/x", "x" * 300, "/proc/self/environ"]
 _NUMBERS = st.sampled_from(["0", "-1", "24", "48", "1e3", "", "abc", str(2**63), str(2**64 + 1), " 8", "0x10", "٣"])
@@ -535,15 +536,28 @@ _NUMBERS = st.sampled_from(["0", "-1", "24", "48", "1e3", "", "abc", str(2**63),
 def onnx_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny `y = x @ W` ONNX program saved with its weight as external data, and an extra listed file."""
     pytest.importorskip("onnxruntime")
+    import onnx
+
     from hfexport.artifacts import save
 
     folder = save(tiny_program("onnx"), tmp_path_factory.mktemp("onnx") / "artifact")
+    # The save keeps a weight this small inside model.onnx: move it to model.onnx.data, as a large one is.
+    proto = onnx.load(str(folder / "model.onnx"))
+    weight = proto.graph.initializer[0]
+    (folder / "model.onnx.data").write_bytes(weight.raw_data)
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "model.onnx.data"), ("offset", "0"), ("length", str(len(weight.raw_data)))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    weight.ClearField("raw_data")
+    (folder / "model.onnx").write_bytes(proto.SerializeToString())
     (folder / "extra.data").write_bytes(bytes(range(64)))
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest["files"].append("extra.data")
     manifest["components"]["model"]["files"].append("extra.data")
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    _rehash(folder, "extra.data")
+    _rehash(folder, "model.onnx", "model.onnx.data", "extra.data")
+    assert load(folder).run({"x": torch.ones(2, 4)})["y"].shape == (2, 3)
     return folder
 
 
@@ -557,6 +571,10 @@ _onnx_edits = st.lists(
         st.tuples(st.tuples(st.just("external-sparse")), st.sampled_from(_LOCATIONS)),
         st.tuples(st.tuples(st.just("inline")), st.binary(max_size=64)),
         st.tuples(st.tuples(st.just("rename-input")), st.sampled_from(["u1", "y", "W", ""])),
+        st.tuples(
+            st.tuples(st.just("record")),
+            _json.map(json.dumps) | st.sampled_from(['{"W": ["nope", null]}', '{"W": ["w", [2, 0]]}', "{", "[]"]),
+        ),
     ),
     min_size=1,
     max_size=3,
@@ -595,6 +613,8 @@ def _apply_onnx_edits(proto: Any, edits: list[Any]) -> None:
             external(values, value)
             indices = helper.make_tensor("si", TensorProto.INT64, [2], [0, 5])
             proto.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [12]))
+        elif kind == "record":
+            proto.metadata_props[0].value = value
         elif kind == "rename-input":
             proto.graph.input[0].name = value
             proto.graph.node[0].input[0] = value
@@ -610,7 +630,17 @@ def test_fuzz_onnx_external_data_within_budget(examples: int, onnx_artifact: Pat
     outside the folder, and stay within budget."""
     import onnx
 
+    from hfexport.artifacts.low_memory import check_streamed_weights
+    from hfexport.lowerings.onnx import STREAMED_KEY
+    from tests.test_artifacts_fuzz import _Tiny
+
     proto = onnx.load(str(onnx_artifact / "model.onnx"), load_external_data=False)
+    # As a low-memory export records it: W holds checkpoint tensor `w` (the checkpoint beside the artifact).
+    record = proto.metadata_props.add()
+    record.key, record.value = STREAMED_KEY, json.dumps({"W": ["w", None]})
+    (tmp_path / "checkpoint").mkdir()
+    _shard({"w": _Tiny().weight.detach()}, tmp_path / "checkpoint" / SINGLE_FILE)
+    checkpoint = Checkpoint.open(tmp_path / "checkpoint")
     counter = iter(range(1 << 30))
     _ONNX_BUDGET.warm(lambda: load(onnx_artifact).run({"x": torch.ones(2, 4)}), ())
 
@@ -619,6 +649,7 @@ def test_fuzz_onnx_external_data_within_budget(examples: int, onnx_artifact: Pat
     @example(edits=[(("entry", "length"), str(2**62))])
     @example(edits=[(("entry", "location"), "../outside.data")])
     @example(edits=[(("rename-input",), "u1")])
+    @example(edits=[])
     def one(edits: list[Any]) -> None:
         root = tmp_path / str(next(counter))
         folder = root / "artifact"
@@ -631,6 +662,12 @@ def test_fuzz_onnx_external_data_within_budget(examples: int, onnx_artifact: Pat
         (folder / "model.onnx").write_bytes(edited.SerializeToString())
         _rehash(folder, "model.onnx")
         _ONNX_BUDGET.run(lambda: load(folder).run({"x": torch.ones(2, 4)}), folder, (ArtifactError, InputError), edits)
+        # The low-memory export's own check of the file it wrote reads the same external data.
+        result = _STREAMED_BUDGET.run(
+            lambda: check_streamed_weights(folder / "model.onnx", checkpoint), folder, (ArtifactError,), edits
+        )
+        if not edits:  # the unedited file: its one streamed weight holds the checkpoint's bytes
+            assert result.ok and result.checked == ["W"]
 
     one()
 
