@@ -1,4 +1,4 @@
-"""The budget every fuzzed reader runs within, one example at a time (tests/test_artifacts_fuzz.py).
+"""The budget every fuzzed reader runs within, one example at a time (tests/test_readers_fuzz.py).
 
     budget = Budget("safetensors header", seconds=2, mib=64)
     budget.run(lambda: Checkpoint.open(folder), folder, allowed=(InputError,))
