@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from hfexport.bench import token_agreement
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,12 +58,12 @@ def test_arguments(bench: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert "--shapes 'gpt2'" in capsys.readouterr().err
 
 
-def test_token_agreement_counts_positions_and_the_common_prefix(bench: Any) -> None:
+def test_token_agreement_counts_positions_and_the_common_prefix() -> None:
     eager = [5, 5, 5, 7, 7, 7]
-    assert bench.token_agreement(eager, eager) == (6, 6)
+    assert token_agreement(eager, eager) == (6, 6)
     # A row that repeats eager's later token from the start: 3 positions equal, none before the first difference.
-    assert bench.token_agreement([7] * 6, eager) == (3, 0)
-    assert bench.token_agreement([5, 5, 9, 7, 7, 7], eager) == (5, 2)
+    assert token_agreement([7] * 6, eager) == (3, 0)
+    assert token_agreement([5, 5, 9, 7, 7, 7], eager) == (5, 2)
 
 
 def test_table_has_one_row_per_result_with_ratios_to_eager_and_the_ceiling(bench: Any) -> None:

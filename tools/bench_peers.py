@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfexport.bench import cpu_description, token_agreement
+
 ROOT = Path(__file__).resolve().parents[1]
 ROW_SCRIPT = ROOT / "tools" / "peers" / "row.py"
 SHAPES = ("smollm2-135m", "qwen2.5-0.5b")
@@ -132,15 +134,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- pure parts: readings to a table -----------------------------------------------------------------------------
-
-
-def token_agreement(got: list[int], expected: list[int]) -> tuple[int, int]:
-    """(tokens equal to eager's position by position, tokens equal before the first difference)."""
-    same = sum(a == b for a, b in zip(got, expected, strict=False))
-    prefix = next(
-        (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected))
-    )
-    return same, prefix
 
 
 @dataclass
@@ -402,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no environment for {', '.join(missing)} under {args.peers}: run {setup}")
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as scratch:
         work = args.work or Path(scratch)
-        from hfexport.bench import cpu_description
-
         record = {
             "cpu": cpu_description(),
             "prompt": args.prompt,
