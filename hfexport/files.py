@@ -155,12 +155,13 @@ def replace_folder(tmp: Path, destination: Path) -> Path | None:
     return previous
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Replace the file `path` with `text` in one rename: a reader sees the old file or the new, never half."""
+def write_text_atomically(path: Path, text: str, errors: str = "strict") -> None:
+    """Replace the file `path` with `text` (UTF-8; `errors` as `str.encode` takes it) in one rename: a reader
+    sees the old file or the new, never half."""
     remove_dead_temporaries(path)
     tmp = temporary_beside(path)
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8", errors=errors)
         fsync(tmp)
         os.replace(tmp, path)
     finally:
