@@ -33,6 +33,7 @@ from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.hf_files import listed_hf_files
 from hfexport.artifacts.loaded import LoadedExport, load
 from hfexport.errors import InputError
+from hfexport.model_files import code_needed
 
 # Python flags transformers models take that an exported graph has fixed (the export ran with the defaults).
 _FLAGS = ("return_dict", "use_cache", "output_attentions", "output_hidden_states", "return_loss")
@@ -80,15 +81,24 @@ def _dtype(config: Any) -> torch.dtype:
     return torch.float32
 
 
-def _read_config(loaded: LoadedExport) -> tuple[Any, Any]:
-    """The config and generation config the artifact lists (their sha256 checked by `load`), or None each."""
+def _read_config(loaded: LoadedExport, want_config: bool = True, trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """The config (when `want_config`) and generation config the artifact lists (their sha256 checked by `load`),
+    or None each."""
     listed = set(listed_hf_files(loaded.manifest))
     config = generation_config = None
-    if "config.json" in listed:
+    if want_config and "config.json" in listed:
         from transformers import AutoConfig
 
-        # trust_remote_code stays off: a config with `auto_map` is refused by transformers, never run.
-        config = AutoConfig.from_pretrained(str(loaded.directory), local_files_only=True)
+        # Never transformers' default (None: it asks on stdin whether to run the code, and runs it on "y").
+        needs = code_needed({"config.json": (loaded.directory / "config.json").read_bytes()})
+        if needs is not None and not trust_remote_code:
+            raise ArtifactError(
+                f"{loaded.directory}: {needs}: pass config= (e.g. the model's own config), or "
+                "trust_remote_code=True to run that code (its files are listed in the manifest and checksummed)"
+            )
+        config = AutoConfig.from_pretrained(
+            str(loaded.directory), local_files_only=True, trust_remote_code=trust_remote_code
+        )
     if "generation_config.json" in listed:
         from transformers import GenerationConfig
 
@@ -128,11 +138,14 @@ class ExportedModel:
         verify: bool = True,
         config: Any = None,
         generation_config: Any = None,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> ExportedModel:
         """Load the artifact in `directory` (`hfexport.load`: `trust=True` for a `.pt2`) with its saved config.
 
         `config` / `generation_config` replace the saved ones (an artifact saved without them needs `config`).
+        A saved config that needs Python code of its own (`auto_map`) is refused unless `trust_remote_code=True`
+        (never asked on stdin: `trust` is about the `.pt2`'s pickle, not about this code).
         Other keyword arguments of transformers' `from_pretrained` that cannot apply to an exported graph
         (`dtype`, `device_map`, ...) raise `TypeError`, except `local_files_only` (always the case here).
         """
@@ -141,7 +154,7 @@ class ExportedModel:
             raise TypeError(f"from_pretrained of an export takes no {sorted(kwargs)}: the graph fixes them")
         loaded = load(directory, trust=trust, verify=verify, open_runtimes=False)
         try:
-            saved_config, saved_generation = _read_config(loaded)
+            saved_config, saved_generation = _read_config(loaded, config is None, trust_remote_code)
         except ArtifactError:
             raise
         except Exception as exc:  # transformers on a listed file it cannot read: OSError, ValueError, TypeError...

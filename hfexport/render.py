@@ -4,12 +4,15 @@ One document model (`Document`: a title, summary lines and sections of paragraph
 from an `ExportReport` (plus the `--validate` record) or an `Audit`, then written out by one of two writers,
 so the Markdown (for a PR comment or a wiki) and the HTML (for a browser) always say the same thing. The HTML
 has inline CSS and no script, link or image: it opens offline, and every text from a model, a rule or an
-error is escaped.
+error is escaped. In the Markdown every text is escaped too (`_md_text`): a value renders as itself, on its
+own line, so a newline or a `#` in a model path or class name cannot forge a heading or a list item. In both,
+control characters and the lone surrogates of an undecodable file name are shown as backslash escapes.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,18 +254,48 @@ def audit_document(audit: Audit) -> Document:
 # -- writers ------------------------------------------------------------------------------------------------
 
 
+# Line breaks and other control characters, and lone surrogates (an undecodable byte of a file name, as Python
+# reads it): shown as their escapes (`\n`, `\x1b`, `\udcff`), so a text is one line and every report writes.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# What starts inline Markdown anywhere in a line: code, emphasis, HTML and autolinks, entities, strikethrough,
+# an inline link or image (`](`); `_` only where it can (not inside a word such as `opset_version`). A bracket
+# alone is text: a reference link needs a definition, which only a line's start could hold (`_MD_BLOCK`).
+_MD_INLINE = re.compile(r"[\\`*<~]|\](?=\()|&(?=#?[0-9A-Za-z]+;)|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+# What starts a block at the beginning of a line (heading, quote, list item, rule, table, setext underline, a
+# link definition); a numbered item's digits are followed by `.` or `)`, which is what is escaped.
+_MD_BLOCK = re.compile(r"^(?:[#>+=|\[-]|\d+(?=[.)]))")
+
+
+def visible(text: str) -> str:
+    """`text` on one line: each control character, line break or lone surrogate as its backslash escape."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
+def _md_text(text: str) -> str:
+    """`text` as Markdown that renders as exactly that text, on one line: a value from a model, a path or an error
+    (a newline in a class name, a `#`, a `<script>`) can neither start a line nor become markup."""
+    escaped = _MD_INLINE.sub(lambda m: "\\" + m.group(), text)
+    # Control characters after the inline escapes: the backslash of `\n` is then shown, not read as an escape.
+    escaped = _UNPRINTABLE.sub(lambda m: "\\" + visible(m.group()), escaped)
+    escaped = _MD_BLOCK.sub(lambda m: m.group() + "\\" if m.group()[0].isdigit() else "\\" + m.group(), escaped)
+    escaped = re.sub(r"#+$", lambda m: "\\#" * len(m.group()), escaped)  # a heading's closing hashes
+    leading = len(escaped) - len(escaped.lstrip(" \t"))  # indentation would make a code block
+    return "".join(f"&#{ord(c)};" for c in escaped[:leading]) + escaped[leading:]
+
+
 def _md_cell(text: str) -> str:
-    # A pipe ends a cell and a newline ends the row: both are escaped so a reason with either stays in its cell.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+    # A pipe ends a cell and a newline ends the row: a newline becomes a line break inside the cell.
+    lines = re.split(r"\r\n|\r|\n", text)
+    return "<br>".join(_md_text(line).replace("|", "\\|") for line in lines)
 
 
 def to_markdown(doc: Document) -> str:
-    lines = [f"# {doc.title}", ""]
-    lines += [f"- {line}" for line in doc.summary]
+    lines = [f"# {_md_text(doc.title)}", ""]
+    lines += [f"- {_md_text(line)}" for line in doc.summary]
     for section in doc.sections:
-        lines += ["", f"## {section.title}", ""]
-        lines += [p + "\n" for p in section.paragraphs]
-        lines += [f"- {item}" for item in section.items]
+        lines += ["", f"## {_md_text(section.title)}", ""]
+        lines += [_md_text(p) + "\n" for p in section.paragraphs]
+        lines += [f"- {_md_text(item)}" for item in section.items]
         if section.table:
             lines.append("| " + " | ".join(_md_cell(h) for h in section.table.headers) + " |")
             lines.append("|" + "---|" * len(section.table.headers))
@@ -289,7 +322,9 @@ _NOWRAP = {"rule", "stage", "kind", "hits", "status", "seconds", "output", "shap
 
 
 def to_html(doc: Document) -> str:
-    e = html.escape
+    def e(text: str) -> str:
+        return html.escape(visible(text))
+
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -338,6 +373,7 @@ def write_documents(doc: Document, targets: Sequence[tuple[str, str | None]]) ->
     written = []
     for render_format, path in targets:
         if path:
-            write_text_atomically(Path(path), render(doc, render_format))
+            # backslashreplace: a report is written whatever its text holds (every text is `visible` already).
+            write_text_atomically(Path(path), render(doc, render_format), errors="backslashreplace")
             written.append(path)
     return written

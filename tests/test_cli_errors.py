@@ -209,6 +209,57 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, after: str) -> None:
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
 
+# Loaded into the command's own interpreter (`sitecustomize` on its PYTHONPATH): real SIGINTs at exact points,
+# chosen by audit events. The first when the validation opens the published manifest (the artifact is
+# complete and the command is working on it); the second as the clean-up is about to remove its second file
+# (a KeyboardInterrupt raised in the hook stops that removal: one file is gone, the others are not).
+_TWO_CTRL_C = """
+import os, signal, sys
+
+_OUT = os.path.realpath(os.environ["HFEXPORT_TEST_OUTPUT"])
+_MANIFEST = os.path.join(_OUT, "manifest.json")
+_sent = []
+_removals = []
+
+
+def _hook(event, args):
+    if event == "open" and not _sent and isinstance(args[0], str) and os.path.realpath(args[0]) == _MANIFEST:
+        if os.path.exists(_MANIFEST):
+            _sent.append("published")
+            os.kill(os.getpid(), signal.SIGINT)
+    elif event == "os.remove" and _sent == ["published"]:
+        if os.path.realpath(os.fsdecode(args[0])).startswith(_OUT + os.sep):
+            _removals.append(args[0])
+            if len(_removals) == 2:
+                _sent.append("removing")
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+sys.addaudithook(_hook)
+"""
+
+
+def test_a_second_ctrl_c_during_the_clean_up_leaves_no_half_artifact(tmp_path: Path) -> None:
+    # Before: the second Ctrl-C stopped the removal after its first file, leaving manifest.json with some of the
+    # files it lists (so `hfexport check` saw an incomplete artifact, not none). Now the manifest goes first and
+    # the second Ctrl-C waits until the removal is done.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_TWO_CTRL_C)
+    out = tmp_path / "out"
+    env = {**ENV, "HFEXPORT_TEST_OUTPUT": str(out)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks), ENV.get("PYTHONPATH", "")) if p)
+    command = ["export", "--model", "tiny-llama", "--no-dynamic", "--validate", "--output", str(out)]
+    with _sigint_at_its_default():
+        result = subprocess.run(
+            [sys.executable, "-m", "hfexport", *command], capture_output=True, text=True, env=env, timeout=600
+        )
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    lines = result.stderr.strip().splitlines()
+    assert f"removed the unfinished artifact in {out}/" in lines and lines[-1] == "interrupted", result.stderr[-3000:]
+
+
 def test_an_interrupt_removes_only_the_artifact_this_command_published(tmp_path: Path) -> None:
     from hfexport.cli.export import nothing_left_on_interrupt
 

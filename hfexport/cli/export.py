@@ -17,6 +17,7 @@ from typing import Any
 from hfexport.cli.exits import ExitCode, UsageError
 from hfexport.cli.models import export_config, load_empty_model, load_model, other_samples
 from hfexport.cli.progress import Progress
+from hfexport.files import interrupts_deferred
 from hfexport.formats import MAIN_FILE
 
 
@@ -111,8 +112,10 @@ def nothing_left_on_interrupt(output: Path, reports: list[Path]) -> Iterator[Non
     An interrupted export leaves no folder that looks finished: its validation, report and "done" never came
     (docs/cli.md, exit 130: "nothing half-written is left"). Only what this command wrote goes: the artifact
     whose manifest differs from the one `output` held before (an `--overwrite` interrupted before its publish
-    keeps the previous artifact), the files its manifest lists, the manifest, the report files this command
-    created in it; then the folders left empty, `output` itself when this command created it.
+    keeps the previous artifact): its manifest first (so what is left at any moment is no artifact, never a
+    manifest without some of its files), the files it lists, the report files this command created in it;
+    then the folders left empty, `output` itself when this command created it. A second Ctrl-C during the
+    removal is held back until it is done.
     """
     existed = output.exists()
     before = _manifest_bytes(output)
@@ -120,8 +123,10 @@ def nothing_left_on_interrupt(output: Path, reports: list[Path]) -> Iterator[Non
     try:
         yield
     except KeyboardInterrupt:
-        if _manifest_bytes(output) not in (None, before):
-            _remove_artifact(output, new_reports, remove_folder=not existed)
+        # Another Ctrl-C during the removal waits until it is done: never a manifest with some of its files.
+        with interrupts_deferred():
+            if _manifest_bytes(output) not in (None, before):
+                _remove_artifact(output, new_reports, remove_folder=not existed)
         raise
 
 
@@ -131,7 +136,8 @@ def _remove_artifact(output: Path, reports: list[Path], remove_folder: bool) -> 
     except (OSError, ValueError, KeyError, TypeError):
         return  # not a manifest this command wrote whole: nothing is removed
     root = output.resolve()
-    for path in [*(output / str(rel) for rel in listed), *reports, output / "manifest.json"]:
+    # The manifest first: from then on the folder is no artifact (`load` refuses it), whatever stops the rest.
+    for path in [output / "manifest.json", *(output / str(rel) for rel in listed), *reports]:
         resolved = path.resolve()
         if resolved != root and resolved.is_relative_to(root) and resolved.is_file():
             resolved.unlink()

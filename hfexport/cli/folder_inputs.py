@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
+from hfexport.model_files import read_folder_file
 
 # Text tokens (the decoder prompt of a speech model; the prompt around the image of a VLM) when
 # `--sequence-length` does not say.
@@ -34,8 +35,12 @@ def read_folder(path: str | Path, trust_remote_code: bool = False) -> FolderSpec
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    pre_path = Path(path) / "preprocessor_config.json"
-    preprocessor = json.loads(pre_path.read_text()) if pre_path.is_file() else {}
+    # Read as every file of a model folder is: from inside the folder, a regular file, bounded.
+    data = read_folder_file(path, "preprocessor_config.json")
+    try:
+        preprocessor = json.loads(data) if data is not None else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{Path(path) / 'preprocessor_config.json'} is not JSON ({exc})") from None
     return FolderSpec(config, preprocessor if isinstance(preprocessor, dict) else {})
 
 

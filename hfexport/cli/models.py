@@ -64,9 +64,12 @@ def canonical_task(task: str) -> str:
     return task if task in TASKS or task == "auto" else HF_TASKS[task]
 
 
-def check_model_spec(spec: str, task: str) -> None:
-    """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, and a `--task` that
-    does not fit it."""
+def check_model_spec(spec: str, task: str, trust_remote_code: bool = False) -> None:
+    """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, a `--task` that
+    does not fit it, a folder whose config or tokenizer files would be refused when saved beside the export
+    (`hfexport.model_files`: a symlink out of the folder, not a regular file, too large), and one that needs
+    its own Python code without `--trust-remote-code`."""
+    from hfexport.model_files import HF_FILE_NAMES, check_folder_files, code_needed, read_folder_file
     from hfexport.tiny import TINY_MODELS
 
     task = canonical_task(task)
@@ -83,16 +86,23 @@ def check_model_spec(spec: str, task: str) -> None:
     weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")]
     if not weights:
         raise UsageError(f"--model {spec}: the folder has no weights (*.safetensors or pytorch_model*.bin)")
+    check_folder_files(path, HF_FILE_NAMES)  # InputError naming the file: exit 2
+    if not trust_remote_code:
+        files = {name: read_folder_file(path, name) for name in ("config.json", "tokenizer_config.json")}
+        needs = code_needed({name: data for name, data in files.items() if data is not None})
+        if needs is not None:
+            raise UsageError(f"--model {spec}: {needs}; hfexport runs none unless you pass --trust-remote-code")
 
 
-def _folder_task(path: Path, task: str) -> str:
+def _folder_task(path: Path, task: str, trust_remote_code: bool = False) -> str:
     """`task`, or for `auto` the one the folder's config (`architectures`) names."""
     if task != "auto":
         return task
     import transformers
     from transformers.models.auto import modeling_auto
 
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    # Never transformers' default (None), which asks on stdin whether to run the folder's code.
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     architecture = (getattr(config, "architectures", None) or [""])[0]
     if architecture.endswith("ForConditionalGeneration"):
         # Whisper and LLaVA are "ForConditionalGeneration" too: the Auto mappings say which kind it is.
@@ -122,9 +132,9 @@ def load_model(
         if dtype:
             model = model.to(getattr(torch, dtype))
         return model, sample_inputs(spec, dtype=dtype, batch_size=batch_size, sequence_length=sequence_length)
-    check_model_spec(spec, task)
+    check_model_spec(spec, task, trust_remote_code)
     path = Path(spec)
-    task = _folder_task(path, canonical_task(task))
+    task = _folder_task(path, canonical_task(task), trust_remote_code)
     import transformers
 
     options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
@@ -154,8 +164,8 @@ def load_empty_model(
 
     if spec in TINY_MODELS:
         raise UsageError(f"--low-memory streams weights from a checkpoint folder; {spec} is built in: save it first")
-    check_model_spec(spec, task)
-    task = _folder_task(Path(spec), canonical_task(task))
+    check_model_spec(spec, task, trust_remote_code)
+    task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
     if task not in _TEXT_TASKS:
         raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
     model = empty_model(
@@ -189,7 +199,7 @@ def sample_inputs(
         if dtype:
             inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         return inputs
-    task = _folder_task(Path(spec), canonical_task(task))
+    task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
     if task in NON_TEXT_TASKS:
         inputs = folder_sample_inputs(
             spec,
@@ -233,7 +243,7 @@ def other_samples(
         default_batch, default_length = TINY_MODELS[spec].sample_shape
         batch, length = batch_size or default_batch, sequence_length or default_length
     else:
-        task = _folder_task(Path(spec), canonical_task(task))
+        task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
         if task in NON_TEXT_TASKS:  # `length` counts text tokens, as `sample_inputs` takes it
             batch = next(iter(inputs.values())).shape[0]
             length = sequence_length or DEFAULT_TEXT_LENGTH.get(task, 0)

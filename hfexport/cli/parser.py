@@ -242,10 +242,10 @@ def _check_combinations(args: argparse.Namespace) -> None:
     if args.command in ("export", "audit", "sweep"):
         config_json(args.config)  # a JSON mistake is refused before any import of torch
     if args.command == "bench":
-        check_model_spec(args.model, "causal-lm")
+        check_model_spec(args.model, "causal-lm", args.trust_remote_code)
         bench_choices(args)
     if args.command in ("export", "audit"):
-        check_model_spec(args.model, args.task)
+        check_model_spec(args.model, args.task, args.trust_remote_code)
         for flag, value in (("--batch-size", args.batch_size), ("--sequence-length", args.sequence_length)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1, not {value}")
