@@ -97,6 +97,22 @@ def parse_upstream(text: str) -> UpstreamRef:
 
 
 @dataclass(frozen=True)
+class ScanCause:
+    """A pattern of Python source that this rule fixes, as `hfexport scan` finds it: sites of `kind` (a scan
+    pattern, `hfexport.scan.KINDS`) whose scope's last name matches `function` (a regex; one with an escaped dot,
+    `Class\\.method`, matches the whole scope). `id` names the cause; `what` says what goes wrong, in a line.
+
+    `hfexport.scan.causes()` is the table of every registered rule's causes; tests/test_scan.py asserts that each
+    site of a cause in the installed transformers is targeted by a rule of it or is a documented known gap.
+    """
+
+    id: str
+    kind: str
+    function: str
+    what: str
+
+
+@dataclass(frozen=True)
 class RuleMeta:
     """Metadata shared by every rule kind (see DESIGN.md, "The rule model")."""
 
@@ -113,6 +129,18 @@ class RuleMeta:
     # Ids of rules this one is only correct or useful after (in this stage or an earlier one). The engine runs
     # them whenever this rule runs, and drops this rule when the selection disables one of them.
     requires: tuple[str, ...] = ()
+    # Where the need of a fix is shown when the example harness cannot show it (the need is a save, a second
+    # program, memory, or a crash of the process): the test that shows it, and why there. The harness's check
+    # that the fix is needed is skipped with this as its reason.
+    needed: str = ""
+    # A backend cannot run a plain model without this rule (e.g. OpenVINO's CPU plugin refuses a constant input
+    # of dynamic rank): the example harness keeps it on in every example export of the rule's backends.
+    baseline: bool = False
+    # The patterns of Python source this rule fixes (`hfexport scan` reports their sites with the rule).
+    scan: tuple[ScanCause, ...] = ()
+    # Former ids of this rule (rules merged into it, or renamed): a rule selection that names one selects this
+    # rule, so `--disable <former id>` keeps working.
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         match = _ID_RE.match(self.id)
@@ -134,10 +162,18 @@ class RuleMeta:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown or not self.backends:
             raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {BACKENDS}")
-        object.__setattr__(self, "requires", tuple(self.requires))
+        for name in ("requires", "scan", "aliases", "examples"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for required in self.requires:
             if not _ID_RE.match(required) or required == self.id:
                 raise RuleDefinitionError(f"rule {self.id}: `requires` names {required!r}, not another rule id")
+        for alias in self.aliases:
+            alias_match = _ID_RE.match(alias)
+            if not alias_match or alias_match["stage"] != self.stage or alias == self.id:
+                raise RuleDefinitionError(f"rule {self.id}: alias {alias!r} must be another id of stage {self.stage!r}")
+        if self.needed and self.kind != "fix":
+            raise RuleDefinitionError(f"rule {self.id}: `needed` is for a fix (an optimization is judged by its graph)")
+        self._check_examples()
         if self.expires is not None:
             from packaging.requirements import InvalidRequirement, Requirement
 
@@ -151,6 +187,16 @@ class RuleMeta:
                 raise RuleDefinitionError(
                     f"rule {self.id}: `expires` {self.expires!r} needs a version bound, e.g. '{requirement.name}>1.2.3'"
                 )
+
+    def _check_examples(self) -> None:
+        for index, example in enumerate(self.examples):
+            what = f"rule {self.id}: example {index} ({example.description!r})"
+            backends = set(getattr(example, "backends", ()) or self.backends)
+            if not backends <= set(self.backends):
+                raise RuleDefinitionError(f"{what}: backends {sorted(backends)} not all in {self.backends}")
+            failing = {backend for backend, _ in getattr(example, "known_failure", ())}
+            if not failing <= backends:
+                raise RuleDefinitionError(f"{what}: known_failure names {sorted(failing - backends)}, not its backends")
 
     @property
     def stage(self) -> str:

@@ -46,18 +46,6 @@ from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
 
-# Rules kept on in every example export of a backend, besides the rule under test and its `requires`: those
-# without which the backend cannot run a plain model at all.
-ALWAYS_ON: dict[str, tuple[str, ...]] = {
-    # A Python constant of the forward (transformers' `use_cache=False`) stays an input of the converted model,
-    # of dynamic rank, and the CPU plugin refuses to compile any model with one.
-    "openvino": ("openvino/drop-constant-inputs",),
-    # A dynamic export's size arithmetic calls torch.sym_min / sym_float / sym_ite... (a conv's output length,
-    # a capacity, a block count), which to_edge's verifier refuses although ExecuTorch runs them; the rule only
-    # lets them through (the graph is unchanged).
-    "executorch": ("executorch/sym-size-functions-verifier",),
-}
-
 # Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
 EXECUTORCH_BOUND = 64
 
@@ -81,10 +69,16 @@ def _with_requirements(ids: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def baseline_rules(backend: str) -> tuple[str, ...]:
+    """The rules kept on in every example export of `backend` (`RuleMeta.baseline`): without them the backend
+    cannot run a plain model at all."""
+    return tuple(r.id for r in engine.default_registry().rules() if r.meta.baseline and r.applies_to(backend))
+
+
 def selection_for(rule: Rule, backend: str, with_rule: bool = True, example: Example | None = None) -> RuleSelection:
-    """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and `ALWAYS_ON[backend]`:
-    every other rule off."""
-    keep = _with_requirements((*rule.meta.requires, *getattr(example, "needs", ()), *ALWAYS_ON.get(backend, ())))
+    """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and the backend's baseline
+    rules: every other rule off."""
+    keep = _with_requirements((*rule.meta.requires, *getattr(example, "needs", ()), *baseline_rules(backend)))
     off = tuple(f"{stage}/" for stage in STAGES)
     if with_rule:
         return RuleSelection(enable=(rule.id, *keep), disable=off)

@@ -108,3 +108,47 @@ def test_every_rule_is_defined_in_the_module_its_id_names() -> None:
         assert location.path == f"hfexport/rewrites/rules/{rule.stage}/{attribute}.py"
         line = (ROOT / location.path).read_text().splitlines()[location.line - 1]
         assert line.startswith(f"{attribute} = "), (rule.id, line)
+
+
+# -- what the test run knows of a rule is on the rule ----------------------------------------------
+def _built() -> tuple[object, dict]:
+    raise AssertionError("not built: a metadata check")
+
+
+def test_an_example_is_checked_only_on_backends_of_its_rule() -> None:
+    from hfexport.rewrites.examples import Match
+
+    with pytest.raises(RuleDefinitionError, match=r"example 0 .* not all in \('onnx',\)"):
+        RuleMeta(
+            id="fx/bad",
+            why="w",
+            upstream="torch==2.13.0 fx/x.py",
+            backends=("onnx",),
+            examples=(Match(_built, "m", backends=("dynamo",)),),
+        )
+    with pytest.raises(RuleDefinitionError, match="known_failure names"):
+        RuleMeta(
+            id="fx/bad",
+            why="w",
+            upstream="torch==2.13.0 fx/x.py",
+            backends=("onnx", "dynamo"),
+            examples=(Match(_built, "m", backends=("onnx",), known_failure={"dynamo": "not lowered"}),),
+        )
+    with pytest.raises(ValueError, match="needs a reason"):
+        Match(_built, "m", known_failure={"onnx": " "})
+
+
+def test_known_failures_needs_and_baselines_are_declared_by_rules() -> None:
+    from hfexport.rewrites.examples import known_failure
+    from hfexport.testing.harness import baseline_rules
+
+    registry = default_registry()
+    assert baseline_rules("openvino") == ("openvino/drop-constant-inputs",)
+    assert baseline_rules("executorch") == ("executorch/sym-size-functions-verifier",)
+    assert baseline_rules("onnx") == ()
+    complex_rule = registry.get("fx/complex-to-real")
+    assert "XNNPACK reshape" in (known_failure(complex_rule.meta.examples[0], "executorch") or "")
+    assert known_failure(complex_rule.meta.examples[0], "onnx") is None
+    assert "torch.export.save" in registry.get("fx/sym-ceil-to-int").meta.needed
+    with pytest.raises(RuleDefinitionError, match="`needed` is for a fix"):
+        RuleMeta(id="onnx/bad", why="w", upstream="", kind="optimization", needed="elsewhere")

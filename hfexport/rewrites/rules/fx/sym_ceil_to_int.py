@@ -44,6 +44,8 @@ sym_ceil_to_int = FxNodeRule(
         upstream="torch==2.13.0 _export/serde/serialize.py _SYM_OPS (math.trunc, operator.floordiv, "
         "torch.sym_float... but no math.ceil; serialize_sym_op_inputs asserts the op is in it)",
         backends=("dynamo",),
+        needed="the need is saving: tests/rewrites/test_fx_sym_ceil.py shows torch.export.save refusing each Match "
+        "example without the rule (the harness runs a Dynamo program in memory, unsaved)",
         models=("nllb-moe",),
         examples=(
             *CAPACITY_EXAMPLES,

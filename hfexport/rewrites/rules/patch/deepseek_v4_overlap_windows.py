@@ -231,6 +231,10 @@ deepseek_v4_overlap_windows = MethodPatch(
                 atol=1e-5,
                 other_inputs=lambda: _longer(13, batch=3),
                 needs=_NEEDS,
+                known_failure={
+                    "executorch": "to_edge refuses the DeepSeek-V4 program (SpecViolationError in the edge verifier): "
+                    "an ExecuTorch coverage gap of the architecture (#17)"
+                },
             ),
             Match(
                 lambda: _deepseek_v4(10),
@@ -238,6 +242,7 @@ deepseek_v4_overlap_windows = MethodPatch(
                 atol=1e-5,
                 other_inputs=lambda: _longer(22),
                 needs=_NEEDS,
+                known_failure={"executorch": "as Match 0 on ExecuTorch (edge verifier)"},
             ),
             NoMatch(
                 lambda: _deepseek_v4(8, layer="sliding_attention"),

@@ -86,6 +86,7 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
                 reason="the replacement declines no call, and every JetMoe layer (attention and MLP) runs parallel "
                 "experts, so no JetMoe model goes without it: only another architecture, where it is not installed",
                 applies=False,
+                slow=True,  # 16 s on the 2-core CI machine
             ),
         ),
     ),

@@ -149,6 +149,11 @@ identity_experts_routed_loop = MethodPatch(
                 lambda: _longcat(7),
                 "4 routed and 3 identity experts, 7 tokens, then 12 tokens and a batch of 3",
                 other_inputs=lambda: _other(12, 3),
+                known_failure={
+                    "executorch": "ExecuTorch plans the LongCat program for the sample's batch of 2 (shape bound "
+                    "[2, 7]), so the example's other inputs of batch 3 are refused: a coverage gap (#17), as for "
+                    "patch/minimax-m3-index-blocks"
+                },
             ),
             Match(lambda: _longcat(1, zero_experts=6), "a single token: most experts get no rows"),
             Match(

@@ -182,6 +182,12 @@ longformer_attention_dense = MethodPatch(
                 "tokens; then batch 3 and 37 tokens, past both windows",
                 other_inputs=lambda: _inputs(3, 37, pad=11, globals_at=(0, 20, 36)),
                 atol=1e-5,
+                known_failure={
+                    "openvino": "openvino.convert_model fails in its normalize step on the model's own padding to the "
+                    "window size (slice_shape_inference.hpp:72 'shape_rank.compatible(1)', then 'No conversion rule "
+                    "found for operations: <built-in function mod>'), outside the rule's attention: an OpenVINO "
+                    "coverage gap of Longformer (#17)"
+                },
             ),
             Match(
                 _classifier,
@@ -190,6 +196,7 @@ longformer_attention_dense = MethodPatch(
                     k: v for k, v in _inputs(1, 26, pad=5, globals_at=(0,)).items() if k != "global_attention_mask"
                 },
                 atol=1e-5,
+                known_failure={"openvino": "as Match 0 on OpenVINO (the window padding's slice)"},
             ),
             NoMatch(
                 _roberta,

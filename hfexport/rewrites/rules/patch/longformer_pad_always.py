@@ -103,12 +103,17 @@ longformer_pad_always = MethodPatch(
                 "7 tokens (padded to 8), a padded row; then batch 3 and 16 tokens, a multiple of the window",
                 other_inputs=_multiple,
                 needs=("patch/longformer-attention-dense",),
+                known_failure={
+                    "openvino": "as patch/longformer-attention-dense on OpenVINO (the window padding's slice in "
+                    "convert_model's normalize step)"
+                },
             ),
             Match(
                 lambda: _model_at(2, 16),
                 "16 tokens, a multiple of the window (8); then batch 1 and 13 tokens",
                 other_inputs=lambda: _inputs_at(1, 13),
                 needs=("patch/longformer-attention-dense",),
+                known_failure={"openvino": "as Match 0 on OpenVINO"},
             ),
             NoMatch(
                 _embeds,

@@ -11,6 +11,7 @@ has no slot for a while_loop's `additional_inputs`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -93,8 +94,12 @@ rglru_recurrence_openvino = MethodPatch(
                 atol=1e-5,
                 rtol=1e-5,
                 other_inputs=lambda: {"input_ids": torch.randint(0, 64, (3, 13)), "use_cache": False},
+                # The OpenVINO conversions of a RecurrentGemma take 36 s and 34 s on the 2-core CI machine; the loop's
+                # numbers are checked in the default tier by patch/rglru-recurrence-scan's first Match.
+                slow=True,
             ),
-            *EXAMPLES[1:],
+            EXAMPLES[1],
+            dataclasses.replace(EXAMPLES[2], slow=True),
         ),
     ),
     target=runs_rglru_loop,
