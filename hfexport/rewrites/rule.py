@@ -7,15 +7,27 @@ rule fails at import, not halfway through an export.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     from hfexport.rewrites.examples import Example
 
-# Pipeline order. Adding a stage: append it here, give it a rule class with `stage = "<name>"` and an
-# applier in engine.py, and list its rule package in registry.py.
+# Pipeline order. Adding a stage: append it here and to PHASES, give a rule kind its name in `stages` (and an
+# applier in engine.py), and list its rule package in registry.py.
 STAGES: tuple[str, ...] = ("patch", "fx", "aten", "onnx", "executorch", "openvino")
+# The phases of each stage, in the order a lowering reaches them; each rule kind runs in one of its stage's
+# phases (`Rule.phase`), and the lowering names the phase it is at: `engine.apply(stage, target, context, phase=)`.
+PHASES: dict[str, tuple[str, ...]] = {
+    "patch": ("trace",),  # installed on the live model around the trace
+    "fx": ("program",),  # the captured ExportedProgram
+    "aten": ("translation",),  # torch.onnx's translation table
+    # the ONNX IR: fixes right after translation, fusions after the optimizer, rewrites of what a quantizer wrote
+    "onnx": ("fix", "fusion", "quantized"),
+    "executorch": ("program",),  # the program before to_edge
+    "openvino": ("program", "model"),  # the program before convert_model, then the converted model
+}
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
 RuleKind = Literal["fix", "optimization"]
 
@@ -292,22 +304,92 @@ def _matches(pattern: str, rule_id: str) -> bool:
     return pattern.endswith(("/", "-")) or rule_id[len(pattern)] in "/-"
 
 
+class PerBackend:
+    """A part of a rule's body that differs per backend: `replacement=PerBackend(dynamo=scan, onnx=detached_scan)`.
+
+    One cause fixed one way per backend is one rule (one file, one `why`), not one rule per backend. Every backend
+    of the rule must have its value; backends that share a value are one variant of the rule (`Rule.variants()`).
+    """
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(BACKENDS)
+        if unknown or not values:
+            raise RuleDefinitionError(f"PerBackend names {sorted(unknown) or 'no backend'}; backends are {BACKENDS}")
+        self._values = dict(values)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(b for b in BACKENDS if b in self._values)
+
+    def get(self, backend: str) -> Any:
+        """The value for `backend` (KeyError for a backend the rule is not for)."""
+        return self._values[backend]
+
+    def __repr__(self) -> str:
+        return f"PerBackend({', '.join(f'{b}={v!r}' for b, v in self._values.items())})"
+
+
+def for_backend(value: Any, backend: str) -> Any:
+    """`value` itself, or a `PerBackend` value's value for `backend`."""
+    return value.get(backend) if isinstance(value, PerBackend) else value
+
+
+@dataclass
+class Applied:
+    """What applying one rule to its target did: the sites it changed (`hits`), why it left matched sites alone
+    (`declined`: reason -> count), what it hands to the lowering (`outputs`, e.g. an edge pass; the lowering reads
+    them from the stage's result), or why it does not apply to this target at all (`not_applicable`)."""
+
+    hits: int = 0
+    declined: Counter[str] = field(default_factory=Counter)
+    outputs: tuple[Any, ...] = ()
+    not_applicable: str = ""
+
+
 @dataclass
 class Rule:
-    """Base of every rule kind. Subclasses set `stage` and add their body fields."""
+    """Base of every rule kind. A kind names the `stages` its rules may be in (a rule's id names its stage) and
+    the phase of the stage they run in (`phase`, one of `PHASES[stage]`), and adds its body fields."""
 
     meta: RuleMeta
-    stage: str = field(init=False, default="")
+    stages: ClassVar[tuple[str, ...]] = ()
+    phase: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        if self.meta.stage != self.stage:
+        if self.meta.stage not in self.stages:
             raise RuleDefinitionError(
-                f"rule {self.meta.id}: id stage {self.meta.stage!r} does not match {type(self).__name__}"
+                f"rule {self.meta.id}: a {type(self).__name__} is a rule of stage {' or '.join(self.stages)}, "
+                f"not {self.meta.stage!r}"
             )
+        if self.phase not in PHASES[self.stage]:
+            raise RuleDefinitionError(
+                f"rule {self.meta.id}: phase {self.phase!r} is not a phase of stage {self.stage!r} {PHASES[self.stage]}"
+            )
+        for name, value in self._per_backend().items():
+            if set(value.backends) != set(self.meta.backends):
+                has, wants = value.backends, self.meta.backends
+                raise RuleDefinitionError(f"rule {self.meta.id}: `{name}` is given for {has}, the rule is for {wants}")
+
+    def _per_backend(self) -> dict[str, PerBackend]:
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), PerBackend)}
+
+    def variants(self) -> tuple[tuple[str, ...], ...]:
+        """The rule's backends grouped by the body they get (in `meta.backends` order): one group for a rule whose
+        body is the same on every backend, one per distinct value of its `PerBackend` fields otherwise."""
+        per_backend = self._per_backend().values()
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for backend in self.meta.backends:
+            key = tuple(id(value.get(backend)) for value in per_backend)
+            groups.setdefault(key, []).append(backend)
+        return tuple(tuple(group) for group in groups.values())
 
     @property
     def id(self) -> str:
         return self.meta.id
+
+    @property
+    def stage(self) -> str:
+        return self.meta.stage
 
     def applies_to(self, backend: str) -> bool:
         return backend in self.meta.backends

@@ -537,12 +537,10 @@ def _parse(text: str) -> tuple[Any, Any]:
 
 
 def _apply_text_rule(rule: Rule, model: Any) -> int:
-    from hfexport.rewrites.kinds.onnx import apply_onnx_rule
-
     registry = engine.default_registry()
     for required in rule.meta.requires:
-        apply_onnx_rule(registry.get(required), model)
-    return apply_onnx_rule(rule, model)
+        engine.apply_rule(registry.get(required), model)
+    return engine.apply_rule(rule, model).hits
 
 
 def _reference(proto: Any, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
@@ -612,10 +610,7 @@ def lower_to_executorch(program: torch.export.ExportedProgram) -> Any:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.kinds.executorch import edge_compile_config
     from hfexport.runtime.executorch import ExecutorchProgram
 
-    edge = to_edge_transform_and_lower(
-        program, partitioner=[XnnpackPartitioner()], compile_config=edge_compile_config(program)
-    )
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     return ExecutorchProgram(edge.to_executorch())

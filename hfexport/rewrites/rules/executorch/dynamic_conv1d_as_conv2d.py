@@ -9,7 +9,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch.dynamic_trailing_unsqueeze_as_view import _sizes
 
@@ -109,7 +109,7 @@ def _built(stride: int = 1) -> Built:
     return _DepthwiseSeparable(stride), _hidden(2, 7)
 
 
-dynamic_conv1d_as_conv2d = ExecutorchNodeRule(
+dynamic_conv1d_as_conv2d = NodeRule(
     RuleMeta(
         id="executorch/dynamic-conv1d-as-conv2d",
         why="XNNPACK runs a 1-D convolution as a 2-D one behind an unsqueeze and a squeeze that its partitioner "

@@ -9,7 +9,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch.dynamic_trailing_unsqueeze_as_view import _sizes
 
@@ -77,7 +77,7 @@ def _built(like: bool = False) -> Built:
     return _SplitKeys(like), _parts(2, 5)
 
 
-dynamic_empty_as_zeros = ExecutorchNodeRule(
+dynamic_empty_as_zeros = NodeRule(
     RuleMeta(
         id="executorch/dynamic-empty-as-zeros",
         why="to_edge's dim-order pass turns `empty` into executorch's `_empty_dim_order`, whose schema takes "

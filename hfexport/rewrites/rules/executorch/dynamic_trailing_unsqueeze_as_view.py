@@ -9,7 +9,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _UNSQUEEZE = torch.ops.aten.unsqueeze.default
@@ -100,7 +100,7 @@ def _built(dim: int = -1, unsqueeze: bool = False) -> Built:
     return _InterleavedRotary(dim, unsqueeze), _states(2, 6)
 
 
-dynamic_trailing_unsqueeze_as_view = ExecutorchNodeRule(
+dynamic_trailing_unsqueeze_as_view = NodeRule(
     RuleMeta(
         id="executorch/dynamic-trailing-unsqueeze-as-view",
         why="XNNPACK's partitioner takes a trailing unsqueeze (also the unsqueezes `stack(..., dim=-1)` "

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -57,7 +57,7 @@ def _hunyuan_merge() -> Built:
     return _merge()
 
 
-is_all_true_as_any = ExecutorchNodeRule(
+is_all_true_as_any = NodeRule(
     RuleMeta(
         id="executorch/is-all-true-as-any",
         why="transformers' torch_compilable_check on a tensor condition (the placeholder checks of 129 modeling "

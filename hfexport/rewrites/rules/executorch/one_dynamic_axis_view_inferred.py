@@ -9,7 +9,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
@@ -75,7 +75,7 @@ def _built(batch: int = 1, length: int = 6, explicit: bool = False) -> Built:
     return _Heads(explicit).eval(), _states(batch, length)
 
 
-one_dynamic_axis_view_inferred = ExecutorchNodeRule(
+one_dynamic_axis_view_inferred = NodeRule(
     RuleMeta(
         id="executorch/one-dynamic-axis-view-inferred",
         why="XNNPACK's partitioner refuses a view whose size arguments are symbolic ('Symbolic reshape is not "

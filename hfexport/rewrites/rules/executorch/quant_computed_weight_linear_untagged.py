@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._quant_weight_decompression import (
     _inputs,
@@ -12,7 +12,7 @@ from hfexport.rewrites.rules.executorch._quant_weight_decompression import (
     _untag_linear,
 )
 
-quant_computed_weight_linear_untagged = ExecutorchNodeRule(
+quant_computed_weight_linear_untagged = NodeRule(
     RuleMeta(
         id="executorch/quant-computed-weight-linear-untagged",
         why="a linear on a weight computed in the graph (NNCF's int8/int4 weight decompression) over a "

@@ -26,7 +26,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
@@ -159,7 +159,7 @@ def _projections(shared: bool) -> Built:
     return _dynamic_quantized(_Projections(shared), inputs, wrap=_QuantizedPair)
 
 
-quant_dynamic_chain_per_consumer = ExecutorchNodeRule(
+quant_dynamic_chain_per_consumer = NodeRule(
     RuleMeta(
         id="executorch/quant-dynamic-chain-per-consumer",
         why="A dynamically quantized activation read by several linears (q/k/v after the input norm, gate/up after "

@@ -24,7 +24,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 
@@ -135,7 +135,7 @@ def _quantized(module: torch.nn.Module) -> Built:
         return _Quantized(convert_pt2e(prepared)), inputs
 
 
-quant_identity_requantize = ExecutorchNodeRule(
+quant_identity_requantize = NodeRule(
     RuleMeta(
         id="executorch/quant-identity-requantize",
         why="XNNPACK (in executorch 1.4.1) frees the lookup table it fuses a quantized dequantize -> quantize pair "

@@ -14,7 +14,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 
@@ -123,7 +123,7 @@ class _Quantized(torch.nn.Module):
         return self.quantized(x=x)
 
 
-quant_slice_keeps_qparams = ExecutorchNodeRule(
+quant_slice_keeps_qparams = NodeRule(
     RuleMeta(
         id="executorch/quant-slice-keeps-qparams",
         why="XNNPACK fails to load a PT2E-quantized program whose slices change quantization parameters (rotary "

@@ -17,25 +17,19 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
     CAPACITY_EXAMPLES,
     _BlocksOfLength,
-    ceil_matcher,
     ceil_to_int,
+    ceil_to_rewrite,
     torch,
 )
 
-_ID = "fx/sym-ceil-to-int"
-
-
-_matches = ceil_matcher(_ID)
-
-
-sym_ceil_to_int = FxNodeRule(
+sym_ceil_to_int = NodeRule(
     RuleMeta(
-        id=_ID,
+        id="fx/sym-ceil-to-int",
         why="torch.export.save refuses a math.ceil node on a symbolic size ('Failed serializing node ceil in "
         "graph: %ceil ...', AssertionError 'op <built-in function ceil> is not in _SYM_OPS'): a dynamic Dynamo "
         "export of NLLB-MoE (expert capacity ceil(fraction * tokens), seq2seq/nllb-moe) cannot be saved. The "
@@ -57,6 +51,6 @@ sym_ceil_to_int = FxNodeRule(
             NoMatch(dense_decoder, "a Llama forward (no ceiling of sizes)"),
         ),
     ),
-    predicate=_matches,
+    predicate=ceil_to_rewrite,
     rewrite=ceil_to_int,
 )

@@ -35,5 +35,5 @@ quantized_attention_as_matmul = OnnxRewriteRule(
         ),
     ),
     rewrite_rule=_attention_matmul_rule,
-    after_quantizer=True,
+    phase="quantized",
 )

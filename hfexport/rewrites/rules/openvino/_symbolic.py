@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from hfexport.rewrites.declines import Declined
 from hfexport.rewrites.examples import Match
 
 
@@ -131,19 +132,14 @@ def _sym_float_of_int(arg: Any) -> Any:
     return None
 
 
-def ceil_matcher(rule_id: str) -> Any:
+def ceil_to_rewrite(node: fx.Node) -> bool | Declined:
     """The node predicate of a rule that rewrites `math.ceil` on sizes: `ceil_operands` finds its operands; a ceil
-    it must leave (see `ceil_operands`) is noted as declined, so the audit says why the save or conversion failing
-    on it was not fixed."""
-    from hfexport.rewrites.declines import note_declined
-
-    def matches(node: fx.Node) -> bool:
-        operands = ceil_operands(node)
-        if isinstance(operands, str):
-            note_declined(rule_id, operands)
-        return isinstance(operands, tuple)
-
-    return matches
+    it must leave (see `ceil_operands`) is declined with the reason, so the audit says why the save or conversion
+    failing on it was not fixed."""
+    operands = ceil_operands(node)
+    if isinstance(operands, str):
+        return Declined(operands)
+    return isinstance(operands, tuple)
 
 
 def ceil_operands(node: fx.Node) -> tuple[Any, int | Any, Any] | str | None:

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -93,7 +93,7 @@ def _unpack(dtype: torch.dtype = torch.uint8) -> Built:
     return _Unpack(dtype), {"x": torch.zeros(16, 32)}
 
 
-quant_right_shift_as_floor_scale = OpenVINOFxNodeRule(
+quant_right_shift_as_floor_scale = NodeRule(
     RuleMeta(
         id="openvino/quant-right-shift-as-floor-scale",
         why="NNCF's int4 weights are unpacked with aten.bitwise_right_shift, which openvino.convert_model cannot "

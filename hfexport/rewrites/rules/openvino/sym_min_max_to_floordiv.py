@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
     _min_max_to_floordiv,
@@ -18,7 +18,7 @@ from hfexport.rewrites.rules.openvino._symbolic import (
 # model computes them in float: wrong sizes at run time), as in every OpenVINO export.
 _NEEDS = ("openvino/exact-int-floor-divide",)
 
-sym_min_max_to_floordiv = OpenVINOFxNodeRule(
+sym_min_max_to_floordiv = NodeRule(
     RuleMeta(
         id="openvino/sym-min-max-to-floordiv",
         why="openvino.convert_model has no translator for torch.sym_min / torch.sym_max on symbolic sizes "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.openvino._symbolic import (
     _mod_to_floordiv,
@@ -15,7 +15,7 @@ from hfexport.rewrites.rules.openvino._symbolic import (
     torch,
 )
 
-sym_mod_to_floordiv = OpenVINOFxNodeRule(
+sym_mod_to_floordiv = NodeRule(
     RuleMeta(
         id="openvino/sym-mod-to-floordiv",
         why="openvino.convert_model has no translator for operator.mod on symbolic sizes ('No conversion rule "
