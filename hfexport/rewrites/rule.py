@@ -230,7 +230,8 @@ class RuleSelection:
     """Which rules run: all default-on rules, plus `enable`, minus `disable` (ids or id prefixes).
 
     The most specific (longest) matching pattern decides; on a tie `disable` wins, so
-    `RuleSelection(enable=("fx/",), disable=("fx/drop-assert",))` keeps every FX rule but one.
+    `RuleSelection(enable=("fx/",), disable=("fx/drop-assert",))` keeps every FX rule but one. A pattern that names a
+    rule's former id (`RuleMeta.aliases`, e.g. a per-backend rule merged into its family's) selects that rule.
     """
 
     enable: tuple[str, ...] = ()
@@ -262,7 +263,7 @@ class RuleSelection:
     def reason_for(self, meta: RuleMeta) -> str:
         """Why `meta` does not run under this selection (the reason of the pattern that disabled it)."""
         notes = dict(self.reasons)
-        matching = [p for p in self.disable if _matches(p, meta.id)]
+        matching = [p for p in self.disable if _names(p, meta)]
         if matching:
             best = max(matching, key=len)
             if best in notes:
@@ -275,16 +276,16 @@ class RuleSelection:
             for pattern in patterns:
                 # Longer wins; at equal length disable (seen second) wins.
                 longer = len(pattern) > best_len or (len(pattern) == best_len and not on)
-                if _matches(pattern, meta.id) and longer:
+                if _names(pattern, meta) and longer:
                     best_len, verdict = len(pattern), on
         return verdict
 
     def disables(self, meta: RuleMeta) -> bool:
         """Whether a `disable` pattern decides against `meta` (not merely its default being off)."""
-        return not self.is_enabled(meta) and any(_matches(p, meta.id) for p in self.disable)
+        return not self.is_enabled(meta) and any(_names(p, meta) for p in self.disable)
 
     def unknown_patterns(self, rule_ids: list[str]) -> list[str]:
-        """Patterns that match no registered rule (almost always a typo)."""
+        """Patterns that match no registered rule id or alias (almost always a typo)."""
         return [p for p in (*self.enable, *self.disable) if not any(_matches(p, i) for i in rule_ids)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -292,6 +293,11 @@ class RuleSelection:
         if self.reasons:
             data["reasons"] = dict(self.reasons)
         return data
+
+
+def _names(pattern: str, meta: RuleMeta) -> bool:
+    """Whether `pattern` selects the rule of `meta`, by its id or by one of its former ids (`aliases`)."""
+    return any(_matches(pattern, rule_id) for rule_id in (meta.id, *meta.aliases))
 
 
 def _matches(pattern: str, rule_id: str) -> bool:

@@ -487,7 +487,7 @@ def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> Fix
     for example in rule.meta.examples:
         if not isinstance(example, Match):
             continue
-        for backend in backends:
+        for backend in (b for b in backends if b in example_backends(rule, example)):
             how = fails_without(rule, example, backend)
             if how is not None:
                 return FixProof(example, backend, how)
@@ -496,14 +496,18 @@ def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> Fix
 
 
 def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
-    """The backends an example is checked on: a Match on each of the rule's; a NoMatch on the first of them.
+    """The backends an example is checked on, among those it names (`example.backends`, default: the rule's): a
+    Match on each of them; a NoMatch on the first of them of each variant of the rule (`Rule.variants()`: backends
+    that share the rule's body).
 
-    One backend is enough for a NoMatch: a rule that fires zero times hands its stage's output on unchanged,
-    and the later stages are deterministic, so the same graph on one backend is the same on every one.
+    One backend per variant is enough for a NoMatch: a rule that fires zero times hands its stage's output on
+    unchanged, and the later stages are deterministic, so the same graph on one backend is the same on every one.
     """
-    if isinstance(example, NoMatch):
-        return rule.meta.backends[:1]
-    return rule.meta.backends
+    named = tuple(b for b in rule.meta.backends if not example.backends or b in example.backends)
+    if isinstance(example, Match):
+        return named
+    firsts = (next((b for b in variant if b in named), None) for variant in rule.variants())
+    return tuple(b for b in firsts if b is not None)
 
 
 def check_example(rule: Rule, example: Example, backends: tuple[str, ...] | None = None) -> int:

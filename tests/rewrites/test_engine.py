@@ -298,3 +298,73 @@ def test_module_function_patch_applies_only_to_models_using_that_module() -> Non
         assert toy_module.scale.__name__ == "scale" and not installed_gates()
     assert context.outcomes["patch/toy-scale"].status == "not-applicable"
     assert "uses no module of tests.rewrites.toy_module" in context.outcomes["patch/toy-scale"].reason
+
+
+# -- one rule per family: per-backend bodies, former ids -----------------------------------------------
+def test_a_rule_may_give_each_backend_its_own_replacement() -> None:
+    from hfexport.rewrites.rule import PerBackend
+
+    def on_dynamo(original, self, x):
+        return x * 10
+
+    def on_onnx(original, self, x):
+        return x * 20
+
+    meta = _meta("patch/toy-per-backend", backends=("dynamo", "onnx"))
+    rule = MethodPatch(
+        meta, target="tests.rewrites.toy_module.Doubler.forward", replacement=PerBackend(dynamo=on_dynamo, onnx=on_onnx)
+    )
+    assert rule.variants() == (("dynamo",), ("onnx",))
+    registry = RuleRegistry()
+    registry.register(rule)
+    x = torch.ones(2)
+    for backend, factor in (("dynamo", 10), ("onnx", 20)):
+        model = Doubler()
+        context = RewriteContext(backend=backend)
+        with engine.patched(model, context, registry):
+            assert torch.equal(model(x), x * factor)
+        assert context.hits["patch/toy-per-backend"] == 1
+    with pytest.raises(RuleDefinitionError, match="is given for"):
+        MethodPatch(
+            _meta("patch/toy-partial", backends=("dynamo", "onnx")),
+            target="x.Y.z",
+            replacement=PerBackend(dynamo=on_dynamo),
+        )
+    same = MethodPatch(
+        _meta("patch/toy-shared", backends=("dynamo", "onnx", "openvino")),
+        target="x.Y.z",
+        replacement=PerBackend(dynamo=on_dynamo, onnx=on_dynamo, openvino=on_onnx),
+    )
+    assert same.variants() == (("dynamo", "onnx"), ("openvino",))
+
+
+def test_a_merged_rule_answers_to_its_former_ids() -> None:
+    registry = engine.default_registry()
+    mamba = registry.get("patch/mamba-selective-scan-hop")
+    for former in ("patch/mamba-selective-scan-onnx", "patch/mamba-selective-scan-openvino"):
+        assert former in mamba.meta.aliases and registry.get(former) is mamba
+        selection = RuleSelection(disable=(former,))
+        registry.validate_selection(selection)  # a former id is no typo
+        assert not selection.is_enabled(mamba.meta) and selection.disables(mamba.meta)
+        assert registry.plan(selection)[mamba.id] == "disabled by the rule selection"
+    assert registry.get("patch/openvino-moe-batched-experts").id == "patch/moe-batched-experts"
+    assert registry.get("patch/executorch-jetmoe-rowwise-experts").id == "patch/jetmoe-rowwise-experts"
+    # The longest pattern still decides: the family's own id re-enables it over a former id's prefix.
+    assert RuleSelection(enable=("patch/mamba-selective-scan-hop",), disable=("patch/mamba",)).is_enabled(mamba.meta)
+    with pytest.raises(RuleDefinitionError, match="already a rule id or alias"):
+        registry_copy = RuleRegistry()
+        registry_copy.register(mamba)
+        registry_copy.register(
+            MethodPatch(
+                _meta("patch/toy-thief", aliases=("patch/mamba-selective-scan-onnx",)),
+                target="x.Y.z",
+                replacement=lambda original, self: None,
+            )
+        )
+
+
+def test_a_requirement_on_another_backend_does_not_drop_a_rule() -> None:
+    registry = engine.default_registry()
+    selection = RuleSelection(disable=("executorch/split-as-slices",))
+    assert registry.plan(selection, "openvino")["patch/moe-batched-experts"] is None
+    assert registry.plan(selection, "executorch")["patch/moe-batched-experts"].startswith("requires")

@@ -5,9 +5,10 @@
 nothing; a fix must be needed (some Match fails or differs without it); an optimization must change the graph.
 
 Tiers (the budget of the default tier): it checks each rule's first Match and first NoMatch on the rule's first
-backend (a patch on dynamo, a backend rule on its backend); every other example and backend, an example marked
-`slow`, and each fix's need, run under `-m slow`. What this file knows of a rule comes from the rule: an example's
-`known_failure` is a strict expected failure here, a fix's `needed` skips its need check with that reason.
+backend (a patch on dynamo, a backend rule on its backend), and so for each variant of a rule with per-backend
+bodies; every other example and backend, an example marked `slow`, and each fix's need, run under `-m slow`. What
+this file knows of a rule comes from the rule: an example's `known_failure` is a strict expected failure here, a
+fix's `needed` skips its need check with that reason.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ REGISTRY = default_registry()
 RULES = REGISTRY.rules()
 
 
-def _slow(rule: Rule, backend: str) -> bool:
-    """The default tier checks a rule's first Match and first NoMatch on its first backend (the one the rule exists
-    for: the trace for a patch, the lowering for a backend rule); the rest is `slow`."""
-    return backend != rule.meta.backends[0]
-
-
-def _first_of_kind(rule: Rule, example: Match | NoMatch) -> bool:
-    return next(e for e in rule.meta.examples if type(e) is type(example)) is example
+def _default_tier(rule: Rule, example: Match | NoMatch, backend: str) -> bool:
+    """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
+    rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
+    the lowering for a backend rule), unless the example is marked `slow`; the rest is `slow`."""
+    variant = next(v for v in rule.variants() if backend in v)
+    if example.slow or backend != variant[0]:
+        return False
+    on_backend = (e for e in rule.meta.examples if backend in harness.example_backends(rule, e))
+    return next(e for e in on_backend if type(e) is type(example)) is example
 
 
 def _example_params() -> list:
@@ -43,8 +45,7 @@ def _example_params() -> list:
         for i, example in enumerate(rule.meta.examples):
             kind = "match" if isinstance(example, Match) else "nomatch"
             for backend in harness.example_backends(rule, example):
-                slow = _slow(rule, backend) or not _first_of_kind(rule, example) or example.slow
-                marks = [pytest.mark.slow] if slow else []
+                marks = [] if _default_tier(rule, example, backend) else [pytest.mark.slow]
                 failure = known_failure(example, backend)
                 if failure is not None:
                     marks.append(pytest.mark.xfail(reason=failure, strict=True))

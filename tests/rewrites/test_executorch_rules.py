@@ -17,11 +17,11 @@ from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply, apply_
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
 from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe as _qwen3_moe
+from hfexport.rewrites.rules._moe_batched import qwen3_moe as _qwen3_moe
 from hfexport.runtime.executorch import ExecutorchProgram
 from hfexport.testing.harness import check_example
 
-MOE_RULE = "patch/executorch-moe-batched-experts"
+MOE_RULE = "patch/moe-batched-experts"
 
 
 class Residual(torch.nn.Module):

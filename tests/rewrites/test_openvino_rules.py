@@ -23,9 +23,9 @@ from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
 from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.kinds.openvino import OpenVINOModelRule
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
-from hfexport.rewrites.rules.openvino import _symbolic as symbolic
-from hfexport.rewrites.rules.patch import _moe_batched as moe_batched
-from hfexport.rewrites.rules.patch.openvino_moe_batched_experts import openvino_moe_batched_experts
+from hfexport.rewrites.rules import _moe_batched as moe_batched
+from hfexport.rewrites.rules import _symbolic as symbolic
+from hfexport.rewrites.rules.patch.moe_batched_experts import moe_batched_experts
 from hfexport.runtime.openvino import F32_HINT
 from hfexport.testing.harness import check_example, export_program
 
@@ -58,8 +58,8 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/copy-back-without-broadcast",
         "openvino/passthrough-outputs-own-tensor",
     }
-    assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
-    for rule in [*registry.rules("openvino"), openvino_moe_batched_experts]:
+    assert "openvino" in moe_batched_experts.meta.backends
+    for rule in registry.rules("openvino"):
         assert rule.meta.backends == ("openvino",), rule.id
         assert rule.meta.upstream and rule.meta.why, rule.id
     # the lowering runs the program phase's rules before conversion and the model phase's after, in RULES order
@@ -120,16 +120,15 @@ def test_without_the_constant_input_rule_compilation_fails() -> None:
 
 def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> None:
     model, feed = moe_batched.qwen3_moe(5)
+    # The rule's former OpenVINO-only id still disables it (an alias of patch/moe-batched-experts).
     config = OpenVINOConfig(rules=RuleSelection(disable=("patch/openvino-moe-batched-experts",)))
     exporter = OpenVINOExporter()
     with pytest.raises(HfExportError, match=r"aten\.histc") as failure:
         exporter.export(model, feed, config=config)
     assert failure.value.stage == "convert"
     outcomes = {o.id: o.status for o in exporter.report.rules}
-    assert outcomes["patch/openvino-moe-batched-experts"] == "disabled"
-    # No other rule stood in (ExecuTorch's batched experts are for ExecuTorch): grouped_mm ran as transformers
-    # has it, histc offsets and all.
-    assert outcomes["patch/executorch-moe-batched-experts"] == "other-backend"
+    # No other rule stood in: grouped_mm ran as transformers has it, histc offsets and all.
+    assert outcomes["patch/moe-batched-experts"] == "disabled"
 
 
 def _mul_to_add_rule(examples_: tuple) -> NodeRule:
@@ -197,8 +196,8 @@ def _registry_of(*rules: Any) -> Any:
 
 def test_without_the_symbolic_rules_conversion_fails() -> None:
     for module, feed in (
-        (symbolic._PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
-        (symbolic._TopKOfAtMost(), {"x": torch.randn(2, 3)}),
+        (symbolic.PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
+        (symbolic.TopKOfAtMost(), {"x": torch.randn(2, 3)}),
     ):
         program = export_program(module, feed, dynamic=True)
         with pytest.raises(Exception, match="No conversion rule found"):
@@ -224,7 +223,7 @@ def test_the_ceil_rule_declines_a_fraction_whose_integer_ceiling_differs() -> No
 def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
     # L + (-L) // 4 keeps 5 of 7 positions in torch; the CPU plugin's truncating division keeps 6.
     feed = {"x": torch.randn(2, 7)}
-    program = export_program(symbolic._ShortenByCeil(), feed, dynamic=True)
+    program = export_program(symbolic.ShortenByCeil(), feed, dynamic=True)
     ov_model = ov.convert_model(program)
     assert _compile_and_run(ov_model, feed).shape == (2, 6)
     assert symbolic.exact_floor_divides(ov_model) == 1

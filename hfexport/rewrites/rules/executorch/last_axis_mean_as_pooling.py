@@ -11,7 +11,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch.one_dynamic_axis_view_inferred import inferred_sizes
+from hfexport.rewrites.rules.executorch._view_sizes import inferred_sizes
 
 _MEAN = torch.ops.aten.mean.dim
 _VIEW = torch.ops.aten.view.default

@@ -125,14 +125,14 @@ def _quantized(module: torch.nn.Module) -> Built:
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
+    from hfexport.rewrites.rules.executorch._pt2e import QuantizedProgram
 
     inputs = {"x": torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))}
     with torch.no_grad():
         graph_module = torch.export.export(module.eval(), (), inputs, strict=False).module()
         prepared = prepare_pt2e(graph_module, XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
         prepared(**inputs)
-        return _Quantized(convert_pt2e(prepared)), inputs
+        return QuantizedProgram(convert_pt2e(prepared)), inputs
 
 
 quant_identity_requantize = NodeRule(

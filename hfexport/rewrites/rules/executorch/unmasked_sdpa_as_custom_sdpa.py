@@ -112,8 +112,9 @@ unmasked_sdpa_as_custom_sdpa = NodeRule(
         upstream="executorch==1.4.1 exir memory planning of the SDPA decomposition; "
         "executorch extension/llm/custom_ops (custom_sdpa, op_sdpa.cpp cpu_flash_attention)",
         backends=("executorch",),
-        needed="the need is memory, not numbers: tests/rewrites/test_executorch_custom_sdpa.py plans the example "
-        "attention with and without the rule (YOLOS: 148 GB of score buffers without it, refused at load)",
+        needed="the need is memory, not numbers: tests/rewrites/test_executorch_unmasked_sdpa_as_custom_sdpa.py "
+        "plans the example attention with and without the rule (YOLOS: 148 GB of score buffers without it, refused "
+        "at load)",
         models=("yolos",),
         examples=(
             Match(

@@ -153,8 +153,8 @@ mod_index_as_aten_index = NodeRule(
         "export/custom_ops.py _call_custom_autograd_function_in_pre_dispatch, _dynamo/"
         "_trace_wrapped_higher_order_op.py ModIndex)",
         backends=("dynamo",),
-        needed="the need is saving: tests/rewrites/test_fx_mod_index.py shows torch.export.save refusing each Match "
-        "example without the rule (the harness runs a Dynamo program in memory, unsaved)",
+        needed="the need is saving: tests/rewrites/test_fx_mod_index_as_aten_index.py shows torch.export.save "
+        "refusing each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
         models=("t5gemma2", "moonshine_streaming"),
         examples=(
             Match(

@@ -19,9 +19,9 @@ from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
+from hfexport.rewrites.rules._symbolic import (
     CAPACITY_EXAMPLES,
-    _BlocksOfLength,
+    BlocksOfLength,
     ceil_to_int,
     ceil_to_rewrite,
     torch,
@@ -38,13 +38,13 @@ sym_ceil_to_int = NodeRule(
         upstream="torch==2.13.0 _export/serde/serialize.py _SYM_OPS (math.trunc, operator.floordiv, "
         "torch.sym_float... but no math.ceil; serialize_sym_op_inputs asserts the op is in it)",
         backends=("dynamo",),
-        needed="the need is saving: tests/rewrites/test_fx_sym_ceil.py shows torch.export.save refusing each Match "
-        "example without the rule (the harness runs a Dynamo program in memory, unsaved)",
+        needed="the need is saving: tests/rewrites/test_fx_sym_ceil_to_int.py shows torch.export.save refusing "
+        "each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
         models=("nllb-moe",),
         examples=(
             *CAPACITY_EXAMPLES,
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
                 "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",
                 other_inputs=lambda: {"x": torch.randn(3, 12, 3)},
             ),

@@ -6,9 +6,9 @@ from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
+from hfexport.rewrites.rules._symbolic import (
     CAPACITY_EXAMPLES,
-    _BlocksOfLength,
+    BlocksOfLength,
     ceil_to_int,
     ceil_to_rewrite,
     torch,
@@ -30,12 +30,12 @@ sym_ceil_to_int = NodeRule(
         models=("nllb-moe", "moshi", "big_bird", "longt5"),
         examples=(
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
                 "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",
                 other_inputs=lambda: {"x": torch.randn(3, 12, 3)},
             ),
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 9, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 9, 3)}),
                 "another sample length; then 1",
                 other_inputs=lambda: {"x": torch.randn(2, 1, 3)},
             ),

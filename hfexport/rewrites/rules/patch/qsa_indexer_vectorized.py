@@ -164,8 +164,7 @@ def _other(tokens: int, batch: int) -> dict[str, Any]:
 # OpenVINO: the left-padded row's fully masked attention rows and the blocks' integer floor divisions.
 _NEEDS = (
     "aten/grouped-mm-fallback",
-    "patch/executorch-moe-batched-experts",
-    "patch/openvino-moe-batched-experts",
+    "patch/moe-batched-experts",
     "openvino/sdpa-fully-masked-rows",
     "openvino/exact-int-floor-divide",
 )

@@ -18,7 +18,7 @@ from hfexport.testing.harness import export_program
 # The rule package re-exports the rule under its module's name, so the module is imported by path.
 module = importlib.import_module("hfexport.rewrites.rules.fx.sym_ceil_to_int")
 rule = module.sym_ceil_to_int
-symbolic = importlib.import_module("hfexport.rewrites.rules.openvino._symbolic")
+symbolic = importlib.import_module("hfexport.rewrites.rules._symbolic")
 
 
 def _round_trip(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
