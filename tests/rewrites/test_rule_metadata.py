@@ -13,7 +13,8 @@ from packaging.version import Version
 from hfexport import versions
 from hfexport.audit import expiry_status, rule_location, rule_module_name
 from hfexport.rewrites.engine import default_registry
-from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta, UpstreamRef, parse_upstream
+from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta
+from hfexport.rewrites.upstream import UpstreamRef, parse_upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 
