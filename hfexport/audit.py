@@ -393,12 +393,12 @@ def _run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
-        running = registry.plan(config.rules)
+        running = registry.plan(config.rules, config.export_format)
         ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
             ablated = with_rule_disabled(config, rule_id)
             # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
-            without = registry.plan(ablated.rules)
+            without = registry.plan(ablated.rules, config.export_format)
             dependents = [
                 other.id
                 for other in registry.rules()
@@ -588,38 +588,55 @@ def _original(target: str) -> tuple[str, Any] | None:
 
 
 def rule_diff(rule: Rule) -> str | None:
-    """For a model patch: a unified diff of the patched function's source against the replacement's.
+    """For a model patch: a unified diff of the patched function's source against the replacement's (one per
+    variant of a rule with a replacement per backend, each headed by its backends).
 
     None when there is nothing to compare (a predicate target, a target missing from the installed packages).
     """
     before: tuple[str, Any] | None = None
-    after = getattr(rule, "replacement", None)
     target = getattr(rule, "target", None)
     if type(rule).__name__ in ("MethodPatch", "ModuleFunctionPatch"):
-        targets = (target,) if isinstance(target, str) else tuple(t for t in target or () if isinstance(t, str))
+        named = target if isinstance(target, tuple) else (target,)  # a predicate target names no source to diff
+        targets = tuple(t for t in named if isinstance(t, str) and t)
         before = next((found for t in targets if (found := _original(t)) is not None), None)
-    if before is None or after is None:
+    old = _source(before[1]) if before is not None else None
+    if before is None or old is None:
         return None
-    old, new = _source(before[1]), _source(after)
-    if old is None or new is None:
-        return None
-    name = getattr(after, "__qualname__", "replacement")
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=before[0], tofile=name
-    )
-    return "".join(lines)
+    diffs = []
+    for backends, after in _variants_of(rule, getattr(rule, "replacement", None)):
+        new = _source(after) if after is not None else None
+        if new is None:
+            continue
+        name = getattr(after, "__qualname__", "replacement")
+        to = f"{name} ({', '.join(backends)})" if backends else name
+        diffs.append(
+            "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), fromfile=before[0], tofile=to))
+        )
+    return "".join(diffs) or None
+
+
+def _variants_of(rule: Rule, value: Any) -> list[tuple[tuple[str, ...], Any]]:
+    """`[((), value)]`, or for a `PerBackend` value each distinct value with the backends that get it."""
+    from hfexport.rewrites.rule import PerBackend
+
+    if not isinstance(value, PerBackend):
+        return [((), value)]
+    return [(variant, value.get(variant[0])) for variant in rule.variants()]
 
 
 def rule_sources(rule: Rule) -> dict[str, str]:
-    """The source of each callable field of the rule's body (replacement, pattern, transform, ...)."""
+    """The source of each callable field of the rule's body (replacement, pattern, transform, ...); a field with a
+    value per backend gives one source per variant (`"replacement (dynamo, onnx)"`)."""
     sources = {}
     for f in dataclasses.fields(rule):
-        value = getattr(rule, f.name)
-        if f.name in ("meta", "stage") or not callable(value) or isinstance(value, type):
+        if f.name in ("meta", "phase"):
             continue
-        text = _source(value)
-        if text is not None:
-            sources[f.name] = text
+        for backends, value in _variants_of(rule, getattr(rule, f.name)):
+            if not callable(value) or isinstance(value, type):
+                continue
+            text = _source(value)
+            if text is not None:
+                sources[f"{f.name} ({', '.join(backends)})" if backends else f.name] = text
     return sources
 
 

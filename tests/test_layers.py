@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.naming",),
     ("hfexport.positions",),
     ("hfexport.generation_spec",),
-    ("hfexport.rewrites.examples", "hfexport.rewrites.declines"),
+    ("hfexport.rewrites.examples", "hfexport.rewrites.declines", "hfexport.rewrites.upstream"),
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
     ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),

@@ -49,6 +49,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         ("upstream", meta.upstream or "-"),
         ("expires", expiry_text),
         ("backends", ", ".join(meta.backends)),
+        *([("variants", "; ".join(", ".join(v) for v in rule.variants()))] if len(rule.variants()) > 1 else []),
+        *([("formerly", ", ".join(meta.aliases))] if meta.aliases else []),
         ("models", ", ".join(meta.models) or "-"),
         ("default", "on" if meta.enabled_by_default else "off (enable it with RuleSelection(enable=...))"),
         ("target", rule_target(rule) or "-"),
@@ -63,7 +65,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         print(f"{name + ':' if name else '':10s} {value}")
     print("examples:")
     for example in meta.examples:
-        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}")
+        where = f" [{', '.join(example.backends)}]" if example.backends else ""
+        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}{where}")
     diff = rule_diff(rule)
     if diff:
         print("diff (patched source -> replacement):")

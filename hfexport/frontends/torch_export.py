@@ -334,7 +334,8 @@ def capture(
     model_name = type(model).__name__
     # The patch rules see the model as a layout-specialised one (`patch/fake-constant-layouts` applies then);
     # the trace is still of `model` itself, so its weights keep their names.
-    with engine.patched(LayoutSpecialised(model, layout) if layout else model, context) as session:
+    patched_model = LayoutSpecialised(model, layout) if layout else model
+    with engine.patched(patched_model, context, model_name=model_name) as session:
         if options.strict and session.gated_rule_ids:
             # TorchDynamo cannot trace the ContextVar that keeps these patches invisible to other threads.
             raise InputError(
