@@ -78,6 +78,8 @@ class Validation:
     atol: float = 0.0
     rtol: float = 0.0
     checks: list[ShapeCheck] = field(default_factory=list)
+    # Where atol and rtol come from (the weights' dtype, the user's flags), said with the verdict.
+    tolerance_source: str = ""
 
     @property
     def ok(self) -> bool:
@@ -92,12 +94,17 @@ class Validation:
             "ok": self.ok,
             "atol": self.atol,
             "rtol": self.rtol,
+            "tolerance_source": self.tolerance_source,
             "outputs": [o.to_dict() for o in self.outputs],
             "shapes": [c.to_dict() for c in self.checks],
         }
 
     def __str__(self) -> str:
-        lines = [f"validation ({self.export_format} runtime vs eager, |diff| <= atol + rtol * max|eager|):"]
+        source = f": {self.tolerance_source}" if self.tolerance_source else ""
+        lines = [
+            f"validation ({self.export_format} runtime vs eager, |diff| <= atol {self.atol:g} + rtol {self.rtol:g} "
+            f"* max|eager|{source}):"
+        ]
         for o in self.outputs:
             verdict = "ok" if o.ok else "FAIL"
             detail = o.problem or f"max abs diff {o.max_abs_diff:.3g} (tolerance {o.tolerance:.3g})"

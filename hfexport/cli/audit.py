@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hfexport.cli.exits import ExitCode
-from hfexport.cli.export import model_options
+from hfexport.cli.export import model_options, validation_tolerance
 from hfexport.cli.models import export_config, load_model, split
 from hfexport.cli.progress import Progress
 from hfexport.cli.progress import step as _step
@@ -21,7 +21,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     ablate: bool | tuple[str, ...] = False
     if args.ablate is not None:
         ablate = split(args.ablate) or True
-    rtol = args.rtol if args.rtol is not None else 1e-3
+    tolerance = validation_tolerance(args, config, model)
     progress = Progress()
     try:
         # Each export of the audit (the base and every ablation) shows its stages as they start.
@@ -32,8 +32,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 config,
                 model_name=args.model,
                 ablate=ablate,
-                atol=args.atol,
-                rtol=rtol,
+                atol=tolerance.atol,
+                rtol=tolerance.rtol,
                 progress=progress.step,
             )
     finally:

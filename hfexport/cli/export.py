@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,50 @@ from hfexport.cli.models import export_config, load_empty_model, load_model, oth
 from hfexport.cli.progress import Progress
 from hfexport.formats import MAIN_FILE
 
+# The default tolerance of `--validate` relative to each output's largest eager value, by the precision the
+# artifact computes in. float32 graphs differ from eager by reordered sums (~1e-5 relative); float16 weights
+# (OpenVINO's saved default, or a float16 checkpoint) round each weight to 11 bits (~1e-3 relative on an output);
+# bfloat16 keeps 8 bits, and a runtime that fuses or reorders bfloat16 arithmetic differently from eager lands a
+# few bfloat16 steps (2^-8 = 0.4 % each) away.
+DEFAULT_ATOL = 1e-4
+_RTOL = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
 
-def _default_rtol(config: Any) -> float:
-    # fp16 weights (OpenVINO's save default) are within ~1e-3 of f32 relative to the output's scale.
-    return 1e-2 if getattr(config, "compress_to_fp16", False) else 1e-3
+
+@dataclass(frozen=True)
+class Tolerance:
+    """`--validate`'s tolerance, `|diff| <= atol + rtol * max|eager|`, and where it came from."""
+
+    atol: float
+    rtol: float
+    source: str
+
+
+def validation_tolerance(args: argparse.Namespace, config: Any, model: Any) -> Tolerance:
+    """`--atol`/`--rtol` where given; otherwise the default for the precision the artifact computes in: the
+    weights' dtype, or float16 where OpenVINO compresses float32 weights to it."""
+    dtype = _weights_dtype(model)
+    precision = dtype
+    if dtype == "float32" and getattr(config, "compress_to_fp16", False):
+        precision = "float16"
+    rtol = _RTOL.get(precision, _RTOL["float32"])
+    what = f"{dtype} weights" + (", saved as float16" if precision != dtype else "")
+    given = [flag for flag in ("atol", "rtol") if getattr(args, flag, None) is not None]
+    source = f"the default for {what}"
+    if given:
+        source = " and ".join(f"--{flag}" for flag in given) + (f"; the default for {what}" if len(given) < 2 else "")
+    return Tolerance(
+        args.atol if args.atol is not None else DEFAULT_ATOL, args.rtol if args.rtol is not None else rtol, source
+    )
+
+
+def _weights_dtype(model: Any) -> str:
+    """The dtype of the model's floating-point weights (the most common one), as torch names it."""
+    counts: dict[str, int] = {}
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            name = str(parameter.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + parameter.numel()
+    return max(counts, key=counts.__getitem__) if counts else "float32"
 
 
 def _stage_times(report: Any) -> str:
@@ -209,7 +250,7 @@ def _export(args: argparse.Namespace) -> int:
         if args.validate and args.low_memory:
             status = _validate_low_memory(args, model, inputs, config, auto_class, output, progress)
         elif args.validate:
-            rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+            tolerance = validation_tolerance(args, config, model)
             where = f" on {device.name}" if device else ""
             progress.step(f"validating {MAIN_FILE[args.format]} in the {args.format} runtime{where} against eager")
             # Other shapes too: a baked length or batch shows up here, not at the user's first other input.
@@ -218,7 +259,10 @@ def _export(args: argparse.Namespace) -> int:
                 progress.step("static export (--no-dynamic): only the traced shape is checked")
             # trust: the .pt2 is the one this process wrote a moment ago.
             with use_device(device):
-                validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
+                validation = validate(
+                    output, model, inputs, atol=tolerance.atol, rtol=tolerance.rtol, trust=True, other_inputs=others
+                )
+            validation.tolerance_source = tolerance.source
             report.parity = validation.max_abs_diff
             update_manifest(output, validation={**validation.to_dict(), "device": device.name if device else "cpu"})
             print(validation)
@@ -279,7 +323,7 @@ def _validate_low_memory(
         )
     layers = args.check_layers or 2
     progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
-    rtol = args.rtol if args.rtol is not None else _default_rtol(config)
+    tolerance = validation_tolerance(args, config, model)
     others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
     reduced = check_reduced_depth(
         args.model,
@@ -288,8 +332,8 @@ def _validate_low_memory(
         layers=layers,
         auto_class=auto_class or "AutoModelForCausalLM",
         dtype=getattr(torch, args.dtype) if args.dtype else None,
-        atol=args.atol,
-        rtol=rtol,
+        atol=tolerance.atol,
+        rtol=tolerance.rtol,
         trust_remote_code=args.trust_remote_code,
         other_inputs=others,
     )

@@ -48,6 +48,8 @@ _FAMILY_TASKS = {
 # config files (`folder_inputs`).
 _TEXT_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
 DTYPES = ("float32", "float16", "bfloat16")
+# optimum-cli's spellings of the same dtypes (`--dtype fp16`), and torch's short names.
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 # Architecture suffix -> task, for `--task auto` on a folder.
 _SUFFIX_TASKS = {
     "ForCausalLM": "causal-lm",
@@ -57,6 +59,12 @@ _SUFFIX_TASKS = {
     "ForImageClassification": "image-classification",
     "ForSpeechSeq2Seq": "speech-seq2seq",
 }
+
+
+def dtype_name(value: str) -> str:
+    """`--dtype` as torch names it: `fp16`/`bf16`/`fp32` (optimum-cli's spellings) and any case are accepted."""
+    value = value.strip().lower()
+    return _DTYPE_ALIASES.get(value, value)
 
 
 def canonical_task(task: str) -> str:
@@ -295,7 +303,11 @@ def export_config(args: argparse.Namespace) -> Any:
     try:
         config = AutoExportConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+        # Name the flag the value came from: --opset N is a config field too.
+        flag = "--config"
+        if getattr(args, "opset", None) is not None and "opset_version" in str(exc):
+            flag = f"--opset {args.opset}"
+        raise UsageError(f"{flag}: {exc}") from None
     if args.quantize:
         config.quantizer = _quantizer(args.quantize, args.format)
     from hfexport.rewrites.engine import default_registry
