@@ -68,7 +68,10 @@ class TinyModel:
             vision = self.config["vision_config"]
             side, patch = vision["image_size"], vision["patch_size"]
             # One placeholder per image patch ("default" strategy drops the CLS token), then the text.
-            image_tokens = torch.full((batch, (side // patch) ** 2), self.config["image_token_index"])
+            token = self.config["image_token_index"]
+            # Text never holds the image placeholder: one there would be a feature the image does not have.
+            ids = ids.masked_fill(ids == token, 3)
+            image_tokens = torch.full((batch, (side // patch) ** 2), token)
             ids = torch.cat([ids[:, :1], image_tokens, ids[:, 1:]], dim=1)
             pixels = torch.randn(batch, vision.get("num_channels", 3), side, side, generator=generator)
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
