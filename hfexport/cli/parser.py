@@ -16,6 +16,7 @@ from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_li
 from hfexport.cli.export import check_file_target, check_writable, cmd_export
 from hfexport.cli.models import (
     DTYPES,
+    GENERATION_TASKS,
     LOW_MEMORY_RECIPES,
     QUANTIZE_RECIPES,
     TASK_CHOICES,
@@ -262,6 +263,8 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag} must be at least 1, not {value}")
     if args.command == "export":
         check_writable(Path(args.output))
+        if args.task in GENERATION_TASKS:
+            args.generation = True  # optimum's `-with-past`: the components generate runs
     for flag in ("report_html", "report_markdown", "html", "markdown"):
         if args.command in ("export", "audit") and getattr(args, flag, None):
             output = Path(args.output) if args.command == "export" else None
