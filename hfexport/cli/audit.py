@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from hfexport.cli.exits import ExitCode
-from hfexport.cli.export import model_options, validation_tolerance
+from hfexport.cli.export import model_options
 from hfexport.cli.models import export_config, load_model, split
 from hfexport.cli.progress import Progress
 from hfexport.cli.progress import step as _step
+from hfexport.cli.validation import validation_tolerance
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
