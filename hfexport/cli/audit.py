@@ -39,7 +39,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             )
     finally:
         progress.close()
-    print(audit.render(explain=args.explain))
+    print(audit.render(explain=args.explain, all_rules=args.all))
     if args.json:
         audit.save(args.json)
         _step(f"wrote {args.json}")

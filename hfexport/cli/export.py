@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled
+from hfexport.cli.failure import failure_lines, without_partial_graphs
 from hfexport.cli.models import (
     GENERATION_TASKS,
     export_config,
@@ -198,14 +199,14 @@ def _export(args: argparse.Namespace) -> int:
             return _export_generation(args, model, inputs, exporter, config, progress, start)
         progress.step(f"exporting {type(model).__name__} to {args.format} (dynamic={config.dynamic})")
         try:
-            with stage_listener(progress.stage):
+            with stage_listener(progress.stage), without_partial_graphs(_debug(args)):
                 program = exporter.export(model, inputs, config=config)
         except HfExportError as exc:
             progress.close()
             if exporter.report is not None:
                 print(exporter.report.table(all_rules=args.all))
                 write_report_files(args, exporter.report)  # what ran before the failure, for a browser too
-            print(f"error: export failed: {exc}", file=sys.stderr)
+            _say_failed(args, exc)
             return int(ExitCode.EXPORT_FAILED)
         report = exporter.report
         progress.step(
@@ -340,6 +341,15 @@ def _image_count_fixed(
     return kept, skipped
 
 
+def _say_failed(args: argparse.Namespace, exc: Exception) -> None:
+    """A failed export in a few lines (stage, the model's line, next steps); the whole error with `--debug`."""
+    if _debug(args):
+        print(f"error: export failed: {exc}", file=sys.stderr)
+        return
+    for line in failure_lines(exc, args.model, args.format):
+        print(line, file=sys.stderr)
+
+
 def _debug(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or debug_enabled([])
 
@@ -437,7 +447,7 @@ def _export_generation(
     why = f" (--task {args.task}: what generate runs, as --generation)" if args.task in GENERATION_TASKS else ""
     progress.step(f"exporting the generation components of {type(model).__name__} to {args.format}{why}")
     try:
-        with stage_listener(progress.stage):
+        with stage_listener(progress.stage), without_partial_graphs(_debug(args)):
             programs = exporter.export_for_generation(
                 model,
                 inputs,
@@ -451,7 +461,7 @@ def _export_generation(
             print(report.table(all_rules=args.all))
         if getattr(exporter, "reports", None):
             write_report_files(args, exporter.reports)
-        print(f"error: export failed: {exc}", file=sys.stderr)
+        _say_failed(args, exc)
         return int(ExitCode.EXPORT_FAILED)
     reports = exporter.reports
     for name, report in reports.items():

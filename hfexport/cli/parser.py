@@ -25,6 +25,7 @@ from hfexport.cli.models import (
     dtype_name,
 )
 from hfexport.cli.noise import quiet_third_party
+from hfexport.cli.report import cmd_report
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
 from hfexport.cli.scan import cmd_scan
 from hfexport.cli.sweep import LOCAL_RAY, cmd_sweep
@@ -165,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--markdown", metavar="FILE", help="also write the audit as Markdown")
     audit.add_argument("--explain", action="store_true", help="say why each rule did or did not fire")
     audit.add_argument(
+        "--all", action="store_true", help="list every registered rule, not only those that ran in this export"
+    )
+    audit.add_argument(
         "--ablate",
         nargs="*",
         metavar="ID",
@@ -193,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("directory")
     check.add_argument("--trust", action="store_true", help="allow a .pt2 (it deserialises with pickle)")
     check.set_defaults(func=cmd_check)
+
+    report = sub.add_parser("report", help="render a saved artifact's report: verdict, rules that fired, the rest")
+    report.add_argument("directory")
+    report.add_argument("--html", metavar="FILE", help="write it as a static HTML page")
+    report.add_argument("--markdown", metavar="FILE", help="write it as Markdown (without either: on stdout)")
+    report.set_defaults(func=cmd_report)
 
     sweep = sub.add_parser("sweep", help="export many tiny-config models; write the models x rules hit matrix")
     sweep.add_argument("--configs", required=True, help="a corpus entry (JSON) or a folder searched for them")
@@ -244,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", help="also write the rows and the ceiling as JSON to this file")
     bench.set_defaults(func=cmd_bench, backends=None, precisions=None)
-    for command in (export, audit, listing, show, scan, check, sweep, bench):
+    for command in (export, audit, listing, show, scan, check, report, sweep, bench):
         _debug_option(command)
     return parser
 
@@ -266,7 +276,7 @@ def _check_combinations(args: argparse.Namespace) -> None:
         if args.task in GENERATION_TASKS:
             args.generation = True  # optimum's `-with-past`: the components generate runs
     for flag in ("report_html", "report_markdown", "html", "markdown"):
-        if args.command in ("export", "audit") and getattr(args, flag, None):
+        if args.command in ("export", "audit", "report") and getattr(args, flag, None):
             output = Path(args.output) if args.command == "export" else None
             check_file_target(f"--{flag.replace('_', '-')}", Path(getattr(args, flag)), output)
     if args.command == "export" and args.device is not None:
