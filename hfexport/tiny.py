@@ -60,10 +60,11 @@ class TinyModel:
         if self.family == "seq2seq":
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": decoder_ids}
         if self.family == "speech_seq2seq":
-            # Whisper's encoder takes exactly 2 * max_source_positions frames (its conv stride is 2).
+            # Whisper's encoder takes exactly 2 * max_source_positions frames (its conv stride is 2); the text
+            # axis `length` counts is the decoder's.
             frames = 2 * self.config["max_source_positions"]
             features = torch.randn(batch, self.config["num_mel_bins"], frames, generator=generator)
-            return {"input_features": features, "decoder_input_ids": decoder_ids}
+            return {"input_features": features, "decoder_input_ids": ids}
         if self.family == "image_text":
             vision = self.config["vision_config"]
             side, patch = vision["image_size"], vision["patch_size"]
@@ -165,6 +166,7 @@ TINY_MODELS: dict[str, TinyModel] = {
             },
             auto_class="AutoModelForSpeechSeq2Seq",
             family="speech_seq2seq",
+            sample_shape=(2, 4),
             description="Whisper speech encoder-decoder (log-mel input)",
         ),
         TinyModel(
