@@ -187,3 +187,16 @@ def test_a_decoder_only_model_does_not_get_the_tokenizer_s_token_type_ids(tmp_pa
     assert manifest["validation"]["ok"] is True and manifest["validation"]["agreement"] == 1.0
     assert set(manifest["metadata"]["sample_inputs"]["shapes"]) == {"input_ids", "attention_mask"}
     assert manifest["metadata"]["sample_inputs"]["source"] == "the folder's tokenizer on fixed texts"
+
+
+def test_a_checkpoint_without_a_tokenizer_exports_with_low_memory(tmp_path: Path) -> None:
+    # --low-memory builds the model on weights that hold no memory: the inputs come from the config all the same.
+    folder = tmp_path / "llama"
+    TINY_MODELS["tiny-llama"].build().save_pretrained(folder)
+    result = _export("--model", str(folder), "--format", "onnx", "--low-memory", "--output", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == f"• building {folder}"
+    assert f"note: {folder} has no tokenizer: sample inputs built from its config" in result.stderr
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["config"]["low_memory"] is True
+    assert manifest["metadata"]["sample_inputs"]["shapes"] == {"input_ids": [2, 8], "attention_mask": [2, 8]}

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import copy
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -417,6 +418,44 @@ def _validate_low_memory(
     return record, "\n".join(lines)
 
 
+# hfexport's warning for a size-1 sample axis (`frontends.torch_export.size_one_axis_warnings`).
+_SIZE_ONE = "has size 1 on axis"
+
+
+class _HoldSizeOne(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _SIZE_ONE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _step_sizes_held() -> Iterator[None]:
+    """While generation components export: their size-1 axes are not warned about on stderr as they come
+    (`_step_sizes_as_notes` says them once, as what they are)."""
+    log = logging.getLogger("hfexport")
+    held = _HoldSizeOne()
+    log.addFilter(held)
+    try:
+        yield
+    finally:
+        log.removeFilter(held)
+
+
+def _step_sizes_as_notes(reports: dict[str, Any]) -> None:
+    """A generation component's size-1 axes are the step `generate` ran (a decode step's one token, Whisper's
+    decoder start token): not a sample to retrace with a larger size, as the warning of a single export advises,
+    but what that graph takes. Each becomes a note of its report saying so."""
+    for name, report in reports.items():
+        held = [w for w in report.warnings if _SIZE_ONE in w]
+        if not held:
+            continue
+        report.warnings = [w for w in report.warnings if _SIZE_ONE not in w]
+        axes = "; ".join(w.split(" in the sample")[0] for w in held)
+        report.notes.append(
+            f"{axes} in the call generate made to {name}: that axis is static, the size this step takes "
+            "(--multi-token-decode exports a decode step that takes any number of tokens)"
+        )
+
+
 def _generation_config(args: argparse.Namespace) -> Any:
     """`--static-cache N`: a static cache of N slots (None: generate's default, a growing cache)."""
     if not args.static_cache:
@@ -447,7 +486,7 @@ def _export_generation(
     why = f" (--task {args.task}: what generate runs, as --generation)" if args.task in GENERATION_TASKS else ""
     progress.step(f"exporting the generation components of {type(model).__name__} to {args.format}{why}")
     try:
-        with stage_listener(progress.stage), without_partial_graphs(_debug(args)):
+        with stage_listener(progress.stage), without_partial_graphs(_debug(args)), _step_sizes_held():
             programs = exporter.export_for_generation(
                 model,
                 inputs,
@@ -464,6 +503,7 @@ def _export_generation(
         _say_failed(args, exc)
         return int(ExitCode.EXPORT_FAILED)
     reports = exporter.reports
+    _step_sizes_as_notes(reports)
     for name, report in reports.items():
         progress.step(f"{name}: exported in {report.total_seconds:.1f}s; {len(report.fired)} rule(s) fired")
     # The programs generate() runs besides the documented components (a VLM's features and prefill) are saved too.
