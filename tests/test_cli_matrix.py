@@ -28,7 +28,7 @@ REFUSED: dict[tuple[str, str, str], str] = {}
 # Checks of other shapes a validation skips by design, with the start of the reason: LLaVA's export keeps the
 # image count of pixel_values (the vision tower makes one Python value per image), so another batch is refused.
 SKIPPED = {
-    ("tiny-llava", export_format, "validate"): ["batch+1: the export keeps the image count static"]
+    ("tiny-llava", export_format, "validate"): ["batch+1: the export keeps it static (pixel_values holds 2 image(s)"]
     for export_format in FORMATS
 }
 # The Hugging Face files an export of a built-in model writes beside the artifact.

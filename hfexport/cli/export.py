@@ -286,7 +286,7 @@ def _validate(
     others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
     if not config.dynamic:
         progress.step("static export (--no-dynamic): only the traced shape is checked")
-    others, skipped = _image_count_fixed(others, report.used.get("image_count") or {})
+    others, skipped = _static_by_design(others, report.used)
     with use_device(device):
         # trust: the .pt2 is the one this process wrote a moment ago.
         validation = validate(
@@ -322,22 +322,30 @@ def _as_used(config: Any, reports: list[Any]) -> Any:
     return recorded
 
 
-def _image_count_fixed(
-    others: dict[str, dict[str, Any]], counts: dict[str, int]
+def _static_by_design(
+    others: dict[str, dict[str, Any]], used: dict[str, Any]
 ) -> tuple[dict[str, dict[str, Any]], list[Any]]:
-    """The other-shape feeds the artifact can take, and a skipped check for each one it refuses by design: an
-    image count other than the one the export kept static (`report.used["image_count"]`, said when exporting)."""
+    """The other-shape feeds the artifact can take, and a skipped check for each one it refuses by design, as
+    the export said when exporting: another image count than the one it kept (`used["image_count"]`), another
+    size on an axis the trace fixed (`used["static_axes"]`, e.g. Mamba's sequence on ExecuTorch)."""
     from hfexport.artifacts.validation import ShapeCheck
 
+    counts = used.get("image_count") or {}
+    axes = used.get("static_axes") or {}
     kept, skipped = {}, []
     for name, feed in others.items():
-        wrong = {k: n for k, n in counts.items() if k in feed and feed[k].shape[0] != n}
-        if not wrong:
+        why = [f"{k} holds {n} image(s)" for k, n in counts.items() if k in feed and feed[k].shape[0] != n]
+        why += [
+            f"{k} axis {axis} is {size}"
+            for k, fixed in axes.items()
+            for axis, size in fixed.items()
+            if k in feed and feed[k].ndim > int(axis) and feed[k].shape[int(axis)] != size
+        ]
+        if not why:
             kept[name] = feed
             continue
-        what = ", ".join(f"{k} holds {n} image(s)" for k, n in wrong.items())
         shapes = {k: list(v.shape) for k, v in feed.items() if hasattr(v, "shape")}
-        reason = f"the export keeps the image count static ({what} in the sample): another count is refused"
+        reason = f"the export keeps it static ({', '.join(why)} in the sample, said when exporting): refused by design"
         skipped.append(ShapeCheck(name, shapes, skipped=reason))
     return kept, skipped
 
