@@ -23,6 +23,7 @@ import json
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,10 @@ FORMAT_STAGES: dict[str, tuple[str, ...]] = {
     "openvino": ("patch", "fx", "openvino"),
 }
 Progress = Callable[[str], None]
+
+
+# Statuses of a rule that ran in the export: the audit's table shows these unless --all.
+_RAN = ("fired", "no-match")
 
 
 @dataclass
@@ -206,9 +211,11 @@ class Audit:
         path.write_text(self.to_json())
         return path
 
-    def render(self, explain: bool = False) -> str:
-        """The table: one row per rule of this format (every rule with `explain`), then the verdicts."""
-        shown = [r for r in self.rules if explain or r.status != "other-backend"]
+    def render(self, explain: bool = False, all_rules: bool = False, width: int = 120) -> str:
+        """The table: one row per rule that ran in this export (fired or matched nothing; every registered rule
+        with `all_rules`), then why each did or did not fire (`explain`) and the verdicts. Every line fits `width`
+        columns: table rows are cut, explanations wrapped."""
+        shown = [r for r in self.rules if all_rules or r.status in _RAN]
         head = f"audit: {self.model} ({self.model_class}) -> {self.export_format}: "
         head += "exported" if self.exported else f"export FAILED: {self.error}"
         if self.validation is not None:
@@ -218,27 +225,32 @@ class Audit:
             status = r.status if not r.reason or explain else f"{r.status}: {_shorten(r.reason, 60)}"
             rows.append((r.stage, r.id, r.kind, str(r.hits), status, "EXPIRED" if r.expired else (r.expires or "")))
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines = [head]
+        lines = _wrapped(head, width)
         for row in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
-        hidden = len(self.rules) - len(shown)
+            line = "  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5]
+            lines.append(_shorten(line.rstrip(), width))
+        hidden = Counter(r.status for r in self.rules if r not in shown)
         if hidden:
-            lines.append(f"({hidden} rule(s) of other backends not shown; --explain lists them)")
+            counts = ", ".join(f"{n} {status}" for status, n in sorted(hidden.items()))
+            lines += _wrapped(
+                f"({sum(hidden.values())} more rule(s) did not run for this export: {counts}; --all lists them)", width
+            )
         if explain:
             lines.append("")
             lines.append("why rules did or did not fire:")
             for r in shown:
-                lines.append(f"  {r.id}: {r.explanation}")
+                lines += _wrapped(f"  {r.id}: {r.explanation}", width, indent="      ")
         for r in self.rules:
             if r.expired:
-                lines.append(f"expired: {r.id} ({r.expiry}); re-run with it disabled and remove it if not needed")
+                text = f"expired: {r.id} ({r.expiry}); re-run with it disabled and remove it if not needed"
+                lines += _wrapped(text, width, indent="  ")
         ablated = [r for r in self.rules if r.ablation is not None]
         if ablated:
             lines.append("")
             lines.append("ablation (re-export with one rule disabled):")
             for r in ablated:
                 assert r.ablation is not None
-                lines.append(f"  {r.id}: {r.ablation.verdict} [{r.ablation.seconds:.1f}s]")
+                lines += _wrapped(f"  {r.id}: {r.ablation.verdict} [{r.ablation.seconds:.1f}s]", width, indent="      ")
         lines.append(f"{len(self.hits)} rule(s) fired, {sum(self.hits.values())} hit(s), in {self.seconds:.1f}s")
         return "\n".join(lines)
 
@@ -247,6 +259,14 @@ class Audit:
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> list[str]:
+    """`text` as lines of at most `width` columns, continuation lines indented by `indent`."""
+    lead = text[: len(text) - len(text.lstrip())]
+    return textwrap.wrap(
+        text.lstrip(), width, initial_indent=lead, subsequent_indent=indent or lead, break_long_words=True
+    ) or [text]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -283,8 +303,6 @@ def graph_stats(artifact: str | Path, export_format: str) -> GraphStats | None:
     which is what an ONNX-level fusion changes; OpenVINO: the compiled CPU runtime model; Dynamo: the
     program's ATen graph. None for ExecuTorch (no optimization rules there yet) or an unreadable artifact.
     """
-    from collections import Counter
-
     artifact = Path(artifact)
     ops: Counter[str] = Counter()
     try:

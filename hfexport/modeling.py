@@ -200,6 +200,14 @@ class ExportedModel:
     def can_generate(self) -> bool:
         return False
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """A single forward graph does not generate: the error says which export does."""
+        raise ArtifactError(
+            f"{self.name_or_path} is one forward graph of {self.loaded.manifest.get('model_class') or 'the model'}, "
+            "not a generation export, so it cannot generate: export it with `hfexport export --generation` (or "
+            "--task text-generation), or save the result of export_for_generation"
+        )
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name_or_path!r}, format={self.export_format!r})"
 
@@ -352,12 +360,26 @@ class _GenerativeModel(ExportedModel):
             encoder_inputs=encoder_inputs or None,
             generator=generator,
         )
+        if self.loaded.generation.is_encoder_decoder and _returns_new_tokens_only(self.config):
+            sequences = sequences[:, 1:]  # the decoder start token the runtime began from
         if config.return_dict_in_generate:
             from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
             encoder_decoder = self.loaded.generation.is_encoder_decoder
             return (GenerateEncoderDecoderOutput if encoder_decoder else GenerateDecoderOnlyOutput)(sequences=sequences)
         return sequences
+
+
+def _returns_new_tokens_only(config: Any) -> bool:
+    """Whether the source model's `generate` returns the new tokens without the decoder prompt: transformers'
+    Whisper generation (`WhisperGenerationMixin`, also used by models built on Whisper) does, other models
+    return the decoder start token first."""
+    import transformers
+    from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
+
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    cls = getattr(transformers, architecture, None) if architecture else None
+    return isinstance(cls, type) and issubclass(cls, WhisperGenerationMixin)
 
 
 class ExportedModelForCausalLM(_GenerativeModel):
@@ -399,13 +421,17 @@ class ExportedModelForSeq2SeqLM(_GenerativeModel):
 
 
 def _class_for(loaded: LoadedExport, config: Any) -> type[ExportedModel]:
-    """The class of an artifact: the generation layout decides, then the architecture the config names."""
+    """The class of an artifact: the generation layout decides, then the class the manifest says was exported,
+    then the architecture the config names."""
     spec = loaded.generation
     if spec is not None:
         return ExportedModelForSeq2SeqLM if spec.is_encoder_decoder else ExportedModelForCausalLM
-    architectures = getattr(config, "architectures", None)
-    architecture = architectures[0] if isinstance(architectures, list) and architectures else ""
-    architecture = architecture if isinstance(architecture, str) else ""  # config data: anything but a name is none
+    exported = loaded.manifest.get("model_class")
+    architecture = exported if isinstance(exported, str) and exported else ""
+    if not architecture:
+        architectures = getattr(config, "architectures", None)
+        named = architectures[0] if isinstance(architectures, list) and architectures else ""
+        architecture = named if isinstance(named, str) else ""  # config data: anything but a name is none
     if architecture.endswith("ForSequenceClassification"):
         return ExportedModelForSequenceClassification
     if architecture.endswith("Model"):

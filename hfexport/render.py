@@ -39,6 +39,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     items: list[str] = field(default_factory=list)
     table: Table | None = None
+    # Closed until opened (HTML `<details>`): what a reader rarely needs, e.g. the rules that did not run.
+    folded: bool = False
 
 
 @dataclass
@@ -62,14 +64,16 @@ def _rule_meta(rule_id: str) -> tuple[str, str]:
     return meta.why, meta.upstream
 
 
-def _rules_sections(report: ExportReport, prefix: str) -> list[Section]:
-    """One section per stage with the rules that ran in it (fired or matched nothing), why and upstream."""
+def _rules_sections(report: ExportReport, prefix: str) -> tuple[list[Section], list[Section]]:
+    """One section per stage with the rules that ran in it (those that fired first, then those that matched
+    nothing), why and upstream; and, apart, the folded section of the rules that did not run and why."""
     sections: list[Section] = []
     by_stage: dict[str, list[Any]] = {}
     for outcome in report.rules:
         if outcome.status in _RAN:
             by_stage.setdefault(outcome.stage, []).append(outcome)
     for stage, outcomes in by_stage.items():
+        outcomes = sorted(outcomes, key=lambda o: not o.hits)  # stable: fired first, stage order kept
         rows, classes = [], []
         # Sites a rule's pattern matched and it left alone, with the reason: a column only where there are some.
         declined = any(o.declined for o in outcomes)
@@ -90,24 +94,28 @@ def _rules_sections(report: ExportReport, prefix: str) -> list[Section]:
             )
         )
     others = [o for o in report.rules if o.status not in _RAN]
+    folded = []
     if others:
         counts: dict[str, int] = {}
         for o in others:
             counts[o.status] = counts.get(o.status, 0) + 1
-        sections.append(
+        folded.append(
             Section(
                 f"{prefix}Rules that did not run",
                 paragraphs=[", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + "."],
                 table=Table(
                     ["rule", "stage", "status", "reason"], [[o.id, o.stage, o.status, o.reason] for o in others]
                 ),
+                folded=True,
             )
         )
-    return sections
+    return sections, folded
 
 
-def _report_sections(report: ExportReport, prefix: str = "") -> list[Section]:
-    sections = _rules_sections(report, prefix)
+def _report_sections(report: ExportReport, prefix: str = "") -> tuple[list[Section], list[Section]]:
+    """The sections of one report: the rules that ran, timings, what the export used, warnings; and apart, the
+    folded ones that go at the end of the document (the rules that did not run)."""
+    sections, folded = _rules_sections(report, prefix)
     if report.stage_seconds:
         rows = [[stage, f"{seconds:.2f}"] for stage, seconds in report.stage_seconds.items()]
         rows.append(["total", f"{report.total_seconds:.2f}"])
@@ -126,7 +134,7 @@ def _report_sections(report: ExportReport, prefix: str = "") -> list[Section]:
                 items=[f"warning: {w}" for w in report.warnings] + [f"note: {n}" for n in report.notes],
             )
         )
-    return sections
+    return sections, folded
 
 
 def _text(value: Any) -> str:
@@ -145,19 +153,24 @@ def _shape_text(shapes: Mapping[str, Any]) -> str:
 
 def _validation_section(validation: Mapping[str, Any]) -> Section:
     """The `--validate` record (`Validation.to_dict()`, or a generation export's token comparison)."""
-    ok = validation.get("ok")
-    verdict = "matches eager" if ok else "DIFFERS from eager"
+    verdict = _verdict(validation)
     if "outputs" not in validation:  # a generation export: components run and greedy tokens compared
         rows = [[key, _text(value)] for key, value in validation.items()]
         return Section(f"Validation: {verdict}", table=Table(["check", "result"], rows))
     rows, classes = [], []
     tolerance = f"|diff| <= atol {validation.get('atol')} + rtol {validation.get('rtol')} * max|eager|"
+    if validation.get("tolerance_source"):
+        tolerance += f": {validation['tolerance_source']}"
     for o in validation.get("outputs", []):
         detail = o.get("problem") or f"{o['max_abs_diff']:.3g} (tolerance {o['tolerance']:.3g})"
         rows.append(["sample", o["name"], str(list(o.get("shape", []))), detail, "ok" if o.get("ok") else "FAIL"])
         classes.append("ok" if o.get("ok") else "fail")
     for check in validation.get("shapes", []):
         label = f"{check['name']} ({_shape_text(check.get('shapes', {}))})"
+        if check.get("skipped"):
+            rows.append([label, "", "", check["skipped"], "skipped"])
+            classes.append("skip")
+            continue
         if check.get("problem"):
             rows.append([label, "", "", check["problem"], "FAIL"])
             classes.append("fail")
@@ -178,27 +191,44 @@ def export_document(
     validation: Mapping[str, Any] | None = None,
     model: str | None = None,
 ) -> Document:
-    """The document of one export (or of a generation export: `{component: report}`) and its validation."""
+    """The document of one export (or of a generation export: `{component: report}`) and its validation.
+
+    The verdict first (the validation per input shape, or that none ran), then the rules that fired (per
+    stage, beside those that ran and matched nothing), timings, what the export used, warnings and versions;
+    the rules that did not run come last, folded.
+    """
     named = {"": reports} if isinstance(reports, ExportReport) else dict(reports)
     first = next(iter(named.values()))
     title = f"hfexport: {model or first.model_class} -> {first.export_format}"
     doc = Document(title)
+    if validation is not None:
+        doc.summary.append("Validation: " + _verdict(validation) + ".")
+        doc.sections.append(_validation_section(validation))
+    else:
+        doc.summary.append("Validation: not run (export with --validate to compare the artifact with eager).")
+    folded: list[Section] = []
     for name, report in named.items():
         label = f"{report.model_class} -> {report.export_format}" + (f" [{name}]" if name else "")
         doc.summary.append(
             f"{label}: {len(report.fired)} rule(s) fired, {sum(o.hits for o in report.rules)} hit(s), "
             f"exported in {report.total_seconds:.2f}s."
         )
-        doc.sections += _report_sections(report, prefix=f"{name}: " if name else "")
-    if validation is not None:
-        doc.summary.append("Validation: " + ("matches eager." if validation.get("ok") else "DIFFERS from eager."))
-        doc.sections.append(_validation_section(validation))
+        sections, later = _report_sections(report, prefix=f"{name}: " if name else "")
+        doc.sections += sections
+        folded += later
     versions = first.versions
     if versions:
         doc.sections.append(
             Section("Versions", table=Table(["package", "version"], [[k, v] for k, v in versions.items()]))
         )
+    doc.sections += folded
     return doc
+
+
+def _verdict(validation: Mapping[str, Any]) -> str:
+    if validation.get("error"):
+        return f"FAILED: it could not run ({validation['error']})"
+    return "matches eager" if validation.get("ok") else "DIFFERS from eager"
 
 
 def audit_document(audit: Audit) -> Document:
@@ -315,6 +345,9 @@ tr.fired td { background: #e3f1ff; }
 tr.ok td { background: #e2f4e2; }
 tr.fail td { background: #f8d7d7; }
 ul.summary { font-size: 1.05em; }
+details.folded { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+details.folded > summary { font-size: 1.15em; font-weight: bold; cursor: pointer; }
+tr.skip td { background: #f3f3f3; }
 """
 
 
@@ -335,7 +368,10 @@ def to_html(doc: Document) -> str:
         '<ul class="summary">' + "".join(f"<li>{e(line)}</li>" for line in doc.summary) + "</ul>",
     ]
     for section in doc.sections:
-        parts.append(f"<section><h2>{e(section.title)}</h2>")
+        if section.folded:
+            parts.append(f'<section><details class="folded"><summary>{e(section.title)}</summary>')
+        else:
+            parts.append(f"<section><h2>{e(section.title)}</h2>")
         parts += [f"<p>{e(p)}</p>" for p in section.paragraphs]
         if section.items:
             parts.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in section.items) + "</ul>")
@@ -350,7 +386,7 @@ def to_html(doc: Document) -> str:
                 attr = f' class="{css}"' if css else ""
                 parts.append(f"<tr{attr}>" + "".join(f"{cell[j]}{e(c)}</td>" for j, c in enumerate(row)) + "</tr>")
             parts.append("</tbody></table>")
-        parts.append("</section>")
+        parts.append("</details></section>" if section.folded else "</section>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

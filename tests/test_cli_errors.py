@@ -68,6 +68,27 @@ def _model_folder(tmp_path: Path, weights: bool) -> Path:
         ),
         pytest.param(["--batch-size", "0"], "error: --batch-size must be at least 1, not 0", id="batch-size"),
         pytest.param(["--dtype", "float8"], "error: argument --dtype: invalid choice: 'float8'", id="dtype"),
+        pytest.param(
+            ["--atol", "1e-3"],
+            "error: --atol: they set the tolerance of --validate; add --validate or drop them",
+            id="atol-without-validate",
+        ),
+        pytest.param(
+            ["--generation", "--validate", "--rtol", "1e-2"],
+            "error: --rtol: --generation --validate compares greedy tokens, not values; drop them",
+            id="rtol-with-generation",
+        ),
+        pytest.param(
+            ["--batch-size", "1", "--validate"],
+            "error: --batch-size 1 with dynamic shapes: torch.export makes an axis whose sample size is 1 static",
+            id="batch-size-1-dynamic",
+        ),
+        # optimum-cli's spellings (`--format ONNX`, `--dtype fp16`) are accepted: the refusal is the opset's.
+        pytest.param(
+            ["--format", "ONNX", "--dtype", "fp16", "--opset", "17"],
+            "error: --opset 17: opset_version must be an int >= 18",
+            id="opset-17-optimum-spellings",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2_before_any_work(tmp_path: Path, args: list[str], first_line: str) -> None:
@@ -85,6 +106,15 @@ def test_rule_ids_and_opset_are_checked_before_tracing(tmp_path: Path) -> None:
     code, line, stderr = _run("export", "--model", "tiny-llama", "--opset", "18", "--output", str(out))
     assert code == 2 and line == "error: --opset applies to --format onnx, not dynamo", stderr
     assert "› stage" not in stderr and not out.exists()
+
+
+def test_rules_show_of_an_unknown_id_names_the_closest_ones() -> None:
+    code, line, _ = _run("rules", "show", "onnx/rms-norm-fuson")
+    assert code == 2 and line.endswith(
+        "; did you mean 'onnx/rms-norm-fusion' or 'onnx/skip-rms-norm-fusion' or 'onnx/rms-norm-core-fusion'?"
+    )
+    code, line, _ = _run("rules", "show", "rms-norm-fusion")  # the stage left out
+    assert code == 2 and "did you mean 'onnx/rms-norm-fusion'" in line
 
 
 def test_model_folders_without_config_or_weights_are_refused(tmp_path: Path) -> None:
@@ -114,11 +144,15 @@ def test_an_output_that_cannot_be_created_is_refused_before_the_export(tmp_path:
         assert code == 2 and line.startswith(f"error: --output {locked / 'out'}: cannot create a folder")
 
 
-def test_debug_shows_the_traceback_and_version_prints() -> None:
-    code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", "--debug")
-    assert code == 1 and "Traceback" in stderr and "UsageError" in stderr  # Python's own exit for an uncaught error
+def test_debug_shows_the_traceback_and_keeps_the_exit_code_and_version_prints() -> None:
+    code, line, _ = _run("export", "--model", "tiny-lama", "--output", "x")
+    assert code == 2 and line.startswith("error: --model 'tiny-lama' is neither a built-in")
+    code, first, stderr = _run("export", "--model", "tiny-lama", "--output", "x", "--debug")
+    # The traceback first, then the same one line; the exit code says what happened, not what is displayed.
+    assert code == 2 and first.startswith("Traceback") and "UsageError" in stderr
+    assert stderr.splitlines()[-1] == line
     code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", env={**ENV, "HFEXPORT_DEBUG": "1"})
-    assert "Traceback" in stderr
+    assert code == 2 and "Traceback" in stderr
     result = subprocess.run([sys.executable, "-m", "hfexport", "--version"], capture_output=True, text=True, env=ENV)
     assert result.returncode == 0 and result.stdout.startswith("hfexport ")
 

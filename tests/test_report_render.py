@@ -82,6 +82,36 @@ def test_export_report_html_and_markdown(tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     result = _chromium(f"--screenshot={shot}", "--window-size=1200,1600", page=page)
     assert result.returncode == 0 and shot.stat().st_size > 20_000, result.stderr[-2000:]
+    _check_report_command(tmp_path, dom, markdown)
+
+
+def _check_report_command(tmp_path: Path, exported_dom: str, exported_markdown: str) -> None:
+    """`hfexport report DIR` renders the saved artifact's report from its folder: the same document as the
+    export wrote, in the reading order a verdict needs (validation first, rules that fired, the rest folded)."""
+    result = _hfexport("report", "out", "--html", "saved.html", "--markdown", "saved.md", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == "report written to saved.html"
+    dom, markdown = _dom(tmp_path / "saved.html"), (tmp_path / "saved.md").read_text()
+    # The export's own --report-markdown, from the folder (times are stored to 4 decimals: compared as X).
+    assert re.sub(r"\d+\.\d+", "X", markdown) == re.sub(r"\d+\.\d+", "X", exported_markdown)
+    headings = re.findall(r"<h2>(.*?)</h2>", dom)
+    assert headings[0] == "Validation: matches eager" and headings[1].startswith("Rules at stage ")
+    summary = re.search(r'<ul class="summary">(.*?)</ul>', dom, re.S).group(1)
+    assert re.findall(r"<li>(.*?)</li>", summary)[0] == "Validation: matches eager."
+    # The rules that did not run: at the end, folded, said in words (no private helper names).
+    folded = re.search(r'<details class="folded"><summary>Rules that did not run</summary>(.*?)</details>', dom, re.S)
+    assert folded and dom.index(folded.group(0)) > dom.index("<h2>Versions</h2>")
+    assert "&lt;/details&gt;" not in dom and not re.search(r"matching _\w+|_is_copy|_applies", dom)
+    # A fired rule sorts first in its stage's table.
+    for table in re.findall(r"<h2>Rules at stage .*?</h2>.*?<tbody>(.*?)</tbody>", dom, re.S):
+        classes = re.findall(r"<tr( class=\"fired\")?>", table)
+        assert classes == sorted(classes, reverse=True), "fired rows first"
+    assert exported_dom.count("<tr") == dom.count("<tr")
+    # Without --html/--markdown: the Markdown on stdout. A folder that is no artifact is refused (exit 4).
+    printed = _hfexport("report", "out", cwd=tmp_path)
+    assert printed.returncode == 0 and printed.stdout == markdown
+    refused = _hfexport("report", ".", cwd=tmp_path)
+    assert refused.returncode == 4 and refused.stderr.splitlines()[0].startswith("refused: ArtifactError: ")
 
 
 @needs_chromium

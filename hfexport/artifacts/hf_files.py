@@ -17,6 +17,7 @@ unlisted file. hfexport itself never runs that code.
 
 from __future__ import annotations
 
+import copy
 import re
 import tempfile
 from collections.abc import Mapping
@@ -185,6 +186,9 @@ def model_files(model: Any) -> HfFiles:
         raise TypeError(f"model must be a transformers PreTrainedModel (with a config), got {type(model).__name__}")
     files = {}
     with tempfile.TemporaryDirectory(prefix="hfexport-hf-files-") as tmp:
+        # The class that was exported, as `model.save_pretrained` records it (AutoExportedModel reads it).
+        config = copy.copy(config)
+        config.architectures = [type(model).__name__]
         config.save_pretrained(tmp)
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained"):

@@ -20,15 +20,16 @@ reads by duck typing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.artifacts.errors import ArtifactError, UntrustedArtifactError
+from hfexport.artifacts.errors import ArtifactError, FailedValidationWarning, UntrustedArtifactError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
 from hfexport.artifacts.hf_files import check_listed_code
-from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest
+from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest, validation_verdict
 from hfexport.errors import InputError
 from hfexport.generation_spec import image_count_mismatch
 from hfexport.runtime.drivers import backend
@@ -173,6 +174,14 @@ def load(
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
+    verdict, detail = validation_verdict(manifest)
+    if verdict == "failed":
+        warnings.warn(
+            f"{directory}: its validation failed when it was exported ({detail}); `hfexport check` shows it, "
+            "export again to replace it",
+            FailedValidationWarning,
+            stacklevel=2,
+        )
     export_format = manifest["format"]
     kind = ARTIFACT_FORMATS[export_format]
     if kind.pickled and not trust:

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
-from hfexport.cli.folder_inputs import DEFAULT_TEXT_LENGTH, NON_TEXT_TASKS, folder_sample_inputs
+from hfexport.cli.folder_inputs import (
+    DEFAULT_TEXT_LENGTH,
+    NON_TEXT_TASKS,
+    folder_sample_inputs,
+    has_tokenizer,
+    text_inputs,
+)
 
 # --task -> the transformers Auto class a local model folder is loaded with.
 TASKS: dict[str, str] = {
@@ -35,7 +42,15 @@ HF_TASKS: dict[str, str] = {
     "image-classification": "image-classification",
     "automatic-speech-recognition": "speech-seq2seq",
     "image-text-to-text": "image-text-to-text",
+    "text-generation-with-past": "causal-lm",
+    "text2text-generation-with-past": "seq2seq-lm",
+    "automatic-speech-recognition-with-past": "speech-seq2seq",
+    "image-text-to-text-with-past": "image-text-to-text",
 }
+# The pipeline names whose export is what `generate` runs, as optimum's `-with-past` exports are: they imply
+# `--generation` (the components with their cache). `text-generation` too: a causal LM's single forward graph
+# cannot generate, and a user naming that task means to.
+GENERATION_TASKS = tuple(name for name in HF_TASKS if name == "text-generation" or name.endswith("-with-past"))
 TASK_CHOICES: tuple[str, ...] = ("auto", *TASKS, *(name for name in HF_TASKS if name not in TASKS))
 # The task of each built-in tiny model's family.
 _FAMILY_TASKS = {
@@ -48,6 +63,8 @@ _FAMILY_TASKS = {
 # config files (`folder_inputs`).
 _TEXT_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
 DTYPES = ("float32", "float16", "bfloat16")
+# optimum-cli's spellings of the same dtypes (`--dtype fp16`), and torch's short names.
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 # Architecture suffix -> task, for `--task auto` on a folder.
 _SUFFIX_TASKS = {
     "ForCausalLM": "causal-lm",
@@ -57,6 +74,12 @@ _SUFFIX_TASKS = {
     "ForImageClassification": "image-classification",
     "ForSpeechSeq2Seq": "speech-seq2seq",
 }
+
+
+def dtype_name(value: str) -> str:
+    """`--dtype` as torch names it: `fp16`/`bf16`/`fp32` (optimum-cli's spellings) and any case are accepted."""
+    value = value.strip().lower()
+    return _DTYPE_ALIASES.get(value, value)
 
 
 def canonical_task(task: str) -> str:
@@ -144,7 +167,8 @@ def load_model(
     inputs = sample_inputs(
         spec, task=task, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
     )
-    return model, inputs
+    _say_where_inputs_come_from(spec, task, inputs)
+    return model, drop_untaken(model, inputs)
 
 
 def load_empty_model(
@@ -174,7 +198,47 @@ def load_empty_model(
     inputs = sample_inputs(
         spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code, task=task
     )
-    return model, inputs, TASKS[task]
+    _say_where_inputs_come_from(spec, task, inputs)
+    return model, drop_untaken(model, inputs), TASKS[task]
+
+
+def inputs_source(spec: str, task: str = "auto") -> str:
+    """Where the sample inputs of `--model` come from, in words (the manifest records it)."""
+    from hfexport.tiny import TINY_MODELS
+
+    if spec in TINY_MODELS:
+        return "the built-in model's seeded sample"
+    task = _folder_task(Path(spec), canonical_task(task))
+    if task in NON_TEXT_TASKS:
+        return "the folder's config files (shapes), values drawn from a fixed seed"
+    if has_tokenizer(spec):
+        return "the folder's tokenizer on fixed texts"
+    return "the folder's config (no tokenizer: token ids drawn from vocab_size with a fixed seed)"
+
+
+def _say_where_inputs_come_from(spec: str, task: str, inputs: dict[str, Any]) -> None:
+    """One line on stderr when a text model's folder has no tokenizer: its inputs were built from the config."""
+    if task in NON_TEXT_TASKS or has_tokenizer(spec):
+        return
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+    print(f"note: {spec} has no tokenizer: sample inputs built from its config ({shapes})", file=sys.stderr)
+
+
+def drop_untaken(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inputs` without those the model's forward does not name (a tokenizer's `token_type_ids` for a decoder-only
+    model, which `generate` refuses); one line on stderr names what was dropped."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    named = {n for n, p in parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    dropped = [name for name in inputs if name not in named]
+    if dropped:
+        print(
+            f"note: dropped {', '.join(dropped)} from the sample inputs: {type(model).__name__}.forward does not "
+            "take it",
+            file=sys.stderr,
+        )
+    return {k: v for k, v in inputs.items() if k in named}
 
 
 def sample_inputs(
@@ -212,6 +276,15 @@ def sample_inputs(
         if dtype:
             inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         return inputs
+    if not has_tokenizer(spec):  # a checkpoint saved without its tokenizer: ids drawn from the config
+        return text_inputs(
+            spec,
+            task,
+            seed,
+            batch_size=batch_size,
+            sequence_length=sequence_length,
+            trust_remote_code=trust_remote_code,
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -264,6 +337,7 @@ def other_samples(
             trust_remote_code=trust_remote_code,
             task=task,
         )
+        feed = {k: v for k, v in feed.items() if k in inputs}  # what the sample kept (see drop_untaken)
         if {k: tuple(v.shape) for k, v in feed.items()} != sample_shapes:
             others[name] = feed
     return others
@@ -305,7 +379,11 @@ def export_config(args: argparse.Namespace) -> Any:
     try:
         config = AutoExportConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+        # Name the flag the value came from: --opset N is a config field too.
+        flag = "--config"
+        if getattr(args, "opset", None) is not None and "opset_version" in str(exc):
+            flag = f"--opset {args.opset}"
+        raise UsageError(f"{flag}: {exc}") from None
     if args.quantize:
         config.quantizer = _quantizer(args.quantize, args.format)
     from hfexport.rewrites.engine import default_registry

@@ -4,6 +4,7 @@ module of rules from outside hfexport; `--rules NAME`, the option that registers
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shutil
 from collections import Counter
@@ -77,14 +78,25 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _did_you_mean(rule_id: str, ids: list[str]) -> str:
+    """ "; did you mean ...?" with the closest registered ids: by the whole id, else by its last part (a rule
+    named without its stage, or under another stage)."""
+    close = difflib.get_close_matches(rule_id, ids, n=3, cutoff=0.6)
+    if not close:
+        by_name = {i.rsplit("/", 1)[-1]: i for i in ids}
+        close = [by_name[n] for n in difflib.get_close_matches(rule_id.rsplit("/", 1)[-1], list(by_name), n=3)]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def cmd_rules_show(args: argparse.Namespace) -> int:
     from hfexport.audit import expiry_status, rule_diff, rule_location, rule_sources, rule_target
     from hfexport.rewrites.engine import default_registry
 
+    registry = default_registry()
     try:
-        rule = default_registry().get(args.id)
+        rule = registry.get(args.id)
     except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0]) + _did_you_mean(args.id, registry.ids())) from None
     meta = rule.meta
     expired, expiry = expiry_status(meta)
     expiry_text = "never (no expiry set)"
@@ -111,7 +123,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         from hfexport.versions import installed_version
 
         installed = installed_version(upstream.package) or "not installed"
-        fields.insert(3, ("", f"(written against {upstream.package} {upstream.version}; installed: {installed})"))
+        pinned = f"(written against {upstream.package} {upstream.version}; installed: {installed})"
+        fields.insert([name for name, _ in fields].index("upstream") + 1, ("", pinned))
     for name, value in fields:
         print(f"{name + ':' if name else '':10s} {value}")
     print("examples:")

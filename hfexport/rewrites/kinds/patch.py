@@ -226,7 +226,9 @@ class PatchSession:
     def _install_method(self, rule: MethodPatch, model: torch.nn.Module, replacement: Callable[..., Any]) -> str | None:
         if callable(rule.target):
             predicate, method = rule.target, rule.method
-            described = f"modules matching {getattr(rule.target, '__name__', 'predicate')}"
+            # Said in words, not by the predicate's (private) name: the report is read by users.
+            models = ", ".join(rule.meta.models)
+            described = "module this rule is for" + (f" ({models})" if models else "")
         else:
             resolved = resolve(rule.target)
             if isinstance(resolved, str):
@@ -319,7 +321,7 @@ class PatchSession:
                     reasons.append(f"the model uses no module of {home}")
                     continue
             self._gate(owner, name, rule.id, replacement)
-        return None if len(reasons) < len(targets) else "; ".join(reasons)
+        return None if len(reasons) < len(targets) else _joined(reasons)
 
     def _gate(self, owner: Any, name: str, rule_id: str, replacement: Callable[..., Any]) -> None:
         key = (id(owner), name)
@@ -384,3 +386,12 @@ def installed_gates() -> list[str]:
     """Module functions currently gated (for leak checks in tests and the audit)."""
     with _GATES_LOCK:
         return [f"{getattr(g.owner, '__name__', g.owner)}.{g.name}" for g in _GATES.values()]
+
+
+def _joined(reasons: list[str]) -> str:
+    """One reason for every target a module-function rule skipped: the modules the model does not use in one
+    list ("the model uses no module of a, b"), not one sentence each."""
+    prefix = "the model uses no module of "
+    modules = [r.removeprefix(prefix) for r in reasons if r.startswith(prefix)]
+    others = [r for r in dict.fromkeys(reasons) if not r.startswith(prefix)]
+    return "; ".join([*([prefix + ", ".join(dict.fromkeys(modules))] if modules else []), *others])
