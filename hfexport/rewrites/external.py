@@ -3,7 +3,7 @@
 A module of rules lists them, in order, as `RULES`, like a stage package of hfexport does; rule `<stage>/<name>` is
 the object `<name>` (dashes as underscores) in that module, or in its submodule `<name>` (what
 `load_rules(__name__, [ids])` builds from one file per rule). A distribution makes its module known under a short
-name with an entry point of the group `hfexport.rules` (`example = "hfexport_example_rules"` in its
+name with an entry point of the group `hfexport.rules` (`countdown = "countdown_rules"` in its
 `[project.entry-points."hfexport.rules"]`).
 
 Nothing here imports a module of rules unless asked to by name: an installed entry point is only listed (from the

@@ -9,6 +9,8 @@ It is installed with pip into a folder of its own, so its entry point is found a
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -52,13 +54,26 @@ def fresh(monkeypatch: pytest.MonkeyPatch, site: Path) -> registry.RuleRegistry:
         yield rules
 
 
-def _run(*args: str, site: Path, path: list[Path] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m hfexport ARGS` with this checkout and `path` (default: the example package's folder) importable."""
-    folders = [ROOT, *(path if path is not None else [site])]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, folders)), "PYTHONWARNINGS": "ignore"}
+def _run(*args: str, path: list[Path], rules: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m hfexport ARGS` with this checkout and the folders `path` importable, HFEXPORT_RULES=`rules`."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [ROOT, *path])), "PYTHONWARNINGS": "ignore"}
     environment.pop(external.ENVIRONMENT_VARIABLE, None)
+    if rules is not None:
+        environment[external.ENVIRONMENT_VARIABLE] = rules
     command = [sys.executable, "-m", "hfexport", *args]
     return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
+
+
+def _first_error(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stderr.splitlines()[0] if result.stderr else ""
+
+
+_MARKED_BLOCK = re.compile(r"^<!-- doctest: skip \((.+?)\) -->\n```(\w+)\n(.*?)^```", re.S | re.M)
+
+
+def _guide_blocks() -> list[tuple[str, str, str]]:
+    """(marker reason, language, text) of each block of docs/authoring-rules.md that test_docs_snippets.py skips."""
+    return _MARKED_BLOCK.findall((ROOT / "docs" / "authoring-rules.md").read_text())
 
 
 # -- an installed rule package ------------------------------------------------------------------------------------
@@ -113,14 +128,41 @@ def test_the_rule_fixes_the_export_and_is_in_its_report(fresh: registry.RuleRegi
     assert all("origin" not in o for o in exporter.report.to_dict()["rules"] if o["id"] != RULE_ID)
 
 
-def test_rules_test_checks_the_examples_in_the_real_runtimes(site: Path) -> None:
-    result = _run("rules", "test", "countdown", site=site)
-    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    assert lines[0] == f"{ORIGIN}: 1 rule(s), 2 check(s) (first Match and NoMatch per variant)"
-    assert lines[1] == f"ok     {RULE_ID}  Match 0 on dynamo: 1 hit(s) (5 tokens, then 9)"
-    assert lines[2].startswith(f"ok     {RULE_ID}  NoMatch 1 on dynamo: no hit")
-    assert lines[3] == "2 ok"
+def test_the_guide_shows_the_example_package_as_it_is() -> None:
+    """Every file of the package that docs/authoring-rules.md shows is that file, which these tests install and run."""
+    shown = {}
+    for reason, _, text in _guide_blocks():
+        found = re.match(r"the file (tests/fixtures/rules_package/\S+), which", reason)
+        if found:
+            shown[found.group(1)] = text
+    files = {str(f.relative_to(ROOT)) for f in PACKAGE.rglob("*") if f.suffix in (".py", ".toml")}
+    assert set(shown) == files - {"tests/fixtures/rules_package/countdown_model/__init__.py"}
+    for path, text in shown.items():
+        assert text == (ROOT / path).read_text(), f"docs/authoring-rules.md shows {path} otherwise"
+
+
+def test_the_guides_commands_work_and_rules_test_prints_what_it_shows(site: Path) -> None:
+    """The commands of the guide's "Use it" block run with the package installed (exit 0), and `rules test` prints
+    the guide's sample output: its checks pass through the real exporters and runtimes."""
+    block = next(text for reason, _, text in _guide_blocks() if "runs these commands" in reason)
+    commands = [
+        words[1:] for line in block.splitlines() if (words := shlex.split(line, comments=True))[:1] == ["hfexport"]
+    ]
+    assert [c[:2] for c in commands] == [["rules", "list"], ["rules", "list"], ["rules", "show"], ["rules", "test"]]
+    guide = (ROOT / "docs" / "authoring-rules.md").read_text()
+    sample = guide[guide.index("**Test it.**") :].split("```text\n", 1)[1].split("```", 1)[0]
+    for args in commands:
+        result = _run(*args, path=[site])
+        assert result.returncode == 0, f"hfexport {' '.join(args)}: {result.stderr[-2000:]}"
+        if args[1] == "test":
+            assert result.stdout == sample
+        elif args[1] == "show":
+            assert f"origin:    {ORIGIN}" in result.stdout.splitlines()
+        elif "--rules" in args:
+            row = next(line for line in result.stdout.splitlines() if line.startswith(RULE_ID))
+            assert row.split()[3] == "countdown_rules"
+        else:
+            assert result.stdout.splitlines()[-1].startswith("not enabled: countdown (countdown_rules,")
 
 
 # -- refused modules ------------------------------------------------------------------------------------------------
@@ -235,23 +277,28 @@ def test_a_second_module_cannot_take_an_id_and_requirements_must_be_registered(
     assert [r.id for r in fresh.rules("fx")][-1] == "fx/toy-noop" and list(fresh.modules()) == ["first_rules"]
 
 
-def test_a_refused_module_is_a_usage_error_on_the_command_line(
-    site: Path, tmp_path: Path, fresh: registry.RuleRegistry, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_refused_module_is_a_usage_error_on_the_command_line(site: Path, tmp_path: Path) -> None:
     _module(tmp_path, "why_less_rules", {"why": ""})
-    result = _run("rules", "test", "why_less_rules", site=site, path=[tmp_path])
+    result = _run("rules", "test", "why_less_rules", path=[site, tmp_path])
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.splitlines()[0] == (
-        "error: why_less_rules: rule fx/toy-noop: `why` must say what it fixes or buys"
-    )
-    # `--rules` on an export: refused before any work.
-    code = main(["export", "--model", "tiny-llama", "--output", str(tmp_path / "out"), "--rules", "no_such_rules"])
-    assert code == 2 and not (tmp_path / "out").exists()
-    first = capsys.readouterr().err.splitlines()[0]
+    assert _first_error(result) == "error: why_less_rules: rule fx/toy-noop: `why` must say what it fixes or buys"
+    # `--rules` on an export: refused before any work, nothing written.
+    output = tmp_path / "out"
+    result = _run("export", "--model", "tiny-llama", "--output", str(output), "--rules", "no_such_rules", path=[site])
+    assert result.returncode == 2 and not output.exists(), result.stderr[-2000:]
+    first = _first_error(result)
     assert first.startswith(
         "error: --rules no_such_rules: no module or hfexport.rules entry point named 'no_such_rules'"
     )
     assert first.endswith("installed hfexport.rules entry points: countdown (hfexport-example-rules)")
+    # The same name in HFEXPORT_RULES: refused the same way, naming the variable.
+    result = _run(
+        "export", "--model", "tiny-llama", "--output", str(output), path=[site], rules="countdown,no_such_rules"
+    )
+    assert result.returncode == 2 and not output.exists(), result.stderr[-2000:]
+    assert _first_error(result).startswith(
+        "error: HFEXPORT_RULES names 'no_such_rules': no module or hfexport.rules entry point named 'no_such_rules'"
+    )
 
 
 def test_hfexport_rules_names_are_loaded_with_the_default_registry(
