@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import hfexport
-from hfexport import DynamoConfig, DynamoExporter, RuleSelection
+from hfexport import DynamoConfig, DynamoExporter, ExportReport, RuleSelection
 from hfexport.cli.parser import main
 from hfexport.rewrites import external, registry
 from hfexport.rewrites.rule import RuleDefinitionError
@@ -126,6 +126,9 @@ def test_the_rule_fixes_the_export_and_is_in_its_report(fresh: registry.RuleRegi
     assert (outcome.status, outcome.hits, outcome.origin) == ("fired", 1, ORIGIN)
     assert exporter.report.to_dict()["rules"][[o.id for o in exporter.report.rules].index(RULE_ID)]["origin"] == ORIGIN
     assert all("origin" not in o for o in exporter.report.to_dict()["rules"] if o["id"] != RULE_ID)
+    # A saved report (report.json, the manifest) read back keeps it.
+    saved = ExportReport.from_dict(exporter.report.to_dict())
+    assert next(o for o in saved.rules if o.id == RULE_ID).origin == ORIGIN
 
 
 def test_the_guide_shows_the_example_package_as_it_is() -> None:
