@@ -36,6 +36,7 @@ RULES: list[Rule] = load_rules(
         "patch/sdpa-causal-skip-traced",
         "patch/static-sliding-window-full-length",
         "patch/identity-experts-routed-loop",
+        "patch/experts-hit-loop-every-expert",
         "patch/qsa-indexer-vectorized",
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",

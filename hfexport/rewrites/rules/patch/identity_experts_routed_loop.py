@@ -31,6 +31,7 @@ from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.patch._moe_batched import dispatches_experts, qwen3_moe
+from hfexport.rewrites.rules.patch._scan_site import class_method_at
 
 _PARAMETERS = ["hidden_states", "top_k_index", "top_k_weights"]
 
@@ -62,6 +63,21 @@ def has_identity_experts(module: torch.nn.Module) -> bool:
     except (TypeError, ValueError):
         return False
     return parameters == _PARAMETERS and hasattr(module, "act_fn")
+
+
+def covers(module: str, scope: str) -> bool:
+    """Whether the rule binds to the class at `module.scope` (for `hfexport scan`): a forward of a class whose
+    `__init__` makes an `identity_expert` (the structure `has_identity_experts` checks on instances)."""
+    function = class_method_at(module, scope, "forward")
+    init = class_method_at(module, scope.rpartition(".")[0] + ".__init__", "__init__") if function else None
+    try:
+        return init is not None and "self.identity_expert" in inspect.getsource(init)
+    except (OSError, TypeError):
+        return False
+
+
+has_identity_experts.scan_kind = "loop-over-nonzero"  # type: ignore[attr-defined]
+has_identity_experts.covers = covers  # type: ignore[attr-defined]
 
 
 def identity_experts_forward(
