@@ -93,3 +93,34 @@ def test_a_variant_sets_the_attribute_where_the_config_tree_has_it() -> None:
     assert out["config"]["text_config"]["sliding_window"] == 3 and "sliding_window" not in out["config"]
     assert out["variant"] == "sliding_window=3" and "n_params" not in out
     assert entry["config"]["text_config"]["sliding_window"] == 16  # the entry itself is untouched
+
+
+def test_the_variants_readme_sums_the_sides_each_type_takes(tmp_path: Path) -> None:
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "gen_variants", Path(__file__).parents[1] / "tools" / "gen_variants.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules["gen_variants"] = tool
+    spec.loader.exec_module(tool)
+    (tmp_path / "fam").mkdir()
+    coverage = {
+        "a": {
+            "if_sites": 5,
+            "reached": 2,
+            "sides": 4,
+            "covered_by_entry": 2,
+            "covered": 3,
+            "variants": ["x=1"],
+            "skipped": {"y=0": "ValueError: no"},
+            "uncovered": [],
+        },
+        "b": {"error": "timeout: no result within 600s"},
+    }
+    (tmp_path / "fam" / "_coverage.json").write_text(json.dumps(coverage))
+    totals = tool.write_readme(tmp_path, "fam")
+    assert (totals["types"], totals["measured"], totals["variants"], totals["not_built"]) == (2, 1, 1, 1)
+    text = (tmp_path / "fam" / "README.md").read_text()
+    assert "| a | 1 | 5 (2) | 2/4 | 3/4 | y=0: ValueError: no |" in text
+    assert "| b | - | - | - | - | timeout: no result within 600s |" in text

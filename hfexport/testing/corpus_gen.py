@@ -152,6 +152,10 @@ _WINDOW_KEYS = {"sliding_window", "attention_chunk_size", "attention_window", "l
 _STATE_KEYS = {"state_size", "ssm_state_size", "d_state", "mamba_d_state"}
 _LORA_KEYS = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
 _VOCAB_KEYS = {"vocab_size"}
+# Every key the shrinking treats as a size (widths, depths, heads, positions, vocabularies).
+SIZE_KEYS = frozenset(
+    _WIDTH_KEYS | _FFN_KEYS | _SMALL_FFN_KEYS | _HEAD_KEYS | _KV_KEYS | _HEAD_DIM_KEYS | _LAYER_KEYS
+) | frozenset(_POSITION_KEYS | _VOCAB_KEYS | _STATE_KEYS)
 
 
 def _is_config(value: Any) -> bool:

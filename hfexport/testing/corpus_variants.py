@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config_branches import BranchSite, branch_sites
+from .corpus_gen import SIZE_KEYS
 
 __all__ = ["MAX_VARIANTS", "Variant", "apply_variant", "propose_variants"]
 
@@ -40,17 +41,9 @@ _WINDOW = re.compile(r"(window|chunk_size|chunk_length|attention_chunk|local_att
 _EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
 _TOPK = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "top_k", "moe_k")
 _SHARED = ("n_shared_experts", "num_shared_experts")
-# Sizes every model has, varied by the attention-layout variants rather than by a generic integer rule.
-_SIZES = {
-    "num_hidden_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "vocab_size",
-    "intermediate_size",
-    "max_position_embeddings",
-    "head_dim",
-    "num_key_value_heads",
-}
+# Sizes (widths, depths, heads, positions, vocabularies): varied by the attention-layout variants, never by the
+# generic integer rule (a width of 0 is no config).
+_SIZES = SIZE_KEYS
 # Flags about how a model is used (encoder/decoder role, caching), not about its architecture's code paths.
 _ROLES = {"is_decoder", "is_encoder_decoder", "add_cross_attention", "use_cache", "tie_encoder_decoder"}
 
@@ -169,6 +162,11 @@ def propose_variants(model_type: str, config: dict[str, Any]) -> list[Variant]:
         if has("qk_head_dim"):
             changes["qk_head_dim"] = 16
         found.append(_set("mla-split", "rope and no-rope parts of unequal size", **changes))
+        if "head_dim" in changes:
+            # The same split with head_dim left as it was: rotary tables wider than the rope part, where the
+            # model allows it (SarvamMLA, BailingHybrid, DeepSeek-V3.2).
+            untied = {k: v for k, v in changes.items() if k != "head_dim"}
+            found.append(_set("mla-split-untied", "rope part narrower than head_dim", **untied))
         if isinstance(value("v_head_dim"), int) and value("v_head_dim") != 8:
             found.append(_one("v_head_dim", 8, "value heads narrower than query/key heads"))
     # Attention layout.
@@ -192,8 +190,8 @@ def propose_variants(model_type: str, config: dict[str, Any]) -> list[Variant]:
         found.append(_one("tie_word_embeddings", not value("tie_word_embeddings"), "tied/untied output embedding"))
     done = {name for v in found for name, _ in v.changes} | _SIZES | _ROLES
     for attr in sorted(sites):
-        if attr in done or not has(attr):
-            continue
+        if attr in done or not has(attr) or attr.endswith(("_token_id", "_token_ids", "_token_index")):
+            continue  # token ids pick the sample's special tokens, not a code path
         current = value(attr)
         conditions = [s for s in sites[attr] if s.kind in {"if", "ifexp", "while"}]
         if not conditions:
