@@ -32,6 +32,7 @@ from __future__ import annotations
 from hfexport.artifacts.errors import (
     ArtifactError,
     ArtifactExistsError,
+    FailedValidationWarning,
     ManifestError,
     UnsafePathError,
     UntrustedArtifactError,
@@ -49,6 +50,7 @@ from hfexport.artifacts.manifest import (
     check_manifest,
     read_manifest,
     update_manifest,
+    validation_verdict,
 )
 from hfexport.artifacts.paths import check_path
 from hfexport.artifacts.publish import check_destination, export_format_of, save
@@ -69,6 +71,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactExistsError",
     "ArtifactFormat",
+    "FailedValidationWarning",
     "LoadedComponent",
     "LoadedExport",
     "ManifestError",
@@ -91,4 +94,5 @@ __all__ = [
     "save",
     "update_manifest",
     "validate",
+    "validation_verdict",
 ]

@@ -31,8 +31,8 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
-from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._moe_batched import dispatches_experts
+from hfexport.rewrites.rule import RuleMeta, ScanCause
+from hfexport.rewrites.rules._moe_batched import dispatches_experts
 from hfexport.rewrites.rules.patch._source_rewrite import ForwardRewrite, rewrite_function
 
 
@@ -178,6 +178,15 @@ experts_hit_loop_every_expert = MethodPatch(
         # ExecuTorch runs the rewritten loop's `torch.where` columns with another dim order (slice_copy 0x12) and
         # OpenVINO does not convert its `index_add`: DBRX there needs a batched-experts rule of its own.
         backends=("dynamo", "onnx"),
+        scan=(
+            ScanCause(
+                "experts-hit-loop",
+                "loop-over-nonzero",
+                "forward",
+                "an experts forward without the experts dispatch loops over `nonzero()` of the experts hit: a "
+                "data-dependent count (Eq(u0, 0)) as soon as an expert gets no token",
+            ),
+        ),
         models=("dbrx", "step3p7"),
         examples=(
             Match(
