@@ -38,6 +38,7 @@ RULES: list[Rule] = load_rules(
         "patch/eos-pooling-gather",
         "patch/reformer-axial-positions-gather",
         "patch/rwkv-linear-attention-scan",
+        "patch/xlstm-mlstm-scan",
         "patch/rglru-recurrence-scan",
         "patch/rglru-state-in-cache",
         "patch/prophetnet-decode-positions-symbolic",
