@@ -12,7 +12,8 @@ its state dtype and eps) over the tokens, from the same initial states (zeros, o
 length. Below `chunk_size` tokens eager runs exactly these steps in this order, so the result is the same
 numbers; from `chunk_size` on eager takes the chunkwise form of the same recurrence, which the scan matches to
 float rounding (2e-7 on the corpus' 73 and 138 tokens). A concrete length (a one-token decode step, a static
-export) is declined: upstream's path traces exactly there.
+export) is declined: upstream's path traces exactly there. On ONNX the scan's inputs are detached
+(`scan_mlstm_detached`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,18 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import PerBackend, RuleMeta
+
+
+def _applies(self: torch.nn.Module, query: torch.Tensor, mode: str | None) -> bool:
+    """The inference mode, upstream's partials in place, and a symbolic length (see the module docstring)."""
+    kernel = getattr(self, "_inference_fn", None)
+    step_kernel = getattr(kernel, "keywords", {}).get("mlstm_step_kernel")
+    return (
+        "inference" in (mode or self.config.mode)
+        and step_kernel is not None
+        and isinstance(query.shape[2], torch.SymInt)
+    )
 
 
 def scan_mlstm(
@@ -41,14 +53,10 @@ def scan_mlstm(
     mode: str | None = None,
 ) -> Any:
     """The backend's inference kernel, scanned over the sequence axis (see the module docstring)."""
-    kernel = getattr(self, "_inference_fn", None)
-    step_kernel = getattr(kernel, "keywords", {}).get("mlstm_step_kernel")
-    if (
-        "inference" not in (mode or self.config.mode)
-        or step_kernel is None
-        or not isinstance(query.shape[2], torch.SymInt)
-    ):
+    if not _applies(self, query, mode):
         return NOT_APPLICABLE
+    kernel = self._inference_fn
+    step_kernel = kernel.keywords["mlstm_step_kernel"]
     from torch._higher_order_ops.scan import scan
 
     batch, heads, _, dim_qk = key.shape
@@ -74,6 +82,25 @@ def scan_mlstm(
     tokens = tuple(t.movedim(2, 0) for t in (query, key, value, igate, fgate))
     (c, n, m), hidden = scan(step, init, tokens)
     return hidden.movedim(0, 2), (c, n, m)
+
+
+def scan_mlstm_detached(original: Any, self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The ONNX variant: the same scan with its tensor inputs detached. torch.onnx's type-promotion pass re-runs the
+    program on fake tensors with grad enabled, where the scan takes its autograd path and its fake kernel stacks
+    SymInts as per-step outputs ("AttributeError: 'SymInt' object has no attribute 'unsqueeze'"; the corpus' xlstm).
+    Detach changes no value; a view is copied (a detached view still windows symbolic-size storage, which the
+    scan's nested trace cannot fakify), as `patch/mamba-selective-scan-hop` does."""
+
+    query, mode = args[0] if args else kwargs["query"], kwargs.get("mode", args[9] if len(args) > 9 else None)
+    if not _applies(self, query, mode):
+        return NOT_APPLICABLE  # before any detach: a declined call leaves the graph as upstream traces it
+
+    def cut(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone() if value._is_view() else value.detach()
+
+    return scan_mlstm(original, self, *map(cut, args), **{k: cut(v) for k, v in kwargs.items()})
 
 
 def _xlstm(tokens: int, batch: int = 2) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -108,7 +135,9 @@ xlstm_mlstm_scan = MethodPatch(
         "input_ids.size()[1] == 8' at 13 tokens); a scan of upstream's own step kernel keeps the length symbolic "
         "(the same steps below chunk_size, the chunkwise form's recurrence to float rounding above)",
         upstream="transformers==5.24.0 models/xlstm/modeling_xlstm.py wrap_chunkwise_arbitrary_sequence_length "
-        "and mlstm_recurrent_sequence_native (Python loops; bound into partials in xLSTMBackend.__init__)",
+        "and mlstm_recurrent_sequence_native (Python loops; bound into partials in xLSTMBackend.__init__); torch "
+        "2.13.0 _higher_order_ops/scan.py autograd path under fake tensors (torch.onnx InsertTypePromotion: the ONNX "
+        "variant detaches the scan's inputs)",
         backends=("dynamo", "onnx"),
         models=("xlstm",),
         examples=(
@@ -126,5 +155,5 @@ xlstm_mlstm_scan = MethodPatch(
         ),
     ),
     target="transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward",
-    replacement=scan_mlstm,
+    replacement=PerBackend(dynamo=scan_mlstm, onnx=scan_mlstm_detached),
 )
