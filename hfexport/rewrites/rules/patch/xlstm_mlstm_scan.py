@@ -25,6 +25,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import PerBackend, RuleMeta
+from hfexport.rewrites.rules.patch._detached_scan import cut_from_autograd
 
 
 def _applies(self: torch.nn.Module, query: torch.Tensor, mode: str | None) -> bool:
@@ -85,22 +86,14 @@ def scan_mlstm(
 
 
 def scan_mlstm_detached(original: Any, self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The ONNX variant: the same scan with its tensor inputs detached. torch.onnx's type-promotion pass re-runs the
-    program on fake tensors with grad enabled, where the scan takes its autograd path and its fake kernel stacks
-    SymInts as per-step outputs ("AttributeError: 'SymInt' object has no attribute 'unsqueeze'"; the corpus' xlstm).
-    Detach changes no value; a view is copied (a detached view still windows symbolic-size storage, which the
-    scan's nested trace cannot fakify), as `patch/mamba-selective-scan-hop` does."""
-
+    """The ONNX variant: the same scan with its inputs cut from autograd (`_detached_scan`: torch.onnx's type
+    promotion would take the scan's autograd path, "'SymInt' object has no attribute 'unsqueeze'" on the corpus'
+    xlstm)."""
     query, mode = args[0] if args else kwargs["query"], kwargs.get("mode", args[9] if len(args) > 9 else None)
     if not _applies(self, query, mode):
         return NOT_APPLICABLE  # before any detach: a declined call leaves the graph as upstream traces it
-
-    def cut(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        return value.detach().clone() if value._is_view() else value.detach()
-
-    return scan_mlstm(original, self, *map(cut, args), **{k: cut(v) for k, v in kwargs.items()})
+    cut = cut_from_autograd
+    return scan_mlstm(original, self, *map(cut, args), **{key: cut(value) for key, value in kwargs.items()})
 
 
 def _xlstm(tokens: int, batch: int = 2) -> tuple[torch.nn.Module, dict[str, Any]]:
