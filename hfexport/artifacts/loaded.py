@@ -155,10 +155,9 @@ def load(
     manifest = read_manifest(directory)
     export_format = manifest["format"]
     kind = ARTIFACT_FORMATS[export_format]
-    if kind.pickled and not trust:
+    if kind.trust and not trust:
         raise UntrustedArtifactError(
-            f"{directory} holds a torch .pt2 (torch.export.save), whose parts deserialise with pickle: loading "
-            "one can run code. Load it with trust=True only if you trust who wrote it"
+            f"{directory} {kind.trust}. Load it with trust=True only if you trust who wrote it"
         )
     check_files(directory, manifest, verify)
     single = set(manifest["components"]) == {SINGLE}

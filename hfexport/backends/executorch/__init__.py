@@ -1,0 +1,22 @@
+"""ExecuTorch: `ExecutorchProgramManager` (a `.pte`, XNNPACK or CUDA delegate), run by the ExecuTorch runtime."""
+
+from hfexport.backends.descriptor import Backend, Ref
+
+BACKEND = Backend(
+    name="executorch",
+    title="ExecuTorch",
+    package=__name__,
+    main_file="model.pte",
+    native_type="executorch.exir.ExecutorchProgramManager",
+    native_classes=("executorch.exir:ExecutorchProgramManager",),
+    config=Ref(".config:ExecutorchConfig"),
+    exporter=Ref(".exporter:ExecutorchExporter"),
+    stages=("patch", "fx", "executorch"),
+    devices=("cpu", "cuda"),
+    device_at_export=True,
+    no_streaming=(
+        "ExecuTorch serialises a .pte (one flatbuffer, weights or an XNNPACK blob of packed weights inside) in "
+        "memory, so its weights cannot stream"
+    ),
+    extra="executorch",
+)
