@@ -18,6 +18,7 @@ PACKAGES: tuple[str, ...] = (
     "hfexport.backends.onnx",
     "hfexport.backends.executorch",
     "hfexport.backends.openvino",
+    "hfexport.backends.aoti",
 )
 
 BACKENDS: dict[str, Backend] = {}
