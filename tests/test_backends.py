@@ -132,3 +132,19 @@ def test_every_format_is_a_member_of_export_format_and_a_public_name() -> None:
         assert getattr(ExportFormat, each.name.upper()) == each.name
         assert getattr(hfexport, each.exporter.attribute) is each.exporter.load()
         assert getattr(hfexport, each.config.attribute) is each.config.load()
+
+
+def test_a_backend_that_runs_another_backends_rules_checks_their_match_examples() -> None:
+    # AOTInductor compiles the Dynamo program: the Dynamo rules run for it, and their Match examples run on it.
+    from hfexport.backends import backend
+    from hfexport.rewrites.engine import default_registry
+    from hfexport.rewrites.examples import Match, NoMatch
+    from hfexport.testing import harness
+
+    runs_dynamos = tuple(b.name for b in backends() if b.rules == "dynamo" and b.name != "dynamo")
+    assert backend("aoti").rules == "dynamo" and runs_dynamos == ("aoti",)
+    rule = next(r for r in default_registry().rules() if r.meta.backends == ("dynamo",))
+    match = next(e for e in rule.meta.examples if isinstance(e, Match))
+    no_match = next(e for e in rule.meta.examples if isinstance(e, NoMatch))
+    assert harness.example_backends(rule, match) == ("dynamo", "aoti")
+    assert harness.example_backends(rule, no_match) == ("dynamo",)

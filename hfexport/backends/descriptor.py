@@ -37,21 +37,33 @@ class Ref:
         return value
 
 
+def _same(result: Any) -> Any:
+    return result
+
+
+def _replaced(result: Any, model: Any) -> Any:
+    return model
+
+
 @dataclass(frozen=True)
 class Ops:
-    """How the ops of a backend's result are counted (the one implementation the harness, the quantizer record and
-    the audit share).
+    """What a backend's result is made of: how its ops are counted (the one implementation the harness, the quantizer
+    record and the audit share), and the backend model inside it that a quantizer of that model takes.
 
     `op_counts(result)`: every op of a native result by name, and `compressed_constant.<dtype>` for each
     low-precision weight (at least 2-D): what an optimization rule must change.
     `quantized_op_counts(result)`: the quantization ops and compressed weights among them (the quantizer record).
     `runtime_op_counts(folder)`: `(where, counts)` of what the runtime executes for a saved artifact, after its
     own optimizations (ONNX Runtime's optimized graph, OpenVINO's compiled model), or None where it cannot be read.
+    `backend_model(result)`: what a quantizer of the backend's model (`quantizes_fx_graph=False`) takes;
+    `with_backend_model(result, quantized)`: the result holding the quantized model.
     """
 
     op_counts: Callable[[Any], Mapping[str, int]]
     quantized_op_counts: Callable[[Any], dict[str, int]] = lambda result: {}
     runtime_op_counts: Callable[[Any], tuple[str, Mapping[str, int]] | None] = lambda folder: None
+    backend_model: Callable[[Any], Any] = _same
+    with_backend_model: Callable[[Any, Any], Any] = _replaced
 
 
 @dataclass(frozen=True)
@@ -86,10 +98,8 @@ class Backend:
     """
 
     name: str  # `export_format`, `--format`, the manifest's `format`
-    title: str  # for messages: "ONNX", "AOTInductor"
     package: str  # the backend's folder, `hfexport.backends.<name>`
     main_file: str  # the file a saved component is loaded from
-    native_type: str  # what its exporter returns, for messages
     # "module:Class" of the native objects; `format_of` checks them only once their module is imported.
     native_classes: tuple[str, ...]
     config: Ref  # the config class (configs layer)
@@ -124,14 +134,17 @@ class Backend:
     no_streaming: str = ""
     # Why a bfloat16 model is exported computing in float32 for it (its runtime has no bf16 kernels), or "".
     no_bfloat16: str = ""
-    # The pip extra of hfexport that installs its packages ("" for torch alone).
-    extra: str = ""
 
     def __post_init__(self) -> None:
         for name in ("config", "exporter", "runtime", "artifact", "ops", "tools"):
             object.__setattr__(self, name, _resolve(self.package, getattr(self, name)))
         if not self.rules:
             object.__setattr__(self, "rules", self.name)
+
+    @property
+    def native_type(self) -> str:
+        """What its exporter returns, for messages (`torch.onnx.ONNXProgram`)."""
+        return self.native_classes[0].replace(":", ".")
 
     @property
     def public_names(self) -> dict[str, str]:

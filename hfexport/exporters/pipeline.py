@@ -125,14 +125,6 @@ class Lowering:
         """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
         raise ConfigError(f"{type(config).__name__} has no output_path to save a model to")
 
-    def backend_model(self, result: Any) -> Any:
-        """What a quantizer of the backend's model (`quantizes_fx_graph=False`) takes from a lowered result."""
-        return result
-
-    def with_backend_model(self, result: Any, model: Any) -> Any:
-        """The lowered result holding the quantized backend model `model`."""
-        return model
-
 
 def functionalized(program: torch.export.ExportedProgram, context: Any) -> torch.export.ExportedProgram:
     """`program` with every write into an input functionalised (the Dynamo lowering).
@@ -280,9 +272,5 @@ class CaptureExporter(HfExporter):
             return self.lowering.lower(program, config, context, weights), record
         result = self.lowering.lower(program, config, context, weights)
         with context.stage("quantize", message=failure):
-            model = self.lowering.backend_model(result)
-            known = find(self.export_format)
-            counts = known.ops.load().quantized_op_counts if known is not None else None
-            quantized, record = quantize_backend_model(quantizer, model, sample_inputs, self.export_format, counts)
-            result = self.lowering.with_backend_model(result, quantized)
+            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         return result, record

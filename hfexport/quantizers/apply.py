@@ -8,12 +8,13 @@ returns the quantized object and a `QuantizationRecord` for the export report.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from hfexport.backends.dynamo.ops import fx_quantized_op_counts
+from hfexport.backends.registry import backend
 from hfexport.errors import ConfigError
 from hfexport.quantizers.base import ExportQuantizer, jsonable
 from hfexport.report import QuantizationRecord
@@ -107,16 +108,15 @@ def quantize_program(
 
 
 def quantize_backend_model(
-    quantizer: ExportQuantizer,
-    model: Any,
-    sample_inputs: Mapping[str, Any],
-    export_format: str,
-    op_counts: Callable[[Any], dict[str, int]] | None = None,
+    quantizer: ExportQuantizer, result: Any, sample_inputs: Mapping[str, Any], export_format: str
 ) -> tuple[Any, QuantizationRecord]:
-    """Run a backend quantizer on the lowered backend model (`onnx_ir.Model`, `openvino.Model`); return the quantized
-    model and its record (`op_counts`: the backend's count of quantization ops, `Ops.quantized_op_counts`)."""
+    """Run a backend quantizer on the lowered model (`ONNXProgram` or `openvino.Model`); return it and its record.
+
+    The backend says which model inside its result the quantizer takes and how the quantized one goes back, and
+    counts its quantization ops (`Ops`)."""
+    ops = backend(export_format).ops.load()
     start = time.perf_counter()
-    quantized = quantizer.quantize(model, sample_inputs, export_format)
+    quantized = quantizer.quantize(ops.backend_model(result), sample_inputs, export_format)
+    result = ops.with_backend_model(result, quantized)
     seconds = time.perf_counter() - start
-    counts = op_counts(quantized) if op_counts is not None else {}
-    return quantized, _record(quantizer, export_format, counts, seconds)
+    return result, _record(quantizer, export_format, ops.quantized_op_counts(result), seconds)

@@ -6,10 +6,8 @@ from hfexport.backends.descriptor import Backend, Ref
 
 BACKEND = Backend(
     name="aoti",
-    title="AOTInductor",
     package=__name__,
     main_file="model.pt2",
-    native_type="hfexport.backends.aoti.lowering.AOTInductorPackage",
     native_classes=("hfexport.backends.aoti.lowering:AOTInductorPackage",),
     config=Ref(".config:AOTInductorConfig"),
     exporter=Ref(".exporter:AOTInductorExporter"),

@@ -4,10 +4,8 @@ from hfexport.backends.descriptor import Backend, Ref
 
 BACKEND = Backend(
     name="dynamo",
-    title="Dynamo",
     package=__name__,
     main_file="model.pt2",
-    native_type="torch.export.ExportedProgram",
     native_classes=("torch.export:ExportedProgram",),
     config=Ref(".config:DynamoConfig"),
     exporter=Ref(".exporter:DynamoExporter"),

@@ -4,10 +4,8 @@ from hfexport.backends.descriptor import Backend, Ref
 
 BACKEND = Backend(
     name="executorch",
-    title="ExecuTorch",
     package=__name__,
     main_file="model.pte",
-    native_type="executorch.exir.ExecutorchProgramManager",
     native_classes=("executorch.exir:ExecutorchProgramManager",),
     config=Ref(".config:ExecutorchConfig"),
     exporter=Ref(".exporter:ExecutorchExporter"),
@@ -18,5 +16,4 @@ BACKEND = Backend(
         "ExecuTorch serialises a .pte (one flatbuffer, weights or an XNNPACK blob of packed weights inside) in "
         "memory, so its weights cannot stream"
     ),
-    extra="executorch",
 )

@@ -4,10 +4,8 @@ from hfexport.backends.descriptor import Backend, Ref
 
 BACKEND = Backend(
     name="onnx",
-    title="ONNX",
     package=__name__,
     main_file="model.onnx",
-    native_type="torch.onnx.ONNXProgram",
     native_classes=("torch.onnx:ONNXProgram",),
     side_suffixes=(".data",),
     config=Ref(".config:OnnxConfig"),
@@ -18,5 +16,4 @@ BACKEND = Backend(
     tolerance=1e-3,
     streams_weights=True,
     no_bfloat16="ONNX Runtime's CPU provider has no bfloat16 kernels (MatMul, Add, ...: a bf16 file does not load)",
-    extra="onnx",
 )

@@ -64,17 +64,6 @@ class OnnxLowering(Lowering):
             side_files_named_by_main=True,
         )
 
-    def backend_model(self, result: Any) -> Any:
-        return result.model
-
-    def with_backend_model(self, result: Any, model: Any) -> Any:
-        import onnx_ir as ir
-
-        result.model = model if isinstance(model, ir.Model) else ir.from_proto(model)
-        # A session built before quantization would run the float model.
-        result.release()
-        return result
-
 
 class OnnxExporter(DynamoExporter):
     """Export to a `torch.onnx.ONNXProgram` (callable, `.save("model.onnx")`, run by ONNX Runtime)."""

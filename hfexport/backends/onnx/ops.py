@@ -72,4 +72,20 @@ def _runtime_op_counts(folder: Path) -> tuple[str, Counter[str]]:
     return "ONNX Runtime's optimized CPU graph", counts
 
 
-OPS = Ops(op_counts=op_counts, quantized_op_counts=quantized_op_counts, runtime_op_counts=_runtime_op_counts)
+def _with_model(program: Any, model: Any) -> Any:
+    """The `ONNXProgram` holding the quantized model (an `onnx_ir.Model`, or a `ModelProto` the quantizer gave)."""
+    import onnx_ir as ir
+
+    program.model = model if isinstance(model, ir.Model) else ir.from_proto(model)
+    # A session built before quantization would run the float model.
+    program.release()
+    return program
+
+
+OPS = Ops(
+    op_counts=op_counts,
+    quantized_op_counts=quantized_op_counts,
+    runtime_op_counts=_runtime_op_counts,
+    backend_model=lambda program: program.model,
+    with_backend_model=_with_model,
+)

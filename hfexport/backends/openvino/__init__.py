@@ -4,10 +4,8 @@ from hfexport.backends.descriptor import Backend, Ref
 
 BACKEND = Backend(
     name="openvino",
-    title="OpenVINO",
     package=__name__,
     main_file="model.xml",
-    native_type="openvino.Model",
     native_classes=("openvino:Model", "openvino:CompiledModel"),
     side_suffixes=(".bin",),
     config=Ref(".config:OpenVINOConfig"),
@@ -17,5 +15,4 @@ BACKEND = Backend(
     # The sweep compares in float32: fp16 weight storage (OpenVINO's save default) is not what a rule changes.
     compare_config={"compress_to_fp16": False},
     streams_weights=True,
-    extra="openvino",
 )
