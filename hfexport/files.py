@@ -59,6 +59,16 @@ def is_inside(path: Path, root: Path) -> bool:
     return True
 
 
+def is_inside_model_folder(path: Path, folder: Path) -> bool:
+    """Whether `path`, with every symlink resolved, stays in the model folder `folder`, or (a Hugging Face hub
+    cache snapshot, `models--org--name/snapshots/<revision>/`, whose files are links to `../../blobs/<hash>`) in
+    the same repository's `blobs/` folder."""
+    if is_inside(path, folder):
+        return True
+    snapshots = folder.resolve().parent
+    return snapshots.name == "snapshots" and is_inside(path, snapshots.parent / "blobs")
+
+
 # -- temporaries -------------------------------------------------------------------------------------------
 
 

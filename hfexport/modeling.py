@@ -140,7 +140,15 @@ class ExportedModel:
         if kwargs:
             raise TypeError(f"from_pretrained of an export takes no {sorted(kwargs)}: the graph fixes them")
         loaded = load(directory, trust=trust, verify=verify, open_runtimes=False)
-        saved_config, saved_generation = _read_config(loaded)
+        try:
+            saved_config, saved_generation = _read_config(loaded)
+        except ArtifactError:
+            raise
+        except Exception as exc:  # transformers on a listed file it cannot read: OSError, ValueError, TypeError...
+            raise ArtifactError(
+                f"{directory}: its config.json or generation_config.json does not load in transformers: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            ) from exc
         config = config if config is not None else saved_config
         if config is None:
             raise ArtifactError(
@@ -382,7 +390,9 @@ def _class_for(loaded: LoadedExport, config: Any) -> type[ExportedModel]:
     spec = loaded.generation
     if spec is not None:
         return ExportedModelForSeq2SeqLM if spec.is_encoder_decoder else ExportedModelForCausalLM
-    architecture = (getattr(config, "architectures", None) or [""])[0]
+    architectures = getattr(config, "architectures", None)
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else ""
+    architecture = architecture if isinstance(architecture, str) else ""  # config data: anything but a name is none
     if architecture.endswith("ForSequenceClassification"):
         return ExportedModelForSequenceClassification
     if architecture.endswith("Model"):

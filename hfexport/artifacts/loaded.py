@@ -56,7 +56,7 @@ class LoadedComponent:
         if self.runtime is not None:
             return self.runtime
         try:
-            self.runtime = backend(self.export_format).open(self.path, self.inputs)
+            runtime = backend(self.export_format).open(self.path, self.inputs)
         except ImportError:
             raise
         except Exception as exc:
@@ -64,6 +64,13 @@ class LoadedComponent:
                 f"component {self.name!r} ({self.main}) does not load in the {self.export_format} runtime: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             ) from exc
+        for names in backend(self.export_format).graph_inputs(runtime):
+            if not names & set(self.inputs):
+                raise ArtifactError(
+                    f"component {self.name!r} ({self.main}) takes an input named {sorted(names)}, which its manifest "
+                    f"does not list ({self.inputs[:20]}): the model file and the manifest do not belong together"
+                )
+        self.runtime = runtime
         return self.runtime
 
     @property

@@ -474,12 +474,13 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} has no {MANIFEST}: not an hfexport artifact (or an unfinished one)")
     if path.is_symlink() and not is_inside(path, directory):
         raise UnsafePathError(f"{path} is a symlink out of the artifact folder")
-    if not path.stat().st_size <= MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file that grew since the stat is still read only this far
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is over {MAX_MANIFEST_BYTES} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    size = path.stat().st_size
+    if not size <= MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    with open(path, "rb") as f:  # read(n) allocates n bytes up front: read what the stat said, and one more
+        raw = f.read(size + 1)
+    if len(raw) > size:
+        raise ManifestError(f"{path} grew while it was read (a manifest is at most {MAX_MANIFEST_BYTES} bytes)")
     try:
         manifest = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:

@@ -64,4 +64,13 @@ def resolve_device(device: str, kind: str, index: int | None) -> Any:
     raise refuse(device, "aoti", "a package runs on the device it was compiled for, and hfexport compiles for the CPU")
 
 
-RUNTIME = Runtime("aoti", AOTInductorDriver, open_saved, run_saved, for_generation, resolve_device)
+RUNTIME = Runtime(
+    "aoti",
+    AOTInductorDriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    # The names the package records in its metadata: the manifest must list each.
+    graph_inputs=lambda package: [{name} for name in package.input_names],
+)

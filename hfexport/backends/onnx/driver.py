@@ -230,4 +230,12 @@ def resolve_device(device: str, kind: str, index: int | None) -> Any:
     return RuntimeDevice("onnx", device, "cuda", index, providers=(provider, "CPUExecutionProvider"))
 
 
-RUNTIME = Runtime("onnx", OnnxDriver, open_saved, run_saved, for_generation, resolve_device)
+RUNTIME = Runtime(
+    "onnx",
+    OnnxDriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    graph_inputs=lambda session: [{i.name} for i in session.get_inputs()],
+)

@@ -119,4 +119,12 @@ def resolve_device(device: str, kind: str, index: int | None) -> Any:
     return RuntimeDevice("openvino", device, "gpu", index, openvino_device=want)
 
 
-RUNTIME = Runtime("openvino", OpenVINODriver, open_saved, run_saved, for_generation, resolve_device)
+RUNTIME = Runtime(
+    "openvino",
+    OpenVINODriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    graph_inputs=lambda runner: [set(port.get_names()) for port in runner.compiled.inputs],
+)

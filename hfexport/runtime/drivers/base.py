@@ -229,3 +229,6 @@ class Runtime:
     resolve_device: Callable[[str, str, int | None], Any]
     # The config fields a device sets where the device is chosen when exporting (`Backend.device_at_export`).
     device_config: Callable[[Any], dict[str, Any]] = lambda device: {}
+    # graph_inputs(opened runtime object) -> the names of each input it takes by name (a port may have several): a
+    # feed is built from the manifest's inputs, so `load` checks each is one of them; [] where inputs are by position.
+    graph_inputs: Callable[[Any], list[set[str]]] = lambda runtime: []
