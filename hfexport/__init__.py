@@ -37,6 +37,7 @@ _EXPORTS = {
     "UnsafePathError": "hfexport.artifacts",
     "UntrustedArtifactError": "hfexport.artifacts",
     "ArtifactExistsError": "hfexport.artifacts",
+    "FailedValidationWarning": "hfexport.artifacts",
     "ExportedModel": "hfexport.modeling",
     "ExportedModelForCausalLM": "hfexport.modeling",
     "ExportedModelForSeq2SeqLM": "hfexport.modeling",

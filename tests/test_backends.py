@@ -5,7 +5,8 @@ A format switch is a comparison with a format name (`fmt == "onnx"`, `fmt in ("o
 or an `ExportFormat` member), a dict literal keyed by format names only (`{"onnx": ..., "openvino": ...}`), or a
 `match` case on one. Outside the backends' folders, code asks the descriptor instead (`backend(fmt).streams_weights`,
 `backend(fmt).runtime.load()`, ...). Names that are also a format's (the rewrite stages "onnx", "executorch" and
-"openvino", the packages `onnx` and `openvino`) are not formats: a table keyed by them has other keys too.
+"openvino", the packages `onnx` and `openvino`) are not formats: a table keyed by them has other keys too. A rule
+example's `known_failure={backend: reason}` is a fact of the rule, not a switch.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1] / "hfexport"
 FORMAT_NAMES = frozenset(names())
 MEMBERS = frozenset(name.upper() for name in FORMAT_NAMES)
 
-# (file, name of the table): rule knowledge, not backend knowledge, that moves onto the rules themselves
-# (`RuleMeta.baseline`, issue #40 "the rule file is the whole truth"); listed while it is still here.
-ALLOWED = {("hfexport/testing/harness.py", "ALWAYS_ON")}
+# Keywords of a rule's example whose dict is keyed by backend: what the rule knows of that example on each backend
+# (`Match(..., known_failure={backend: reason})`, docs/authoring-rules.md), a fact of the rule, not a switch.
+PER_BACKEND_FACTS = frozenset({"known_failure"})
 
 
 def _is_format(node: ast.AST | None) -> bool:
@@ -38,12 +39,20 @@ def _is_format(node: ast.AST | None) -> bool:
     return False
 
 
-def _assigned_name(tree: ast.AST, target: ast.AST) -> str | None:
+def _facts_of_rules(tree: ast.AST) -> set[int]:
+    """The ids of the dicts passed as a `PER_BACKEND_FACTS` keyword, or bound to a name passed there."""
+    facts, names = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is target:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            return next((t.id for t in targets if isinstance(t, ast.Name)), None)
-    return None
+        if isinstance(node, ast.keyword) and node.arg in PER_BACKEND_FACTS:
+            if isinstance(node.value, ast.Dict):
+                facts.add(id(node.value))
+            elif isinstance(node.value, ast.Name):
+                names.add(node.value.id)
+    for node in ast.walk(tree):
+        bound = isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        if bound and any(isinstance(t, ast.Name) and t.id in names for t in node.targets):
+            facts.add(id(node.value))
+    return facts
 
 
 def format_switches(source: str, path: str = "<source>") -> list[str]:
@@ -59,10 +68,11 @@ def format_switches(source: str, path: str = "<source>") -> list[str]:
                 found.append((node.lineno, "dict keyed by format names", node))
         elif isinstance(node, ast.match_case) and _is_format(getattr(node.pattern, "value", None)):
             found.append((node.pattern.lineno, "match case on a format name", node))
+    facts = _facts_of_rules(tree)
     return [
         f"{path}:{line}: {what}"
         for line, what, node in sorted(found, key=lambda item: item[0])
-        if (path, _assigned_name(tree, node)) not in ALLOWED
+        if id(node) not in facts
     ]
 
 
@@ -101,6 +111,9 @@ def test_the_scan_sees_a_format_switch(snippet: str) -> None:
         'EXTRA = {"onnx": "onnx", "onnxscript": "onnx", "nncf": "quantization"}',
         "if backend(fmt).streams_weights: pass",
         'engine.apply("onnx", model, context)',
+        # A rule example's facts per backend, given in place or through a name.
+        'Match(build, "why", known_failure={"executorch": "XNNPACK refuses it"})',
+        'fails = {"onnx": "guards"}\nexamples = (Match(build, "a", known_failure=fails),)',
     ],
 )
 def test_the_scan_leaves_other_names_alone(snippet: str) -> None:

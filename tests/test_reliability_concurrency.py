@@ -163,17 +163,17 @@ def test_an_eager_forward_in_another_thread_during_an_export_does_not_see_the_mo
 
 
 def test_an_eager_forward_in_another_thread_during_an_export_does_not_see_the_method_patch() -> None:
-    """patch/openvino-moe-batched-experts is bound on the exported model's expert modules only: another instance of
+    """patch/moe-batched-experts is bound on the exported model's expert modules only: another instance of
     the class, run in another thread during the trace, runs the original method."""
     skip_without("openvino")
     exported, other = micro_moe(seed=0), micro_moe(seed=1)
     inputs = sample_inputs()
     expected = [eager_logits(other, inputs)]
     solo = _solo_hits("openvino", micro_moe(seed=0))
-    outputs, hits, _ = _forward_elsewhere_during("openvino", "patch/openvino-moe-batched-experts", [other], exported)
+    outputs, hits, _ = _forward_elsewhere_during("openvino", "patch/moe-batched-experts", [other], exported)
     for got, want in zip(outputs, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert hits["patch/openvino-moe-batched-experts"] == solo["patch/openvino-moe-batched-experts"] > 0
+    assert hits["patch/moe-batched-experts"] == solo["patch/moe-batched-experts"] > 0
 
 
 def test_an_export_that_fails_in_one_thread_does_not_block_or_break_the_next() -> None:
@@ -307,7 +307,7 @@ def test_during_the_trace_other_threads_see_is_exporting_and_torch_fx_module_cal
             "eager": eager_logits(other, inputs),
         }
 
-    seen = _run_elsewhere_at(("trace", "patch/openvino-moe-batched-experts"), "openvino", micro_moe(), look)
+    seen = _run_elsewhere_at(("trace", "patch/moe-batched-experts"), "openvino", micro_moe(), look)
     finished.set()
     compiled_call.join(120)
     assert seen["exporting"] and seen["module_call_replaced"]

@@ -8,7 +8,9 @@ it never imports or calls anything the manifest names. Before it opens any model
 (`hfexport.artifacts.manifest.read_manifest`), every listed file (`check_files`: inside the folder, sizes,
 sha256) and each format's files (`ARTIFACT_FORMATS[...].check_saved`: the `.pte` header, the ONNX protobuf and
 every external-data location it names, the OpenVINO IR's XML and constants, the `.pt2` zip), so a damaged file is
-a refusal and never reaches a runtime that would abort on it. A `.pt2` is a zip with pickled parts: it loads only
+a refusal and never reaches a runtime that would abort on it. A config, tokenizer or processor file in the
+folder whose `auto_map` names Python code the manifest does not list is refused too
+(`hf_files.check_listed_code`). A `.pt2` is a zip with pickled parts: it loads only
 with `trust=True`, and its cache pytree contexts resolve only transformers cache classes.
 
 A `LoadedExport` is also what `hfexport.runtime.generate` takes for a saved `export_for_generation` artifact:
@@ -18,14 +20,16 @@ reads by duck typing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.artifacts.errors import ArtifactError, UntrustedArtifactError
+from hfexport.artifacts.errors import ArtifactError, FailedValidationWarning, UntrustedArtifactError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
-from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest
+from hfexport.artifacts.hf_files import check_listed_code
+from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest, validation_verdict
 from hfexport.errors import InputError
 from hfexport.generation_spec import image_count_mismatch
 from hfexport.runtime.drivers import backend
@@ -160,6 +164,14 @@ def load(
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
+    verdict, detail = validation_verdict(manifest)
+    if verdict == "failed":
+        warnings.warn(
+            f"{directory}: its validation failed when it was exported ({detail}); `hfexport check` shows it, "
+            "export again to replace it",
+            FailedValidationWarning,
+            stacklevel=2,
+        )
     export_format = manifest["format"]
     kind = ARTIFACT_FORMATS[export_format]
     if kind.trust and not trust:
@@ -167,6 +179,7 @@ def load(
             f"{directory} {kind.trust}. Load it with trust=True only if you trust who wrote it"
         )
     check_files(directory, manifest, verify)
+    check_listed_code(directory, set(manifest["files"]))
     single = set(manifest["components"]) == {SINGLE}
     components = {}
     for name, comp in manifest["components"].items():

@@ -528,3 +528,42 @@ def update_manifest(directory: str | Path, **fields: Any) -> dict[str, Any]:
     check_manifest(manifest)
     write_text_atomically(directory / MANIFEST, json.dumps(manifest, indent=2))
     return manifest
+
+
+def validation_verdict(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    """What the manifest says of the artifact's validation: ("passed" | "failed" | "not run", one line of detail).
+
+    Read from plain manifest data, any shape tolerated: a single export's comparison (outputs, other shapes),
+    a generation export's token check, a low-memory export's checks, or the error of a validation that could
+    not run.
+    """
+    record = manifest.get("validation")
+    if not isinstance(record, Mapping):
+        return "not run", "exported without --validate"
+    if record.get("error"):
+        return "failed", f"the validation could not run: {record['error']}"
+    if record.get("ok") is not True:
+        return "failed", _failures(record) or "the artifact differs from eager"
+    if "agreement" in record:
+        return "passed", f"{record.get('new_tokens')} greedy tokens equal model.generate's"
+    shapes = [s.get("name") for s in record.get("shapes") or [] if isinstance(s, Mapping) and not s.get("skipped")]
+    tolerance = f"atol {record.get('atol')}, rtol {record.get('rtol')}"
+    where = f"the sample and {', '.join(map(str, shapes))}" if shapes else "the sample"
+    return "passed", f"matches eager on {where} ({tolerance})"
+
+
+def _failures(record: Mapping[str, Any]) -> str:
+    """The failed checks of a validation record, named: outputs of the sample, other shapes, tokens."""
+    failed = [
+        f"{o.get('name')}" for o in record.get("outputs") or [] if isinstance(o, Mapping) and o.get("ok") is False
+    ]
+    failed += [
+        f"{s.get('name')} ({s.get('problem') or 'differs'})"
+        for s in record.get("shapes") or []
+        if isinstance(s, Mapping) and s.get("ok") is False
+    ]
+    if "agreement" in record:
+        agreement = record.get("agreement")
+        share = f"{agreement:.0%}" if isinstance(agreement, int | float) else "?"
+        failed.append(f"greedy tokens: {share} agree with model.generate")
+    return "differs on " + ", ".join(failed) if failed else ""

@@ -15,7 +15,7 @@ from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
 from hfexport.exporters.preflight import bfloat16_upcast, preflight
-from hfexport.generation_spec import IMAGE_COUNT_META
+from hfexport.generation_spec import IMAGE_COUNT_META, STATIC_AXES_META
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
 
@@ -186,6 +186,7 @@ class CaptureExporter(HfExporter):
         quantization = None
         result = None
         image_count: dict[str, int] = {}
+        static_axes: dict[str, dict[str, int]] = {}
         start = time.perf_counter()
         try:
             with exclusive():
@@ -196,6 +197,7 @@ class CaptureExporter(HfExporter):
                     options = dataclasses.replace(options, upcast_bfloat16=True)
                 program = capture(model, sample_inputs, options, context, warnings)
                 image_count = dict(program.graph_module.meta.get(IMAGE_COUNT_META) or {})
+                static_axes = dict(program.graph_module.meta.get(STATIC_AXES_META) or {})
                 if quantizer is None:
                     result = lowering.lower(program, unsaved, context, weights)
                 else:
@@ -242,6 +244,8 @@ class CaptureExporter(HfExporter):
                     "dtype": _weights_dtype(model),
                     # Pixel inputs whose image count the graph holds for (`hfexport.load(...).run` checks it).
                     **({"image_count": image_count} if image_count else {}),
+                    # Other axes asked dynamic that the trace fixed (`frontends.torch_export.specialised_axes`).
+                    **({"static_axes": static_axes} if static_axes else {}),
                     **(lowering.used(result, config, context) if result is not None else {}),
                 },
             )

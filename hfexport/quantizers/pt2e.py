@@ -17,7 +17,7 @@ from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, traced_inputs
 from hfexport.rewrites.rules.executorch._pt2e import (
-    _keeping_integer_constants,
+    keeping_integer_constants,
 )
 
 logger = logging.getLogger("hfexport")
@@ -70,7 +70,7 @@ class PT2EQuantizer(ExportQuantizer):
     ) -> torch.fx.GraphModule:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-        prepared = prepare_pt2e(model, _keeping_integer_constants(self.pt2e_quantizer))
+        prepared = prepare_pt2e(model, keeping_integer_constants(self.pt2e_quantizer))
         calibration = self.calibration(sample_inputs, lambda sample: traced_inputs(sample, sample_inputs))
         with torch.no_grad():
             for inputs in calibration:
