@@ -377,12 +377,14 @@ def _run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
-        running = registry.plan(config.rules, config.export_format)
+        # The rules of the backend whose rules this format runs (aoti runs Dynamo's).
+        rules_of = backend(config.export_format).rules
+        running = registry.plan(config.rules, rules_of)
         ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
             ablated = with_rule_disabled(config, rule_id)
             # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
-            without = registry.plan(ablated.rules, config.export_format)
+            without = registry.plan(ablated.rules, rules_of)
             dependents = [
                 other.id
                 for other in registry.rules()

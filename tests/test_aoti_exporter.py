@@ -54,6 +54,13 @@ def test_export_runs_like_eager_and_saves_with_checksums(single, llama) -> None:
     with torch.no_grad():
         want = llama(**other).logits
     torch.testing.assert_close(package(**other)["logits"], want, atol=1e-4, rtol=1e-4)
+    # Views with other strides (the generation loop's expanded position ids, sliced masks) are read as what they hold.
+    strided = {
+        "input_ids": other["input_ids"].t().contiguous().t(),
+        "attention_mask": torch.ones(1, 11, dtype=torch.long).expand(3, 11),
+    }
+    assert not strided["input_ids"].is_contiguous()
+    torch.testing.assert_close(package(**strided)["logits"], want, atol=1e-4, rtol=1e-4)
 
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["format"] == "aoti" and "model.pt2" in manifest["files"]

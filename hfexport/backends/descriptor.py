@@ -134,6 +134,9 @@ class Backend:
     no_streaming: str = ""
     # Why a bfloat16 model is exported computing in float32 for it (its runtime has no bf16 kernels), or "".
     no_bfloat16: str = ""
+    # Why one export takes tens of seconds even for a tiny model (a native compile), or "": test matrices over every
+    # format run such a backend's cells in the slow tier.
+    slow_export: str = ""
 
     def __post_init__(self) -> None:
         for name in ("config", "exporter", "runtime", "artifact", "ops", "tools"):

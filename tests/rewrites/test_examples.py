@@ -32,8 +32,9 @@ def _default_tier(rule: Rule, example: Match | NoMatch, backend: str) -> bool:
     """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
     rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
     the lowering for a backend rule), unless the example is marked `slow`; the rest is `slow`."""
-    variant = next(v for v in rule.variants() if backend in v)
-    if example.slow or backend != variant[0]:
+    # A backend that runs another's rules (aoti, Dynamo's) is none of the rule's: its examples there are `slow`.
+    variant = next((v for v in rule.variants() if backend in v), ())
+    if example.slow or backend not in variant[:1]:
         return False
     on_backend = (e for e in rule.meta.examples if backend in harness.example_backends(rule, e))
     return next(e for e in on_backend if type(e) is type(example)) is example

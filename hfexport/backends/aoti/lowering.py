@@ -68,11 +68,17 @@ class AOTInductorPackage:
 
     def run(self, tensors: list[Any]) -> list[Any]:
         """The outputs (`output_names`, in order) for the flat tensor inputs (`input_names`, in order)."""
+        import torch
+
         if len(tensors) != len(self.input_names):
             raise InputError(
                 f"the package takes {len(self.input_names)} tensors ({self.input_names}), got {len(tensors)}"
             )
-        outputs = self.load().loader.boxed_run(list(tensors))  # boxed: the list passed is consumed
+        # The kernels index their inputs with the strides of the traced sample (contiguous): a view with other
+        # strides (an expanded position_ids, a sliced mask) would be read as if it were contiguous, so it is copied.
+        # A contiguous tensor is passed as it is, so a static cache is still written in place.
+        given = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors]
+        outputs = self.load().loader.boxed_run(given)  # boxed: the list passed is consumed
         if len(outputs) != len(self.output_names):
             raise InputError(f"the package returned {len(outputs)} outputs, its names are {self.output_names}")
         return list(outputs)
