@@ -24,6 +24,7 @@ _EXPORTS = {
     "ExportReport": "hfexport.report",
     "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
+    "register_rules": "hfexport.rewrites.registry",
     "HfExportError": "hfexport.errors",
     "InputError": "hfexport.errors",
     "ConfigError": "hfexport.errors",

@@ -137,6 +137,9 @@ class Backend:
     # Why one export takes tens of seconds even for a tiny model (a native compile), or "": test matrices over every
     # format run such a backend's cells in the slow tier.
     slow_export: str = ""
+    # Its lowering is among the slowest: a search that stops at the first backend showing something (a fix's need,
+    # `testing.harness.check_fix_needed`) tries it last.
+    try_last: bool = False
 
     def __post_init__(self) -> None:
         for name in ("config", "exporter", "runtime", "artifact", "ops", "tools"):

@@ -17,4 +17,5 @@ BACKEND = Backend(
     devices=("cpu",),
     no_streaming="AOTInductor compiles the program's weights into its package, which needs them in memory",
     slow_export="AOTInductor compiles C++ kernels: about 35 s for a tiny model on 2 cores",
+    try_last=True,
 )

@@ -12,6 +12,8 @@ BACKEND = Backend(
     stages=("patch", "fx", "executorch"),
     devices=("cpu", "cuda"),
     device_at_export=True,
+    # to_edge, XNNPACK's partitioner and the flatbuffer: the slowest lowering after AOTInductor's compile.
+    try_last=True,
     no_streaming=(
         "ExecuTorch serialises a .pte (one flatbuffer, weights or an XNNPACK blob of packed weights inside) in "
         "memory, so its weights cannot stream"

@@ -33,30 +33,23 @@ def structure(program: Any) -> list[tuple[Any, ...]]:
 
 
 def bench_quantizer(precision: str) -> Any:
-    """int8: ONNX Runtime's dynamic quantization; int4: NNCF's weight compression (`_int4`)."""
+    """int8: ONNX Runtime's dynamic quantization; int4: NNCF's weight compression (`int4_recipe`)."""
     from hfexport.quantizers.nncf import NNCFOnnxQuantizer
     from hfexport.quantizers.onnxruntime import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
 
     if precision == "int8":
         return OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
-    return NNCFOnnxQuantizer(_int4())
+    return NNCFOnnxQuantizer(int4_recipe())
 
 
-def _int4() -> Any:
-    """NNCF int4 for ONNX Runtime with the output projection in int4 too (`all_layers`): by default NNCF keeps it in
-    int8 per channel, which ONNX Runtime runs either as a `DequantizeLinear` of the whole matrix every call (49152 x
-    576 floats written and read per token at the SmolLM2 shape) or, with a positive axis, fused into an 8-bit
-    `MatMulNBits` that quantizes the activations (accuracy level 4). The embedding's `Gather` is left out: NNCF 3.4
-    with `all_layers` replaces it with a `MatMulNBits` of the token ids, which ONNX Runtime refuses ("Type
-    'tensor(int64)' of input parameter (input_ids) of operator (MatMulNBits) ... is invalid"); it stays float and a
-    step reads one row of it."""
-    import nncf
-
+def int4_recipe() -> Any:
+    """NNCF int4 for ONNX Runtime, every layer in int4 (`all_layers`), as onnxruntime-genai's int4 build: by default
+    NNCF keeps the output projection and the embedding in int8 per channel. The head becomes a `MatMulNBits`, the
+    embedding a `GatherBlockQuantized` (`onnx/blocked-dequantize-gather`), and a tied pair reads one copy of the 4-bit
+    table (`onnx/tied-int4-table-once`)."""
     from hfexport.quantizers.nncf import NNCFWeightCompressionConfig
 
-    return NNCFWeightCompressionConfig(
-        mode="int4_sym", group_size=32, all_layers=True, ignored_scope=nncf.IgnoredScope(types=["Gather"])
-    )
+    return NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
 
 
 TOOLS = Tools(run=run, structure=structure, bench_quantizer=bench_quantizer)
