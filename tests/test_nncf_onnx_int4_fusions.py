@@ -258,7 +258,7 @@ def test_accuracy_level_reaches_every_matmul_nbits() -> None:
         _, model = _parse(text)
         NNCFOnnxQuantizer(recipe, accuracy_level=level)._set_accuracy_level(model)
         assert model.metadata_props[ACCURACY_LEVEL_KEY] == str(level)
-        assert apply_onnx_rule(blocked_dequantize_matmul_nbits, model) == 1
+        assert apply_onnx_rule(blocked_dequantize_matmul_nbits, model).hits == 1
         assert levels(model) == [level]
         # What NNCF writes at opset <= 20 is a MatMulNBits already: the quantizer sets its level.
         NNCFOnnxQuantizer(recipe, accuracy_level=4 - level)._set_accuracy_level(model)
