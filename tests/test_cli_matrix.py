@@ -4,7 +4,8 @@ line (`hfexport.testing.cli_matrix`): each cell works, or is refused before any 
 Each command runs once per test session, in a subprocess, and the tests of a cell share it: the plain export
 is the `--validate` run's export and save (the same command without its last step), the manifest, files and
 output of a run are read by every test that needs them. The table these runs give is in docs/cli.md
-("Built-in models on every format"); `python tools/cli_matrix.py` prints it.
+("Built-in models on every format"); `python tools/cli_matrix.py` prints it. A format whose exports compile
+natively (`Backend.slow_export`: AOTInductor) runs its cells in the slow tier only (docs/aoti.md has its table).
 """
 
 from __future__ import annotations
