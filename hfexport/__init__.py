@@ -7,19 +7,12 @@ from __future__ import annotations
 
 from hfexport._lazy import lazy_getattr
 from hfexport._version import __version__ as __version__
+from hfexport.backends.registry import backends
 
 _EXPORTS = {
-    "DynamoExporter": "hfexport.exporters",
     "HfExporter": "hfexport.exporters",
-    "OnnxExporter": "hfexport.exporters",
-    "ExecutorchExporter": "hfexport.exporters",
-    "OpenVINOExporter": "hfexport.exporters",
-    "DynamoConfig": "hfexport.configs",
     "ExportConfigMixin": "hfexport.configs",
-    "ExportFormat": "hfexport.configs",
-    "OnnxConfig": "hfexport.configs",
-    "ExecutorchConfig": "hfexport.configs",
-    "OpenVINOConfig": "hfexport.configs",
+    "ExportFormat": "hfexport.formats",
     "AutoHfExporter": "hfexport.auto",
     "AutoExportConfig": "hfexport.auto",
     "register_exporter": "hfexport.auto",
@@ -62,6 +55,8 @@ _EXPORTS = {
     "OnnxRuntimeQuantizer": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeStaticConfig": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeDynamicConfig": "hfexport.quantizers.onnxruntime",
+    # Each backend's exporter and config class (`DynamoExporter`, `OnnxConfig`, ...), named by its descriptor.
+    **{name: module for each in backends() for name, module in each.public_names.items()},
 }
 
 __all__ = sorted(_EXPORTS)

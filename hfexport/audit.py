@@ -29,16 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfexport.backends.registry import backend, find
 from hfexport.rewrites.rule import STAGES, Rule, RuleMeta, RuleSelection
 from hfexport.timing import eta
 
-# Which pipeline stages run for each format (the stages a rule of another backend would never reach).
-FORMAT_STAGES: dict[str, tuple[str, ...]] = {
-    "dynamo": ("patch", "fx"),
-    "onnx": ("patch", "fx", "aten", "onnx"),
-    "executorch": ("patch", "fx", "executorch"),
-    "openvino": ("patch", "fx", "openvino"),
-}
 Progress = Callable[[str], None]
 
 
@@ -297,46 +291,18 @@ class _Attempt:
 
 
 def graph_stats(artifact: str | Path, export_format: str) -> GraphStats | None:
-    """Node count and op histogram of what the runtime executes for a saved artifact (every component).
-
-    ONNX: the graph ONNX Runtime runs after its own optimizations (function bodies inlined, contrib fusions),
-    which is what an ONNX-level fusion changes; OpenVINO: the compiled CPU runtime model; Dynamo: the
-    program's ATen graph. None for ExecuTorch (no optimization rules there yet) or an unreadable artifact.
+    """Node count and op histogram of what the runtime executes for a saved artifact (every component): the
+    backend's `Ops.runtime_op_counts` (ONNX: the graph ONNX Runtime runs after its own optimizations, which is what
+    an ONNX-level fusion changes; OpenVINO: the compiled CPU runtime model; Dynamo: the program's ATen graph). None
+    where a backend has no such count (ExecuTorch: no optimization rules there yet) or the artifact is unreadable.
     """
-    artifact = Path(artifact)
-    ops: Counter[str] = Counter()
     try:
-        if export_format == "onnx":
-            import onnx
-            import onnxruntime as ort
-
-            where = "ONNX Runtime's optimized CPU graph"
-            for index, path in enumerate(sorted(artifact.rglob("*.onnx"))):
-                options = ort.SessionOptions()
-                optimized = artifact / f".hfexport-audit-optimized-{index}.onnx"
-                options.optimized_model_filepath = str(optimized)
-                ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                graph = onnx.load(str(optimized), load_external_data=False).graph
-                ops.update(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph.node)
-        elif export_format == "openvino":
-            import openvino as ov
-
-            where = "OpenVINO's compiled CPU model"
-            core = ov.Core()
-            for path in sorted(artifact.rglob("*.xml")):
-                runtime = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).get_runtime_model()
-                ops.update(op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ordered_ops())
-        elif export_format == "dynamo":
-            import torch
-
-            where = "the exported ATen graph"
-            for path in sorted(artifact.rglob("*.pt2")):
-                graph = torch.export.load(str(path)).graph  # the artifact this audit saved itself
-                ops.update(str(n.target) for n in graph.nodes if n.op == "call_function")
-        else:
-            return None
+        counted = backend(export_format).ops.load().runtime_op_counts(Path(artifact))
     except Exception:
         return None  # measuring is best effort: the verdict then says the graph was not measured
+    if counted is None:
+        return None
+    where, ops = counted
     return GraphStats(where, sum(ops.values()), dict(sorted(ops.items())))
 
 
@@ -412,19 +378,21 @@ def _run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
-        running = registry.plan(config.rules, config.export_format)
+        # The rules of the backend whose rules this format runs (aoti runs Dynamo's).
+        rules_of = backend(config.export_format).rules
+        running = registry.plan(config.rules, rules_of)
         ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
             ablated = with_rule_disabled(config, rule_id)
             # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
-            without = registry.plan(ablated.rules, config.export_format)
+            without = registry.plan(ablated.rules, rules_of)
             dependents = [
                 other.id
                 for other in registry.rules()
                 if other.id != rule_id
                 and running[other.id] is None
                 and without[other.id] is not None
-                and other.applies_to(config.export_format)
+                and other.applies_to(backend(config.export_format).rules)
             ]
             left = eta(i - 1, len(targets), time.perf_counter() - ablating)
             say(f"ablation {i}/{len(targets)}: exporting without {rule_id}; {left}")
@@ -466,14 +434,15 @@ def _run_audit(
 
 def _rule_row(rule: Rule, outcome: Any, export_format: str, model_type: str | None, exported: bool) -> RuleAudit:
     meta = rule.meta
+    known = find(export_format)
     expired, expiry = expiry_status(meta)
     declined: dict[str, int] = {}
     if outcome is not None:
         status, reason, hits = outcome.status, outcome.reason, outcome.hits
         declined = dict(getattr(outcome, "declined", {}) or {})
-    elif not rule.applies_to(export_format):
+    elif not rule.applies_to(known.rules if known is not None else export_format):
         status, reason, hits = "other-backend", f"only for {', '.join(meta.backends)}", 0
-    elif rule.stage not in FORMAT_STAGES.get(export_format, STAGES):
+    elif rule.stage not in (known.stages if known is not None else STAGES):
         status, reason, hits = "not-run", f"stage {rule.stage!r} does not run for {export_format}", 0
     else:
         why = "the export failed before it" if not exported else "this configuration does not run it"

@@ -8,25 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hfexport.configs import DynamoConfig, ExecutorchConfig, ExportConfigMixin, ExportFormat, OnnxConfig, OpenVINOConfig
+from hfexport.backends.registry import backends
+from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError
-from hfexport.exporters import DynamoExporter, ExecutorchExporter, HfExporter, OnnxExporter, OpenVINOExporter
+from hfexport.exporters.base import HfExporter
+from hfexport.formats import ExportFormat
 
 E = TypeVar("E", bound=type[HfExporter])
 C = TypeVar("C", bound=type[ExportConfigMixin])
 
-AUTO_EXPORTER_MAPPING: dict[str, type[HfExporter]] = {
-    ExportFormat.DYNAMO.value: DynamoExporter,
-    ExportFormat.ONNX.value: OnnxExporter,
-    ExportFormat.EXECUTORCH.value: ExecutorchExporter,
-    ExportFormat.OPENVINO.value: OpenVINOExporter,
-}
-AUTO_CONFIG_MAPPING: dict[str, type[ExportConfigMixin]] = {
-    ExportFormat.DYNAMO.value: DynamoConfig,
-    ExportFormat.ONNX.value: OnnxConfig,
-    ExportFormat.EXECUTORCH.value: ExecutorchConfig,
-    ExportFormat.OPENVINO.value: OpenVINOConfig,
-}
+# Every backend's exporter and config class (`hfexport.backends`), then what third parties register.
+AUTO_EXPORTER_MAPPING: dict[str, type[HfExporter]] = {b.name: b.exporter.load() for b in backends()}
+AUTO_CONFIG_MAPPING: dict[str, type[ExportConfigMixin]] = {b.name: b.config.load() for b in backends()}
 
 
 def _format_name(name: str | ExportFormat) -> str:

@@ -23,78 +23,45 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hfexport.backends.registry import backend as descriptor
+from hfexport.backends.registry import backends, names
+
 if TYPE_CHECKING:
     import torch
 
 # Weight bits of each precision: a quantized row's ceiling is the fp32 one times 32 / bits.
 PRECISION_BITS = {"fp32": 32, "int8": 8, "int4": 4}
-# Backend names that are a config variant of a format rather than the format's defaults.
 STATIC_DECODE = "static_decode"  # a variant's key (not a config field): see `_generation_export`
-VARIANTS: dict[str, dict[str, Any]] = {
-    "openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True},
-    # A dynamic prefill graph and a static one-token decode graph, traced at batch 1: XNNPACK takes the views,
-    # slices and unsqueezes of a static graph, so the decode step has fewer partitions (docs/executorch.md).
-    "executorch-static-decode": {"export_format": "executorch", "dynamic": True, STATIC_DECODE: True},
-}
-BACKENDS = ("onnx", "executorch", "executorch-static-decode", "openvino", "openvino-stateful", "dynamo")
-DEFAULT_BACKENDS = ("onnx", "openvino", "executorch", "dynamo")  # every format (`hfexport bench` without --backends)
+
+
+def _variants() -> dict[str, dict[str, Any]]:
+    """Rows that are a config variant of a format rather than its defaults (`Tools.bench_variants`), by name."""
+    return {name: dict(v) for b in backends() for name, v in b.tools.load().bench_variants.items()}
+
+
+VARIANTS: dict[str, dict[str, Any]] = _variants()
+# Every format, each followed by its variants (`hfexport bench --backends`); without --backends, every format.
+DEFAULT_BACKENDS: tuple[str, ...] = names()
+BACKENDS: tuple[str, ...] = tuple(
+    name for b in backends() for name in (b.name, *(v for v, c in VARIANTS.items() if c["export_format"] == b.name))
+)
 
 
 def quantizer_for(backend: str, precision: str) -> Any:
-    """Each backend's weight-only (or dynamic) recipe for `precision`: int8 = dynamic activations with int8
-    weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = on ExecuTorch,
-    XNNPACK's dynamic int8 activations with int4 weights (per output channel, symmetric: `XNNPACKQuantizer` with
-    weights in [-8, 7], which XNNPACK runs as qd8-f32-qc4w), elsewhere NNCF int4 weights, symmetric, groups of 32,
-    every layer on ONNX Runtime and OpenVINO (the output projection and the embedding too: `_onnx_int4`). None for
-    fp32."""
-    from hfexport.quantizers.nncf import (
-        NNCFOnnxQuantizer,
-        NNCFOpenVINOQuantizer,
-        NNCFTorchFXQuantizer,
-        NNCFWeightCompressionConfig,
-    )
-    from hfexport.quantizers.onnxruntime import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
-    from hfexport.quantizers.pt2e import PT2EQuantizer
-
+    """Each backend's weight-only (or dynamic) recipe for `precision` (`Tools.bench_quantizer`): int8 = dynamic
+    activations with int8 weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 =
+    on ExecuTorch, XNNPACK's dynamic int8 activations with int4 weights per output channel, elsewhere NNCF int4
+    weights, symmetric, groups of 32, every layer on ONNX Runtime and OpenVINO (the output projection and the
+    embedding too). None for fp32."""
     if precision == "fp32":
         return None
     if precision not in PRECISION_BITS:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISION_BITS)}")
     fmt = VARIANTS.get(backend, {}).get("export_format", backend)
-    int4 = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32)
-    int8 = NNCFWeightCompressionConfig(mode="int8_sym")
-    if fmt == "onnx":
-        if precision == "int8":
-            return OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
-        return NNCFOnnxQuantizer(_onnx_int4())
-    if fmt == "openvino":
-        # All layers in int4, the embedding and the output projection too (NNCF keeps them in int8 by default):
-        # the int4 ceiling counts every weight at 4 bits, and a 4-layer SmolLM2-shaped decode ran 1.3x faster so.
-        all_layers = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
-        return NNCFOpenVINOQuantizer(int8 if precision == "int8" else all_layers)
-    if fmt == "executorch":
-        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-            XNNPACKQuantizer,
-            get_symmetric_quantization_config,
-        )
-
-        # int4: weights in [-8, 7] per output channel are what XNNPACK's partitioner takes as 4-bit (qc4w); NNCF's
-        # int4 instead rebuilds each float weight before its linear, outside the delegate (30x slower than fp32).
-        weights = {"weight_qmin": -8, "weight_qmax": 7} if precision == "int4" else {}
-        recipe = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, **weights)
-        return PT2EQuantizer(XNNPACKQuantizer().set_global(recipe))
-    # Dynamo: NNCF weight compression of the FX graph.
-    return NNCFTorchFXQuantizer(int8 if precision == "int8" else int4)
-
-
-def _onnx_int4() -> Any:
-    """NNCF int4 for ONNX Runtime, every layer in int4 (`all_layers`), as onnxruntime-genai's int4 build: by default
-    NNCF keeps the output projection and the embedding in int8 per channel. The head becomes a `MatMulNBits`, the
-    embedding a `GatherBlockQuantized` (`onnx/blocked-dequantize-gather`), and a tied pair reads one copy of the 4-bit
-    table (`onnx/tied-int4-table-once`)."""
-    from hfexport.quantizers.nncf import NNCFWeightCompressionConfig
-
-    return NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
+    recipe = descriptor(fmt).tools.load().bench_quantizer
+    if recipe is None:
+        raise ValueError(f"{fmt} has no {precision} recipe in hfexport bench")
+    return recipe(precision)
 
 
 def token_agreement(got: Sequence[int], expected: Sequence[int]) -> tuple[int, int]:

@@ -1,7 +1,8 @@
-"""Export configs: dataclasses that round-trip through dicts and JSON, keyed by `export_format`.
+"""Export configs: the base every config shares (`ExportConfigMixin`: dicts and JSON keyed by `export_format`).
 
-Later lowerings (ONNX, ExecuTorch, OpenVINO) subclass `DynamoConfig`, since every backend starts from
-the same torch.export capture.
+Each backend's config class lives in its folder (`hfexport/backends/<name>/config.py`, named by its descriptor);
+the backends' configs subclass `DynamoConfig`, since every backend starts from the same torch.export capture. The
+config classes are also names of this module (`hfexport.configs.OnnxConfig`), looked up in the descriptors.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+from hfexport.backends.registry import lazy_classes
 from hfexport.errors import ConfigError
-from hfexport.formats import ExportFormat
+from hfexport.formats import ExportFormat as ExportFormat
 from hfexport.quantizers.base import ExportQuantizer
 from hfexport.rewrites.rule import RuleSelection
 
@@ -171,34 +173,6 @@ def _check_field_types(cls: type, data: dict[str, Any]) -> None:
             raise ConfigError(f"{cls.__name__}.{f.name} takes {annotation.replace('|', ' | ')}, got {value!r}")
 
 
-@dataclass
-class DynamoConfig(ExportConfigMixin):
-    """Capture options shared by every backend.
-
-    dynamic: mark every axis of every input (and cache) `Dim.AUTO` when `dynamic_shapes` is not given.
-    dynamic_shapes: passed to `torch.export.export` untouched (keys must be sample input names).
-    strict: trace with TorchDynamo (`strict=True`) instead of the default Python-level tracer.
-    prefer_deferred_runtime_asserts_over_guards: emit runtime asserts instead of failing on guards that
-        do not hold over a whole explicit `Dim(min, max)` range.
-    rules: which rewrite rules run (`RuleSelection(enable=..., disable=...)` by id or prefix).
-    """
-
-    export_format: ClassVar[str] = ExportFormat.DYNAMO.value
-
-    dynamic: bool = False
-    dynamic_shapes: dict[str, Any] | None = None
-    strict: bool = False
-    prefer_deferred_runtime_asserts_over_guards: bool = False
-    rules: RuleSelection = field(default_factory=RuleSelection)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.rules, dict):
-            self.rules = RuleSelection(**self.rules)
-        if not isinstance(self.rules, RuleSelection):
-            raise ConfigError(f"rules must be a RuleSelection, got {type(self.rules).__name__}")
-
-
 def check_streaming_quantizer(config: Any) -> None:
     """Refuse a quantizer that cannot quantize a low-memory export (`ExportQuantizer.streaming_refusal`)."""
     quantizer = config.quantizer
@@ -207,7 +181,7 @@ def check_streaming_quantizer(config: Any) -> None:
         raise ConfigError(f"low_memory=True cannot quantize with {quantizer!r}: {refusal}")
 
 
-def _check_low_memory(config: Any) -> None:
+def check_low_memory(config: Any) -> None:
     """The checks of `low_memory`/`checkpoint` that ONNX and OpenVINO configs share."""
     if config.checkpoint is not None:
         config.checkpoint = str(config.checkpoint)
@@ -217,116 +191,5 @@ def _check_low_memory(config: Any) -> None:
         raise ConfigError("checkpoint= is the low-memory export's weight source: set low_memory=True with it")
 
 
-@dataclass
-class OnnxConfig(DynamoConfig):
-    """Options of the ONNX lowering, on top of the capture options of `DynamoConfig`.
-
-    output_path: where to save the `.onnx` file (None keeps the `ONNXProgram` in memory only).
-    opset_version: the ONNX opset of the model; None takes the newest the installed onnxscript converts to.
-    external_data: save the weights in a `.onnx.data` side file, so models over protobuf's 2 GB limit work.
-    optimize: run the onnxscript optimizer (constant folding, dead code); turn it off to work around an
-        optimizer bug or to inspect the translated graph.
-    export_params: False gives a graph without weights (no initializers).
-    keep_initializers_as_inputs: also list the weights as graph inputs (runtimes of opset < 9 need it).
-    fusions: the ONNX Runtime fusions to apply (the `onnx` rules of kind "optimization", run after the
-        optimizer): "cpu" (RMSNorm -> SimplifiedLayerNormalization, ...) or None for a plain ONNX graph.
-    low_memory: export a model whose weights hold no memory (`hfexport.empty_model(folder)`: FakeTensor
-        weights) and stream its weights from the safetensors checkpoint into the `.onnx.data` file, one tensor
-        at a time, when the program is saved (docs/low-memory.md).
-    checkpoint: the checkpoint folder the low-memory export reads weights from; None takes the model's
-        `name_or_path` (which `empty_model` sets).
-    """
-
-    export_format: ClassVar[str] = ExportFormat.ONNX.value
-
-    output_path: str | None = None
-    opset_version: int | None = None
-    external_data: bool = True
-    optimize: bool = True
-    export_params: bool = True
-    keep_initializers_as_inputs: bool = False
-    fusions: str | None = "cpu"
-    low_memory: bool = False
-    checkpoint: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.output_path is not None:
-            # A Path from the caller is fine, but the config must round-trip through JSON.
-            self.output_path = str(self.output_path)
-        if self.low_memory and not self.external_data:
-            # A model too large for memory is also over protobuf's 2 GB: its weights can only go to a .data file.
-            raise ConfigError("low_memory=True writes the weights as external data: external_data must be True")
-        _check_low_memory(self)
-        if self.opset_version is not None and (not isinstance(self.opset_version, int) or self.opset_version < 18):
-            # torchlib implements opset 18 and up; older opsets go through a lossy version conversion.
-            raise ConfigError(f"opset_version must be an int >= 18 (None: the newest), got {self.opset_version!r}")
-        if self.fusions not in (None, "cpu"):
-            raise ConfigError(f"fusions must be 'cpu' or None, got {self.fusions!r}")
-
-
-EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
-
-
-@dataclass
-class ExecutorchConfig(DynamoConfig):
-    """Options of the ExecuTorch lowering, on top of the capture options of `DynamoConfig`.
-
-    backend: "xnnpack" (CPU, the default) or "cuda" (needs a CUDA device; asking for it without one
-        raises `RuntimeError` before tracing).
-    alloc_graph_input / alloc_graph_output / alloc_mutable_buffers: whether memory planning gives graph
-        inputs, outputs and mutable buffers room in the program's own arena. Turn all three off so that
-        in-place writes (a static cache) land in caller-owned tensors (bound with
-        `Method::set_output_data_ptr` from C++).
-    """
-
-    export_format: ClassVar[str] = ExportFormat.EXECUTORCH.value
-
-    backend: str = "xnnpack"
-    alloc_graph_input: bool = True
-    alloc_graph_output: bool = True
-    alloc_mutable_buffers: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.backend not in EXECUTORCH_BACKENDS:
-            raise ConfigError(f"backend must be one of {EXECUTORCH_BACKENDS}, got {self.backend!r}")
-
-
-@dataclass
-class OpenVINOConfig(DynamoConfig):
-    """Options of the OpenVINO lowering, on top of the capture options of `DynamoConfig`.
-
-    output_path: where to save the model as OpenVINO IR (`model.xml` + `model.bin`); None keeps the
-        `openvino.Model` in memory only.
-    compress_to_fp16: when saving, store float weights as fp16 (OpenVINO's own default); compute
-        precision is chosen at compile time by the device's inference-precision hint.
-    stateful: keep the cache inside the infer request: every cache input `input.<name>` and the output
-        `output.<name>` it pairs with become one OpenVINO variable (ReadValue/Assign), so a decode step feeds
-        only its tokens, mask and positions. `hfexport.runtime.generate` resets the state per generation.
-        A model without such pairs is left stateless (with a note in the report).
-    low_memory: export a model whose weights hold no memory (`hfexport.empty_model(folder)`) and write its
-        weights into the IR's `.bin` from the safetensors checkpoint, one tensor at a time, when it is saved; the
-        `openvino.Model` returned holds placeholder (zero) weights until then (docs/low-memory.md).
-    checkpoint: the checkpoint folder the low-memory export reads weights from; None takes the model's
-        `name_or_path` (which `empty_model` sets).
-    """
-
-    export_format: ClassVar[str] = ExportFormat.OPENVINO.value
-
-    output_path: str | None = None
-    compress_to_fp16: bool = True
-    stateful: bool = False
-    low_memory: bool = False
-    checkpoint: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.output_path is not None:
-            self.output_path = str(self.output_path)
-            # OpenVINO IR is a pair: the .xml graph names its .bin weights beside it.
-            if not self.output_path.endswith(".xml"):
-                raise ConfigError(
-                    f"output_path must name the IR's .xml file (weights go to .bin beside it), got {self.output_path!r}"
-                )
-        _check_low_memory(self)
+# The backends' config classes by name, imported from their folders on first use.
+__getattr__ = lazy_classes(__name__, "config")

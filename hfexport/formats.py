@@ -1,7 +1,8 @@
-"""The four export formats and what is known of each without importing its backend: one table.
+"""The export formats and what is known of each without importing its backend, read from the backends' descriptors.
 
-Every module that must tell formats apart (saving, loading, the runtimes, the command line) reads this
-table or calls `format_of`, instead of its own if/elif over type names.
+`ExportFormat` has one member per backend (`hfexport.backends.registry`); `format_of` finds the format of a native
+object from its type. Every module that must tell formats apart asks the descriptor (`hfexport.backends.backend`)
+instead of its own if/elif over names.
 """
 
 from __future__ import annotations
@@ -11,15 +12,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from hfexport.backends.registry import backends, names
 
-class ExportFormat(str, Enum):
-    DYNAMO = "dynamo"
-    ONNX = "onnx"
-    EXECUTORCH = "executorch"
-    OPENVINO = "openvino"
+
+class _FormatEnum(str, Enum):
+    """A format name that prints as itself (`str(ExportFormat.ONNX) == "onnx"`)."""
 
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
+
+
+# One member per backend: `ExportFormat.DYNAMO`, `ExportFormat.ONNX`, ..., `ExportFormat.AOTI`.
+ExportFormat = _FormatEnum("ExportFormat", {name.upper(): name for name in names()}, module=__name__)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -34,31 +38,26 @@ class FormatInfo:
 
 
 FORMAT_TABLE: dict[str, FormatInfo] = {
-    "dynamo": FormatInfo("dynamo", "model.pt2", "torch.export.ExportedProgram"),
-    "onnx": FormatInfo("onnx", "model.onnx", "torch.onnx.ONNXProgram", (".data",)),
-    "executorch": FormatInfo("executorch", "model.pte", "executorch.exir.ExecutorchProgramManager"),
-    "openvino": FormatInfo("openvino", "model.xml", "openvino.Model", (".bin",)),
+    b.name: FormatInfo(b.name, b.main_file, b.native_type, b.side_suffixes) for b in backends()
 }
-FORMATS: tuple[str, ...] = tuple(FORMAT_TABLE)
-MAIN_FILE: dict[str, str] = {name: info.main_file for name, info in FORMAT_TABLE.items()}
+FORMATS: tuple[str, ...] = names()
+MAIN_FILE: dict[str, str] = {b.name: b.main_file for b in backends()}
 
 
 def format_of(program: Any) -> str:
     """The format of a native export object, found from its type without importing any backend package.
 
-    Raises `TypeError` for anything an exporter does not return.
+    A class is checked only when its module is imported already (an object of it exists only then). Raises
+    `TypeError` for anything an exporter does not return.
     """
-    cls = type(program)
-    module, name = cls.__module__, cls.__name__
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(program, torch.export.ExportedProgram):
-        return "dynamo"
-    if torch is not None and isinstance(program, torch.onnx.ONNXProgram):
-        return "onnx"
-    if module.startswith("executorch.") and name == "ExecutorchProgramManager":
-        return "executorch"
-    openvino = sys.modules.get("openvino")
-    if openvino is not None and isinstance(program, (openvino.Model, openvino.CompiledModel)):
-        return "openvino"
-    natives = ", ".join(info.native_type for info in FORMAT_TABLE.values())
-    raise TypeError(f"a {module}.{name} is not an export of any format (expected one of: {natives})")
+    for each in backends():
+        for native in each.native_classes:
+            module, _, name = native.partition(":")
+            cls: Any = sys.modules.get(module)
+            for part in name.split(".") if cls is not None else ():
+                cls = getattr(cls, part, None)
+            if isinstance(cls, type) and isinstance(program, cls):
+                return each.name
+    natives = ", ".join(b.native_type for b in backends())
+    kind = type(program)
+    raise TypeError(f"a {kind.__module__}.{kind.__name__} is not an export of any format (expected one of: {natives})")

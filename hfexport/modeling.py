@@ -1,7 +1,7 @@
 """Saved exports as models in transformers' style: `from_pretrained`, `__call__` returning `ModelOutput`s,
 `generate`, `.config`, `.device`, `.dtype`, and a place in `transformers.pipeline`.
 
-    model = hfexport.ExportedModelForCausalLM.from_pretrained("gen/", trust=True)   # any of the four formats
+    model = hfexport.ExportedModelForCausalLM.from_pretrained("gen/", trust=True)   # any format
     tokenizer = AutoTokenizer.from_pretrained("gen/")                                # saved beside the export
     tokens = model.generate(**tokenizer(["Hi"], return_tensors="pt"), max_new_tokens=16)
     pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)

@@ -33,12 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfexport.backends.registry import backend
 from hfexport.timing import eta
 
-# Relative to max(1, max|eager|): ONNX Runtime's fused kernels (RMSNorm, rotary) reorder float sums.
-TOLERANCE: dict[str, float] = {"dynamo": 1e-4, "onnx": 1e-3, "executorch": 1e-4, "openvino": 1e-4}
-# The sweep compares in f32: fp16 weight storage (OpenVINO's save default) is not what a rule changes.
-DEFAULT_CONFIG: dict[str, dict[str, Any]] = {"openvino": {"compress_to_fp16": False}}
 Progress = Callable[[str], None]
 
 
@@ -251,7 +248,7 @@ def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
     from hfexport.audit import expiry_status
     from hfexport.rewrites.engine import default_registry
 
-    rules = [r for r in default_registry().rules() if r.applies_to(export_format)]
+    rules = [r for r in default_registry().rules() if r.applies_to(backend(export_format).rules)]
     expired = {}
     for rule in default_registry().rules():
         is_expired, why = expiry_status(rule.meta)
@@ -390,7 +387,8 @@ def run_sweep(
     """
     from hfexport.auto import AutoExportConfig
 
-    merged = {**DEFAULT_CONFIG.get(export_format, {}), **(config or {})}
+    # Each backend's comparison settings (`Backend.compare_config`: OpenVINO keeps float32 weights), then the caller's.
+    merged = {**backend(export_format).compare_config, **(config or {})}
     # A bad format or config field fails here, once, not in every child.
     AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
     rules, expired = _rule_columns(export_format)
@@ -412,7 +410,8 @@ def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
     from hfexport.testing.corpus_check import check_entry, failures
 
     row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}
-    tolerance = TOLERANCE.get(export_format, 1e-4)
+    # Relative to max(1, max|eager|), the backend's (`Backend.tolerance`).
+    tolerance = backend(export_format).tolerance
     exporter = None
     try:
         entry = load_entry(path)

@@ -44,7 +44,7 @@ def test_bench_prints_eager_and_each_backend_with_equal_tokens(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--backends", "onxx"], "--backends onxx: choose from onnx"),
+        (["--backends", "onxx"], "--backends onxx: choose from dynamo, onnx, executorch"),
         (["--precisions", "int3"], "--precisions int3: choose from fp32, int8, int4"),
         (["--new", "1"], "--new must be at least 2"),
     ],

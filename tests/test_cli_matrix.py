@@ -4,7 +4,8 @@ line (`hfexport.testing.cli_matrix`): each cell works, or is refused before any 
 Each command runs once per test session, in a subprocess, and the tests of a cell share it: the plain export
 is the `--validate` run's export and save (the same command without its last step), the manifest, files and
 output of a run are read by every test that needs them. The table these runs give is in docs/cli.md
-("Built-in models on every format"); `python tools/cli_matrix.py` prints it.
+("Built-in models on every format"); `python tools/cli_matrix.py` prints it. A format whose exports compile
+natively (`Backend.slow_export`: AOTInductor) runs its cells in the slow tier only (docs/aoti.md has its table).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hfexport.backends import backend
 from hfexport.formats import FORMATS, MAIN_FILE
 from hfexport.testing.cli_matrix import CliRun, cell, run_cell, skipped_checks
 from hfexport.tiny import TINY_MODELS
@@ -34,6 +36,28 @@ SKIPPED = {
 # The Hugging Face files an export of a built-in model writes beside the artifact.
 HF_FILES = ("config.json", "generation_config.json")
 CELLS = [(model, export_format) for model in TINY_MODELS for export_format in FORMATS]
+# A format whose every export is a native compile (`Backend.slow_export`: AOTInductor) runs its cells in the slow tier.
+DEFAULT_CELLS = [(model, export_format) for model, export_format in CELLS if not backend(export_format).slow_export]
+# Cells that fail today, with the start of their error (strict: a cell that starts working fails its test, and its
+# entry goes). AOTInductor's compile of Mamba's graph loses a size symbol; the packages of LLaVA's vision tower
+# return None for two of its hidden states, so the check that each component runs fails on them.
+FAILS: dict[tuple[str, str, str], str] = {
+    ("tiny-mamba", "aoti", "validate"): "error: export failed at stage 'compile': InductorError: KeyError",
+    ("tiny-mamba", "aoti", "generation"): "error: export failed at stage 'compile'",
+    ("tiny-llava", "aoti", "generation"): "validation failed: could not run: AttributeError: 'NoneType'",
+}
+
+
+def _params(mode: str) -> list:
+    """The cells for the tests of `mode`: slow for a slow format, a strict expected failure for those in FAILS."""
+    params = []
+    for key in CELLS:
+        marks = [] if key in DEFAULT_CELLS else [pytest.mark.slow]
+        if (*key, mode) in FAILS:
+            marks.append(pytest.mark.xfail(reason=FAILS[(*key, mode)], strict=True))
+        params.append(pytest.param(*key, marks=marks, id="-".join(key)))
+    return params
+
 
 Runs = Callable[[str, str, str], CliRun]
 
@@ -94,7 +118,7 @@ def _refused(run: CliRun, key: tuple[str, str, str]) -> None:
     assert "•" not in run.stderr and not run.output.exists(), "refused before any work"
 
 
-@pytest.mark.parametrize(("model", "export_format"), CELLS)
+@pytest.mark.parametrize(("model", "export_format"), _params("validate"))
 def test_plain_export(cli_runs: Runs, model: str, export_format: str) -> None:
     run = cli_runs(model, export_format, "validate")
     if (model, export_format, "validate") in REFUSED:
@@ -108,7 +132,7 @@ def test_plain_export(cli_runs: Runs, model: str, export_format: str) -> None:
     assert manifest["model"] == model and manifest["report"]["export_format"] == export_format
 
 
-@pytest.mark.parametrize(("model", "export_format"), CELLS)
+@pytest.mark.parametrize(("model", "export_format"), _params("validate"))
 def test_export_validate(cli_runs: Runs, model: str, export_format: str) -> None:
     key = (model, export_format, "validate")
     run = cli_runs(*key)
@@ -126,7 +150,7 @@ def test_export_validate(cli_runs: Runs, model: str, export_format: str) -> None
     assert cell(run, "--validate").verdict == "works"
 
 
-@pytest.mark.parametrize(("model", "export_format"), CELLS)
+@pytest.mark.parametrize(("model", "export_format"), _params("generation"))
 def test_export_generation_validate(cli_runs: Runs, model: str, export_format: str) -> None:
     key = (model, export_format, "generation")
     run = cli_runs(*key)
@@ -158,19 +182,23 @@ def test_a_whisper_generation_artifact_generates_whisper_s_tokens(cli_runs: Runs
     assert got.shape == expected.shape == (2, 5) and torch.equal(got, expected)
 
 
-def test_the_matrix_table_reads_every_run(cli_runs: Runs, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "keys", [pytest.param(DEFAULT_CELLS, id="default"), pytest.param(CELLS, id="all", marks=pytest.mark.slow)]
+)
+def test_the_matrix_table_reads_every_run(cli_runs: Runs, tmp_path: Path, keys: list[tuple[str, str]]) -> None:
     # The docs table is built from these runs: one row per model and format, a verdict in every column.
     from hfexport.testing.cli_matrix import COLUMNS, markdown_table
 
     cells = [
         cell(cli_runs(model, export_format, mode), column)
-        for model, export_format in CELLS
+        for model, export_format in keys
         for column, mode in COLUMNS.items()
     ]
     table = markdown_table(cells)
     (tmp_path / "table.md").write_text(table)
-    assert table.count("\n") == len(CELLS) + 1
-    assert all(c.verdict in ("works", "refused") for c in cells), json.dumps([vars(c) for c in cells], default=str)
+    assert table.count("\n") == len(keys) + 1
+    ok = [c.verdict in ("works", "refused") or (c.model, c.export_format, COLUMNS[c.column]) in FAILS for c in cells]
+    assert all(ok), json.dumps([vars(c) for c, fine in zip(cells, ok, strict=True) if not fine], default=str)
 
 
 # -- the artifact describes itself truly (the runs above, read again) -----------------------------------------

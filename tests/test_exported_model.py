@@ -20,6 +20,8 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrained
 
 import hfexport
 from hfexport import (
+    AOTInductorConfig,
+    AOTInductorExporter,
     AutoExportedModel,
     DynamoConfig,
     DynamoExporter,
@@ -42,13 +44,16 @@ BACKENDS = {
     "onnx": (OnnxExporter, OnnxConfig),
     "executorch": (ExecutorchExporter, ExecutorchConfig),
     "openvino": (OpenVINOExporter, OpenVINOConfig),
+    "aoti": (AOTInductorExporter, AOTInductorConfig),
 }
-# Dynamo and ONNX in the default tier; the ExecuTorch and OpenVINO exports take longer.
+# Dynamo and ONNX in the default tier; the ExecuTorch and OpenVINO exports take longer, and AOTInductor compiles C++
+# (its default-tier generation test is tests/test_aoti_exporter.py).
 PARAMS = [
     "dynamo",
     "onnx",
     pytest.param("executorch", marks=pytest.mark.slow),
     pytest.param("openvino", marks=pytest.mark.slow),
+    pytest.param("aoti", marks=pytest.mark.slow),
 ]
 
 

@@ -361,7 +361,7 @@ def test_written_in_place_needs_a_scatter_that_nothing_else_reads() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from hfexport.runtime.drivers.onnx import written_in_place
+    from hfexport.backends.onnx.driver import written_in_place
 
     def graph(extra_reader: str | None) -> onnx.ModelProto:
         nodes = [helper.make_node("ScatterElements", ["input.c", "i", "u"], ["output.c"], axis=1)]

@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version", "hfexport.timing"),
     ("hfexport.files", "hfexport.model_files"),
     ("hfexport.checkpoints",),
+    ("hfexport.backends",),
     ("hfexport.formats",),
     ("hfexport.cache_pytree",),
     ("hfexport.naming",),
@@ -104,7 +105,33 @@ def imports_of(module: str) -> set[str]:
     return targets
 
 
+# A backend's folder (`hfexport/backends/<name>/`) holds its descriptor (`__init__`, at the registry's layer) and one
+# module per layer it has code in, named by that layer (docs/design-notes.md, "Backends").
+BACKEND_ROLES: dict[str, str] = {
+    "config": "hfexport.configs",
+    "ops": "hfexport.lowerings",
+    "lowering": "hfexport.lowerings",
+    "exporter": "hfexport.exporters",
+    "driver": "hfexport.runtime",
+    "artifact": "hfexport.artifacts",
+    "tools": "hfexport.testing",
+}
+
+
+def backend_role(module: str) -> str | None:
+    """The role of a module of a backend's folder (`hfexport.backends.onnx.driver` -> "driver"), or None."""
+    parts = module.split(".")
+    if len(parts) == 4 and parts[:2] == ["hfexport", "backends"] and (ROOT / "backends" / parts[2]).is_dir():
+        return parts[3]
+    return None
+
+
 def layer_of(module: str) -> int:
+    role = backend_role(module)
+    if role is not None:
+        if role not in BACKEND_ROLES:
+            raise AssertionError(f"{module}: a backend's module is named by its layer, one of {sorted(BACKEND_ROLES)}")
+        return layer_of(BACKEND_ROLES[role])
     best, best_len = None, -1
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
@@ -183,7 +210,13 @@ def test_no_import_circle() -> None:
 
 @pytest.mark.parametrize(
     ("module", "target"),
-    [("hfexport.rewrites.rule", "hfexport.lowerings.onnx"), ("hfexport.naming", "hfexport.rewrites.engine")],
+    [
+        ("hfexport.rewrites.rule", "hfexport.lowerings.onnx"),
+        ("hfexport.naming", "hfexport.rewrites.engine"),
+        # A backend's descriptor sits below its driver, and its config below its exporter.
+        ("hfexport.backends.onnx", "hfexport.backends.onnx.driver"),
+        ("hfexport.backends.onnx.config", "hfexport.backends.onnx.exporter"),
+    ],
 )
 def test_the_checker_sees_an_upward_import(module: str, target: str) -> None:
     # The rule the test enforces, on two edges it would report.

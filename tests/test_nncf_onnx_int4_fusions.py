@@ -54,11 +54,12 @@ def _export(model: Any, opset: int | None, float_embedding: bool = False) -> tup
     from transformers import GenerationConfig
 
     from hfexport import AutoHfExporter, NNCFOnnxQuantizer, OnnxConfig
-    from hfexport.bench import _onnx_int4
+    from hfexport.backends.onnx.tools import int4_recipe
 
-    # The benchmark's recipe (hfexport.bench._onnx_int4): int4 groups of 32, the head and the embedding too.
+    # The benchmark's recipe (`int4_recipe`, ONNX's `hfexport bench` int4): int4 groups of 32, the head and the
+    # embedding too.
     # `float_embedding`: the embedding left out, as NNCF at opset 20 needs (it would give the Gather a MatMulNBits).
-    recipe = _onnx_int4()
+    recipe = int4_recipe()
     if float_embedding:
         recipe = dataclasses.replace(recipe, ignored_scope=nncf.IgnoredScope(types=["Gather"]))
     # accuracy_level 0 (float activations): these tests compare numbers to float rounding.
@@ -257,7 +258,7 @@ def test_accuracy_level_reaches_every_matmul_nbits() -> None:
         _, model = _parse(text)
         NNCFOnnxQuantizer(recipe, accuracy_level=level)._set_accuracy_level(model)
         assert model.metadata_props[ACCURACY_LEVEL_KEY] == str(level)
-        assert apply_onnx_rule(blocked_dequantize_matmul_nbits, model) == 1
+        assert apply_onnx_rule(blocked_dequantize_matmul_nbits, model).hits == 1
         assert levels(model) == [level]
         # What NNCF writes at opset <= 20 is a MatMulNBits already: the quantizer sets its level.
         NNCFOnnxQuantizer(recipe, accuracy_level=4 - level)._set_accuracy_level(model)

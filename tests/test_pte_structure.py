@@ -26,8 +26,8 @@ from executorch.exir._serialize._program import deserialize_pte_binary, serializ
 from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
 
 from hfexport.artifacts import ArtifactError, load, pte, save
-from hfexport.artifacts.formats import _check_pte
 from hfexport.artifacts.pte import _Reader, _Table
+from hfexport.backends.executorch.artifact import check_pte
 from hfexport.runtime.executorch import ExecutorchProgram
 from tests.flatbuffer_programs import Shape, program
 from tests.loading_child import Job, flatbuffer_flips, load_in_child, write_edited
@@ -289,7 +289,7 @@ def test_every_structural_fault_is_refused_before_the_runtime_runs(tiny: dict[st
     for i, (name, kind, make, message) in enumerate(_CASES):
         folder = write_edited(tiny[kind], tmp_path / f"case{i}", make(tiny[kind]))
         with pytest.raises(ArtifactError, match="ExecuTorch program"):  # the check itself, in this process
-            _check_pte(folder, {"main": "model.pte"})
+            check_pte(folder, {"main": "model.pte"})
         jobs.append(Job(name, folder, inputs=_X))
         expected[name] = message
     outcomes = load_in_child(jobs, watch=tmp_path)
@@ -329,7 +329,7 @@ def test_valid_programs_pass_and_the_reader_agrees_with_executorch(
     of program.fbs it hard-codes have not drifted)."""
     manager = _lowered(dynamic, xnnpack, planned_io)
     folder = save(manager, tmp_path / "artifact")
-    _check_pte(folder, {"main": "model.pte"})
+    check_pte(folder, {"main": "model.pte"})
     data = (folder / "model.pte").read_bytes()
     plan = _Reader(data, len(data)).root().tables(1, "")[0]
     expected = deserialize_pte_binary(data).program.execution_plan[0]
@@ -450,7 +450,7 @@ def test_out_variants_with_several_outputs_pass_and_run(tmp_path: Path) -> None:
     # not delegated: the portable out variants
     assert {"aten::native_layer_norm", "aten::max", "aten::split_with_sizes_copy"} <= names
     folder = save(manager, tmp_path / "artifact")
-    _check_pte(folder, {"main": "model.pte"})
+    check_pte(folder, {"main": "model.pte"})
     values, indices, first, rest = load(folder, trust=True).run({"x": x}).values()  # named outputs, in order
     expected_values, expected_indices, expected_first, expected_rest = model(x)
     torch.testing.assert_close(values, expected_values)
@@ -487,7 +487,7 @@ def test_a_prim_op_that_writes_a_double_into_its_int_placeholder_passes_and_runs
     names = {op.name for op in deserialize_pte_binary(manager.buffer).program.execution_plan[0].operators}
     assert "executorch_prim::truediv" in names
     folder = save(manager, tmp_path / "artifact")
-    _check_pte(folder, {"main": "model.pte"})
+    check_pte(folder, {"main": "model.pte"})
     loaded = load(folder, trust=True)
     for length in (12, 29):
         feed = torch.randn(2, length, 4, generator=torch.Generator().manual_seed(length))

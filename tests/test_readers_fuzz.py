@@ -332,12 +332,12 @@ def real_pte() -> bytes:
 def test_fuzz_pte_structure_on_edits_of_a_real_program_within_budget(examples: int, real_pte: bytes, tmp_path: Path):
     """Bytes of a real program overwritten anywhere (its header included), as `load` checks it: `ArtifactError`
     or passed, within a second each (whether the runtime then runs it is tests/test_artifacts_fuzz.py's)."""
-    from hfexport.artifacts.formats import _check_pte
+    from hfexport.backends.executorch.artifact import check_pte
 
     counter = iter(range(1 << 30))
     (tmp_path / "warm").mkdir()
     (tmp_path / "warm" / "model.pte").write_bytes(real_pte)
-    _PTE_BUDGET.warm(lambda: _check_pte(tmp_path / "warm", {"main": "model.pte"}), (ArtifactError,))
+    _PTE_BUDGET.warm(lambda: check_pte(tmp_path / "warm", {"main": "model.pte"}), (ArtifactError,))
 
     @_settings(examples)
     @given(flips=st.lists(st.tuples(st.integers(0, len(real_pte) - 1), st.integers(0, 255)), min_size=1, max_size=8))
@@ -348,7 +348,7 @@ def test_fuzz_pte_structure_on_edits_of_a_real_program_within_budget(examples: i
         folder = tmp_path / str(next(counter))
         folder.mkdir()
         (folder / "model.pte").write_bytes(bytes(data))
-        _PTE_BUDGET.run(lambda: _check_pte(folder, {"main": "model.pte"}), folder, (ArtifactError,), flips)
+        _PTE_BUDGET.run(lambda: check_pte(folder, {"main": "model.pte"}), folder, (ArtifactError,), flips)
 
     one()
 

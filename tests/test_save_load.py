@@ -345,12 +345,13 @@ class _watch_opens:
 
 
 def test_every_format_has_one_artifact_entry_and_one_runtime_backend() -> None:
-    # Per-format behaviour is looked up by format name: each table covers exactly the formats of hfexport.formats.
+    # Per-format behaviour is looked up in the format's descriptor: each covers exactly the formats of hfexport.formats.
     from hfexport.artifacts import ARTIFACT_FORMATS
+    from hfexport.backends import names
     from hfexport.formats import FORMATS
-    from hfexport.runtime.drivers import BACKEND_MODULES, backend
+    from hfexport.runtime.drivers import backend
 
-    assert list(ARTIFACT_FORMATS) == list(FORMATS) == list(BACKEND_MODULES)
+    assert list(ARTIFACT_FORMATS) == list(FORMATS) == list(names())
     assert all(ARTIFACT_FORMATS[name].name == backend(name).name == name for name in FORMATS)
 
 

@@ -134,8 +134,8 @@ def test_reports_name_the_model_class_and_the_spec_feeds_no_constants(exported: 
 def test_a_spec_with_python_inputs_from_an_older_export_is_refused(exported: tuple[DynamoExporter, dict]) -> None:
     import dataclasses
 
+    from hfexport.backends.dynamo.driver import DynamoDriver
     from hfexport.errors import InputError
-    from hfexport.runtime.drivers.dynamo import DynamoDriver
 
     _, components = exported
     spec = copy.deepcopy(components.spec)

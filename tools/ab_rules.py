@@ -84,7 +84,7 @@ def export(model: Any, backend: str, precision: str, cache: int, disable: tuple[
         generation_config=GenerationConfig(cache_implementation="static", max_cache_len=cache),
         multi_token_decode=multi_token,
     )
-    from hfexport.exporters.base import SHARED_PREFILL_NOTE
+    from hfexport.exporters.generation import SHARED_PREFILL_NOTE
 
     # A graph shared by prefill and decode has a copy of its report under each role: count it once.
     return components, [r for r in exporter.reports.values() if SHARED_PREFILL_NOTE not in r.notes]

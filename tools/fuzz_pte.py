@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hfexport.artifacts.errors import ArtifactError
-from hfexport.artifacts.formats import _check_pte
+from hfexport.backends.executorch.artifact import check_pte
 from tests.loading_child import Job, flatbuffer_flips, load_in_child, write_edited
 
 # Refusal messages of hfexport/artifacts/pte.py (and the header check), by class.
@@ -57,7 +57,7 @@ CLASSES = [
 
 def classify(folder: Path) -> str:
     try:
-        _check_pte(folder, {"main": "model.pte"})
+        check_pte(folder, {"main": "model.pte"})
     except ArtifactError as exc:
         message = str(exc).split("program: ", 1)[-1]
         return next(name for name, pattern in CLASSES if re.search(pattern, message))

@@ -10,7 +10,7 @@
 |---|---|
 | `errors` | what a refused save or load raises |
 | `paths` | what a manifest file path may look like |
-| `formats` | `ARTIFACT_FORMATS`: per format, how a component is written, its signature, load-time checks |
+| `formats` | `ArtifactFormat`: a backend's record of how a component is written and checked; `ARTIFACT_FORMATS` |
 | `manifest` | the manifest schema and its checks; `read_manifest`, `check_files`, `update_manifest` |
 | `publish` | `save` (write every component, then the manifest, then publish in one rename), `check_destination` |
 | `hf_files` | the Hugging Face files saved beside an export (config, generation config, tokenizer, processor) |
@@ -19,12 +19,8 @@
 
 Writing to disk goes through `hfexport.files` (the one atomic-write implementation).
 
-| format | files | written by | run by |
-|---|---|---|---|
-| dynamo | `model.pt2` | `torch.export.save` | `hfexport.load_program(...).module()` (needs `trust=True`) |
-| onnx | `model.onnx` (+ `model.onnx.data`) | `ONNXProgram.save` | ONNX Runtime, fed by `onnx_feed` |
-| executorch | `model.pte` | `ExecutorchProgramManager.save` | `hfexport.runtime.executorch.ExecutorchProgram` |
-| openvino | `model.xml` + `model.bin` | `openvino.save_model` | `hfexport.runtime.openvino.OpenVINORunner` |
+What differs per format (the files, how they are written, checked and opened) is each backend's
+`ArtifactFormat` and `Runtime`, in its folder (`hfexport/backends/<name>/artifact.py`, `driver.py`).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class LoadedComponent:
                 f"component {self.name!r} ({self.main}) does not load in the {self.export_format} runtime: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             ) from exc
-        for names in _graph_inputs(self.export_format, runtime):
+        for names in backend(self.export_format).graph_inputs(runtime):
             if not names & set(self.inputs):
                 raise ArtifactError(
                     f"component {self.name!r} ({self.main}) takes an input named {sorted(names)}, which its manifest "
@@ -103,16 +103,6 @@ class LoadedComponent:
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:
         return self.run(inputs)
-
-
-def _graph_inputs(export_format: str, runtime: Any) -> list[set[str]]:
-    """The names of each input the opened runtime takes by name (ONNX Runtime, OpenVINO; a port may have several):
-    a feed is built from the manifest's inputs, so each must be one of them."""
-    if export_format == "onnx":
-        return [{i.name} for i in runtime.get_inputs()]
-    if export_format == "openvino":
-        return [set(port.get_names()) for port in runtime.compiled.inputs]
-    return []
 
 
 @dataclass
@@ -184,10 +174,9 @@ def load(
         )
     export_format = manifest["format"]
     kind = ARTIFACT_FORMATS[export_format]
-    if kind.pickled and not trust:
+    if kind.trust and not trust:
         raise UntrustedArtifactError(
-            f"{directory} holds a torch .pt2 (torch.export.save), whose parts deserialise with pickle: loading "
-            "one can run code. Load it with trust=True only if you trust who wrote it"
+            f"{directory} {kind.trust}. Load it with trust=True only if you trust who wrote it"
         )
     check_files(directory, manifest, verify)
     check_listed_code(directory, set(manifest["files"]))

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from hfexport.artifacts.errors import ArtifactError
-from hfexport.artifacts.formats import _check_onnx_external_data, _check_openvino_ir
+from hfexport.artifacts.formats import artifact_format
 from hfexport.artifacts.publish import save
 from hfexport.artifacts.validation import Validation, validate
 from hfexport.checkpoints import Checkpoint
@@ -96,7 +96,8 @@ def _load_onnx(onnx_path: Path) -> Any:
 
     folder = onnx_path.parent
     beside = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink())
-    _check_onnx_external_data(folder, {"main": onnx_path.name, "files": beside})
+    # The checks `load` makes of an ONNX file before reading it (its external data inside the folder's files).
+    artifact_format("onnx").check_saved(folder, {"main": onnx_path.name, "files": beside})
     return onnx.load(str(onnx_path), load_external_data=False)
 
 
@@ -123,7 +124,7 @@ def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedW
 
     xml_path = Path(xml_path)
     # As `load` checks an artifact's IR: no DTD or entities, every constant inside the `.bin` beside it.
-    _check_openvino_ir(xml_path.parent, {"main": xml_path.name})
+    artifact_format("openvino").check_saved(xml_path.parent, {"main": xml_path.name})
     root = ET.parse(xml_path).getroot()
     item = root.find(f"rt_info/{RECORD_KEY}")
     try:

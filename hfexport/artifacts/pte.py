@@ -10,8 +10,8 @@ terminates). `check_program` reads the flatbuffer with its own bounds-checked re
 length) and refuses these, and the other inconsistencies of the same kinds (every value, list, tensor storage,
 instruction and delegate reference; docs/reliability.md lists them), with `ArtifactError` before the runtime
 sees the file. Field numbers follow `executorch/schema/program.fbs` for the file identifier `ET12`
-(`formats._check_pte` checks the identifier first; tests/test_pte_structure.py compares the reader with
-ExecuTorch's own deserializer).
+(`hfexport.backends.executorch.artifact.check_pte` checks the identifier first; tests/test_pte_structure.py
+compares the reader with ExecuTorch's own deserializer).
 """
 
 from __future__ import annotations

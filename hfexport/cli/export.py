@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hfexport.backends.registry import backend
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled
 from hfexport.cli.failure import failure_lines, without_partial_graphs
 from hfexport.cli.models import (
@@ -96,7 +97,8 @@ def auto_low_memory(args: argparse.Namespace) -> bool:
     from hfexport.checkpoints import low_memory_reason
     from hfexport.tiny import TINY_MODELS
 
-    if args.format not in ("onnx", "openvino") or args.generation or args.quantize or args.model in TINY_MODELS:
+    streams = backend(args.format).streams_weights
+    if not streams or args.generation or args.quantize or args.model in TINY_MODELS:
         return False
     if not Path(args.model).is_dir():
         return False
@@ -384,24 +386,14 @@ def _validate_low_memory(
     Returns the manifest's record and what to print."""
     import torch
 
-    from hfexport.artifacts.low_memory import (
-        StreamedWeights,
-        check_reduced_depth,
-        check_streamed_ir,
-        check_streamed_quantized,
-        check_streamed_weights,
-    )
+    from hfexport.artifacts.formats import artifact_format
+    from hfexport.artifacts.low_memory import check_reduced_depth
     from hfexport.checkpoints import Checkpoint
 
     progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
-    check = check_streamed_ir if args.format == "openvino" else check_streamed_weights
-    weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
-    if args.format == "onnx" and config.quantizer is not None:
-        # The quantized initializers, recomputed from the checkpoint; the weights left in float, as above.
-        quantized = check_streamed_quantized(output / MAIN_FILE[args.format], Checkpoint.open(args.model))
-        weights = StreamedWeights(
-            weights.checked + quantized.checked, weights.mismatched + quantized.mismatched, quantized.recorded
-        )
+    check = artifact_format(args.format).check_streamed
+    assert check is not None  # --low-memory is refused for a format that cannot stream (cli/parser.py)
+    weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model), config.quantizer is not None)
     layers = args.check_layers or 2
     progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
     tolerance = validation_tolerance(args, config, model)

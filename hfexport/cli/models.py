@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hfexport.backends.registry import backend, backends
 from hfexport.cli.exits import UsageError
 from hfexport.cli.folder_inputs import (
     DEFAULT_TEXT_LENGTH,
@@ -363,24 +364,19 @@ def export_config(args: argparse.Namespace) -> Any:
     data: dict[str, Any] = {"export_format": args.format, "dynamic": args.dynamic}
     data.update(config_json(args.config))
     if getattr(args, "opset", None) is not None:
-        if args.format != "onnx":
-            raise UsageError(f"--opset applies to --format onnx, not {args.format}")
-        data["opset_version"] = args.opset
+        data["opset_version"] = _config_field(args.format, "--opset", "opset_version", args.opset)
     if getattr(args, "portable", False):
-        if args.format != "onnx":
-            raise UsageError(f"--portable applies to --format onnx, not {args.format}")
-        data["fusions"] = None
+        data["fusions"] = _config_field(args.format, "--portable", "fusions", None)
     device = getattr(args, "device", None)
-    if device and args.format == "executorch":
-        # An ExecuTorch program's device is its delegate, chosen when lowering: the CUDA backend or XNNPACK.
+    if device and backend(args.format).device_at_export:
+        # The device is part of the program (an ExecuTorch delegate), chosen when lowering: it sets the config.
         from hfexport.runtime.devices import resolve_device
 
-        backend = resolve_device("executorch", device).executorch_backend
-        if data.get("backend", backend) != backend:
-            raise UsageError(
-                f"--device {device} means backend {backend!r}, --config says {data['backend']!r}: drop one"
-            )
-        data["backend"] = backend
+        chosen = resolve_device(args.format, device)
+        for key, value in backend(args.format).runtime.load().device_config(chosen).items():
+            if data.get(key, value) != value:
+                raise UsageError(f"--device {device} means {key} {value!r}, --config says {data[key]!r}: drop one")
+            data[key] = value
     if getattr(args, "low_memory", False):
         data["low_memory"] = True
     if args.enable or args.disable:
@@ -402,6 +398,14 @@ def export_config(args: argparse.Namespace) -> Any:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return config
+
+
+def _config_field(export_format: str, flag: str, field: str, value: Any) -> Any:
+    """`value` for the config field a flag sets; a `UsageError` where the format's config has no such field."""
+    if not hasattr(backend(export_format).config.load(), field):
+        takes = " or ".join(b.name for b in backends() if hasattr(b.config.load(), field))
+        raise UsageError(f"{flag} applies to --format {takes}, not {export_format}")
+    return value
 
 
 def config_json(value: str | None) -> dict[str, Any]:
@@ -441,7 +445,9 @@ def _quantizer(recipe: str, export_format: str) -> Any:
         )
 
         return q.PT2EQuantizer(X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
-    nncf = {"onnx": q.NNCFOnnxQuantizer, "openvino": q.NNCFOpenVINOQuantizer}.get(export_format, q.NNCFTorchFXQuantizer)
+    # The NNCF quantizer of the format's own model where there is one (ONNX, OpenVINO), else NNCF on the FX graph.
+    own = (q.NNCFOnnxQuantizer, q.NNCFOpenVINOQuantizer)
+    nncf = next((cls for cls in own if export_format in map(str, cls.supported_formats)), q.NNCFTorchFXQuantizer)
     if recipe == "nncf-int8":
         return nncf(q.NNCFQuantizationConfig())
     if recipe == "nncf-int4":

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hfexport.backends.registry import backend, backends
+from hfexport.bench import BACKENDS as BENCH_BACKENDS
 from hfexport.cli.audit import cmd_audit
 from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check
@@ -208,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="verify a saved artifact (manifest, paths, checksums) and open it")
     check.add_argument("directory")
-    check.add_argument("--trust", action="store_true", help="allow a .pt2 (it deserialises with pickle)")
+    check.add_argument(
+        "--trust", action="store_true", help="allow a format whose files run code when loaded (a .pt2: pickle, C++)"
+    )
     check.set_defaults(func=cmd_check)
 
     report = sub.add_parser("report", help="render a saved artifact's report: verdict, rules that fired, the rest")
@@ -249,8 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--backends",
         action="append",
-        help="comma-separated: onnx, executorch, executorch-static-decode, openvino, openvino-stateful, dynamo "
-        "(default: onnx, openvino, executorch, dynamo)",
+        help=f"comma-separated: {', '.join(BENCH_BACKENDS)} (default: every format)",
     )
     bench.add_argument("--precisions", action="append", help="comma-separated: fp32, int8, int4 (default fp32)")
     bench.add_argument("--prompt", type=int, default=128, help="prompt tokens (batch 1, random ids; default 128)")
@@ -298,7 +301,7 @@ def _check_combinations(args: argparse.Namespace) -> None:
         from hfexport.runtime.devices import resolve_device
 
         device = resolve_device(args.format, args.device)  # a device this machine lacks: exit 2 now
-        if args.generation and not device.is_cpu and args.format != "executorch":
+        if args.generation and not device.is_cpu and not backend(args.format).device_at_export:
             raise UsageError(
                 f"--device {args.device} with --generation: the generation runtime runs {args.format} on the CPU; "
                 "drop --device"
@@ -316,15 +319,10 @@ def _check_combinations(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"{', '.join(given)}: used only with --generation; add --generation or drop them")
     if args.command == "export" and args.low_memory:
-        if args.format == "executorch":
+        if not backend(args.format).streams_weights:
+            streaming = " or ".join(b.name for b in backends() if b.streams_weights)
             raise UsageError(
-                "--low-memory: --format onnx or openvino; ExecuTorch serialises a .pte (one flatbuffer, weights or "
-                "an XNNPACK blob of packed weights inside) in memory, so its weights cannot stream"
-            )
-        if args.format != "onnx" and args.format != "openvino":
-            raise UsageError(
-                f"--low-memory: --format onnx or openvino (not {args.format}): torch.export.save writes a .pt2 with "
-                "its weights, which the capture on fake weights does not have"
+                f"--low-memory: --format {streaming} (not {args.format}): {backend(args.format).no_streaming}"
             )
         if args.generation:
             raise UsageError("--low-memory exports one graph: drop --generation")

@@ -1,11 +1,13 @@
-"""The exporters: one pipeline (`pipeline.py`), the checks before it (`preflight.py`), one module per format."""
+"""The exporters: one pipeline (`pipeline.py`), the checks before it (`preflight.py`), generation components
+(`generation.py`); each backend's exporter class is in its folder (`hfexport/backends/<name>/exporter.py`).
 
+The backends' exporter classes are names of this package too (`hfexport.exporters.OnnxExporter`), looked up in
+the descriptors on first use.
+"""
+
+from hfexport.backends.registry import lazy_classes
 from hfexport.exporters.base import EXPORT_LOCK, HfExporter
-from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.executorch import ExecutorchExporter
-from hfexport.exporters.onnx import OnnxExporter
-from hfexport.exporters.openvino import OpenVINOExporter
-from hfexport.exporters.pipeline import CaptureExporter, effective_selection
+from hfexport.exporters.pipeline import CaptureExporter, Lowering, effective_selection
 from hfexport.exporters.preflight import (
     check_calibration_samples,
     check_generation_call,
@@ -17,11 +19,8 @@ from hfexport.files import save_atomically
 __all__ = [
     "EXPORT_LOCK",
     "CaptureExporter",
-    "DynamoExporter",
-    "ExecutorchExporter",
     "HfExporter",
-    "OnnxExporter",
-    "OpenVINOExporter",
+    "Lowering",
     "check_calibration_samples",
     "check_generation_call",
     "check_output_path",
@@ -29,3 +28,7 @@ __all__ = [
     "preflight",
     "save_atomically",
 ]
+
+
+# The backends' exporter classes by name, imported from their folders on first use.
+__getattr__ = lazy_classes(__name__, "exporter")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +28,3 @@ def low_memory_weights(model: torch.nn.Module, config: Any) -> WeightSource:
         )
     checkpoint = Checkpoint.open(folder)
     return WeightSource(checkpoint, weight_sources(model, checkpoint))
-
-
-class LowMemoryExport:
-    """The `export` of an exporter that can stream weights (ONNX, OpenVINO): with `config.low_memory`, the weight
-    source is found and checked before the trace and handed to `lower` as `self._weights` for that one export."""
-
-    # Set for the duration of one `export` (exports run one at a time).
-    _weights: Any = None
-
-    def export(self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: Any = None) -> Any:
-        config = self.check_config(config)  # type: ignore[attr-defined]
-        if not config.low_memory:
-            return self._capture_and_lower(model, sample_inputs, config)  # type: ignore[attr-defined]
-        self._weights = low_memory_weights(model, config)
-        try:
-            return self._capture_and_lower(model, sample_inputs, config)  # type: ignore[attr-defined]
-        finally:
-            self._weights = None

@@ -1,18 +1,20 @@
-"""The export pipeline, written once for every format (`CaptureExporter`), and the selection it runs with."""
+"""The export pipeline, written once for every format (`CaptureExporter`), the backend's part of it (`Lowering`),
+and the selection it runs with."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from hfexport.backends.registry import find
 from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
-from hfexport.exporters.preflight import preflight
+from hfexport.exporters.preflight import bfloat16_upcast, preflight
 from hfexport.generation_spec import IMAGE_COUNT_META, STATIC_AXES_META
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
@@ -78,11 +80,18 @@ def _weights_dtype(model: torch.nn.Module) -> str:
     return "+".join(dtypes) or "none"
 
 
-class CaptureExporter(HfExporter):
-    """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report.
+class Lowering:
+    """A backend's part of the export pipeline: everything after the capture that differs between formats.
 
-    Backends override `capture_options`, `lower` and `save_lowered`; nothing else differs between them.
+    This base is the Dynamo lowering (the captured program, in-place writes functionalised); a backend overrides
+    what it does differently, and its exporter holds one instance (`CaptureExporter.lowering`).
     """
+
+    # `config.low_memory`: the weight source is found before the trace and handed to `lower` (ONNX, OpenVINO).
+    streams_weights: ClassVar[bool] = False
+
+    def check(self, config: ExportConfigMixin) -> None:
+        """Refuse a config before tracing (a backend needing a device this machine lacks fails in milliseconds)."""
 
     def capture_options(
         self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
@@ -97,24 +106,65 @@ class CaptureExporter(HfExporter):
             prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
         )
 
-    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
-        # torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns
-        # each write into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on.
-        if _mutates(program):
-            from hfexport.frontends.functionalize import functionalize_input_writes
+    def lower(
+        self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any, weights: Any
+    ) -> Any:
+        """The backend's model of the captured program; `weights` is the low-memory weight source (or None)."""
+        return functionalized(program, context)
 
-            with context.stage("lower"):
-                # The same form, by a local edit where every write is an in-place op on an input itself (a
-                # static cache's update); a re-trace of the whole program otherwise.
-                program = functionalize_input_writes(program) or program.run_decompositions({})
-        return program
+    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
+        """The backend's last step on the lowered (and quantized) model, before it is saved: none by default.
+        A step that must see the quantized model (OpenVINO's stateful cache) goes here, not in `lower`."""
+        return result
 
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
-        """What this backend's export used where the config left a choice (a backend adds its own)."""
+        """What this backend's export used where the config left a choice (for the report)."""
         return {}
 
+    def save(self, result: Any, config: ExportConfigMixin) -> None:
+        """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
+        raise ConfigError(f"{type(config).__name__} has no output_path to save a model to")
+
+
+def functionalized(program: torch.export.ExportedProgram, context: Any) -> torch.export.ExportedProgram:
+    """`program` with every write into an input functionalised (the Dynamo lowering).
+
+    torch.export keeps in-place ops (a static cache's index_copy_) in its graph; functionalising turns each write
+    into a USER_INPUT_MUTATION, the form the contract documents and runtimes rely on."""
+    if _mutates(program):
+        from hfexport.frontends.functionalize import functionalize_input_writes
+
+        with context.stage("lower"):
+            # The same form, by a local edit where every write is an in-place op on an input itself (a static
+            # cache's update); a re-trace of the whole program otherwise.
+            program = functionalize_input_writes(program) or program.run_decompositions({})
+    return program
+
+
+class CaptureExporter(HfExporter):
+    """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report.
+
+    An exporter names its backend (`export_format`, `config_class`) and holds its `lowering`: nothing else
+    differs between formats.
+    """
+
+    lowering: ClassVar[Lowering] = Lowering()
+
+    def export(
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None = None
+    ) -> Any:
+        config = self.check_config(config)
+        self.lowering.check(config)
+        weights = None
+        if self.lowering.streams_weights and getattr(config, "low_memory", False):
+            from hfexport.exporters.low_memory import low_memory_weights
+
+            # Found and checked before any trace; held for this one export only.
+            weights = low_memory_weights(model, config)
+        return self._capture_and_lower(model, sample_inputs, config, weights)
+
     def _capture_and_lower(
-        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin | None
+        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, weights: Any
     ) -> Any:
         from hfexport.frontends.torch_export import capture
         from hfexport.rewrites.engine import RewriteContext
@@ -125,7 +175,13 @@ class CaptureExporter(HfExporter):
         # The lowering never writes: the result is saved here, at stage "save", all or nothing.
         unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
-        context = RewriteContext(backend=self.export_format, selection=effective_selection(config, quantizer))
+        # A backend that compiles another's program runs that backend's rules (`Backend.rules`).
+        rules = find(self.export_format)
+        context = RewriteContext(
+            backend=rules.rules if rules is not None else self.export_format,
+            selection=effective_selection(config, quantizer),
+        )
+        lowering = self.lowering
         warnings: list[str] = []
         quantization = None
         result = None
@@ -134,20 +190,24 @@ class CaptureExporter(HfExporter):
         start = time.perf_counter()
         try:
             with exclusive():
-                options = self.capture_options(model, sample_inputs, config, warnings)
+                options = lowering.capture_options(model, sample_inputs, config, warnings)
+                upcast = bfloat16_upcast(self.export_format, model, sample_inputs)
+                if upcast is not None:
+                    warnings.append(upcast)
+                    options = dataclasses.replace(options, upcast_bfloat16=True)
                 program = capture(model, sample_inputs, options, context, warnings)
                 image_count = dict(program.graph_module.meta.get(IMAGE_COUNT_META) or {})
                 static_axes = dict(program.graph_module.meta.get(STATIC_AXES_META) or {})
                 if quantizer is None:
-                    result = self.lower(program, unsaved, context)
+                    result = lowering.lower(program, unsaved, context, weights)
                 else:
                     result, quantization = self._quantize_and_lower(
-                        quantizer, program, sample_inputs, options, unsaved, context
+                        quantizer, program, sample_inputs, options, unsaved, context, weights
                     )
-                result = self.finish(result, unsaved, context, notes)
+                result = lowering.finish(result, unsaved, context, notes)
                 if output_path is not None:
                     with context.stage("save"):
-                        self.save_lowered(result, config)
+                        lowering.save(result, config)
         except HfExportError as exc:
             if exc.rule_id is not None or context.current_rule is None:
                 raise
@@ -186,7 +246,7 @@ class CaptureExporter(HfExporter):
                     **({"image_count": image_count} if image_count else {}),
                     # Other axes asked dynamic that the trace fixed (`frontends.torch_export.specialised_axes`).
                     **({"static_axes": static_axes} if static_axes else {}),
-                    **(self.used(result, config, context) if result is not None else {}),
+                    **(lowering.used(result, config, context) if result is not None else {}),
                 },
             )
         return result
@@ -199,6 +259,7 @@ class CaptureExporter(HfExporter):
         options: Any,
         config: ExportConfigMixin,
         context: Any,
+        weights: Any,
     ) -> tuple[Any, Any]:
         """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
         (the caller saves afterwards, so a saved artifact is the quantized one)."""
@@ -212,17 +273,8 @@ class CaptureExporter(HfExporter):
         if quantizer.quantizes_fx_graph:
             with context.stage("quantize", message=failure):
                 program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)
-            return self.lower(program, config, context), record
-        result = self.lower(program, config, context)
+            return self.lowering.lower(program, config, context, weights), record
+        result = self.lowering.lower(program, config, context, weights)
         with context.stage("quantize", message=failure):
             result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
         return result, record
-
-    def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
-        """The backend's last step on the lowered (and quantized) model, before it is saved: none by default.
-        A step that must see the quantized model (OpenVINO's stateful cache) goes here, not in `lower`."""
-        return result
-
-    def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
-        """Save a lowered (and quantized) model to `config.output_path`: every file complete, or none of them."""
-        raise ConfigError(f"{type(self).__name__} has no output_path to save a model to")

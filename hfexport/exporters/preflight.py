@@ -142,21 +142,17 @@ def check_devices(model: torch.nn.Module, sample_inputs: Mapping[str, Any], low_
             )
 
 
-# Backends whose runtime has no bfloat16 kernels, and what fails there: a bf16 model exported to them computes in
-# float32 (the float32 function of its bf16 weights), decided here, before tracing.
-_NO_BFLOAT16_KERNELS = {
-    "onnx": "ONNX Runtime's CPU provider has no bfloat16 kernels (MatMul, Add, ...: a bf16 file does not load)",
-}
-
-
 def bfloat16_upcast(export_format: str, model: torch.nn.Module, sample_inputs: Mapping[str, Any]) -> str | None:
     """Why a bf16 model or bf16 sample inputs are exported computing in float32 for `export_format`, or None.
 
-    fp16 is kept (ONNX Runtime has float16 kernels); bf16 is kept where the runtime has bf16 kernels (ExecuTorch
-    XNNPACK, OpenVINO CPU, torch).
+    A backend whose runtime has no bfloat16 kernels says so (`Backend.no_bfloat16`: ONNX Runtime's CPU provider);
+    fp16 is kept, and bf16 where the runtime has bf16 kernels (ExecuTorch XNNPACK, OpenVINO CPU, torch).
     """
-    reason = _NO_BFLOAT16_KERNELS.get(str(export_format))
-    if reason is None:
+    from hfexport.backends.registry import find
+
+    known = find(export_format)
+    reason = known.no_bfloat16 if known is not None else ""
+    if not reason:
         return None
     weights = any(t.dtype == torch.bfloat16 for t in (*model.parameters(), *model.buffers()))
     inputs = [name for name, t in _input_tensors(sample_inputs) if t.dtype == torch.bfloat16]
@@ -231,7 +227,8 @@ def quantizer_defaults(quantizer: Any, config: Any) -> tuple[Any, list[str]]:
     import dataclasses
 
     newest = quantizer.newest_onnx_opset(config)
-    if str(getattr(config, "export_format", "")) != "onnx" or newest is None or config.opset_version is not None:
+    # Only a config with an ONNX opset to choose (`opset_version`) has one to fill in.
+    if newest is None or getattr(config, "opset_version", 0) is not None:
         return config, []
     from hfexport.lowerings.onnx import newest_opset
 

@@ -1,4 +1,4 @@
-"""How an export runs a quantizer: the check before tracing, the FX and backend hand-offs, the op count.
+"""How an export runs a quantizer: the check before tracing, the FX and backend hand-offs, the FX op count.
 
 `exporters/pipeline.py` calls `check_quantizer` before capture, `quantize_program` between capture and lowering
 (quantizers with `quantizes_fx_graph`), and `quantize_backend_model` after lowering (the others). Each hand-off
@@ -8,37 +8,16 @@ returns the quantized object and a `QuantizationRecord` for the export report.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from hfexport.backends.dynamo.ops import fx_quantized_op_counts
+from hfexport.backends.registry import backend
 from hfexport.errors import ConfigError
-from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, jsonable
 from hfexport.report import QuantizationRecord
-
-# ONNX ops that carry quantization: QDQ pairs, integer matmuls (dynamic quantization), ORT's quantized
-# contrib ops, and blocked weight-only matmuls.
-ONNX_QUANTIZED_OPS = frozenset(
-    {
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "DynamicQuantizeLinear",
-        "MatMulInteger",
-        "ConvInteger",
-        "QLinearMatMul",
-        "QLinearConv",
-        "MatMulNBits",
-        "GatherBlockQuantized",
-        "DynamicQuantizeMatMul",
-        "QAttention",
-        "QGemm",
-        "MatMulIntegerToFloat",
-    }
-)
-_LOW_PRECISION = (torch.int8, torch.uint8, torch.int16, torch.int32)
 
 
 def check_quantizer(quantizer: Any, export_format: str, config: Any = None) -> dict[str, str]:
@@ -106,67 +85,6 @@ def reexport(
         )
 
 
-def fx_op_counts(program: Any) -> dict[str, int]:
-    """Quantize/dequantize nodes by op, and integer weights (compressed constants) of a program or GraphModule."""
-    graph_module = program.graph_module if isinstance(program, torch.export.ExportedProgram) else program
-    counts: Counter[str] = Counter()
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = str(node.target)
-        namespace = name.split(".", 1)[0]
-        if namespace in ("quantized_decomposed", "torchao") or "quantize" in name:
-            counts[name.removesuffix(".default")] += 1
-    tensors: dict[str, Any] = {}
-    if isinstance(program, torch.export.ExportedProgram):
-        tensors.update(program.state_dict)
-        tensors.update(program.constants)
-    else:
-        tensors.update(dict(graph_module.named_parameters()))
-        tensors.update(dict(graph_module.named_buffers()))
-    for value in tensors.values():
-        if isinstance(value, torch.Tensor) and value.dtype in _LOW_PRECISION and value.ndim >= 2:
-            counts[f"compressed_constant.{str(value.dtype).removeprefix('torch.')}"] += 1
-    return dict(counts)
-
-
-def onnx_op_counts(model: Any) -> dict[str, int]:
-    """Quantization ops of an ONNX model (`onnx_ir.Model` or `onnx.ModelProto`) by op type, subgraphs included."""
-    counts: Counter[str] = Counter()
-    if hasattr(model, "SerializeToString"):  # onnx.ModelProto
-        nodes = [node.op_type for node in model.graph.node]
-    else:
-        import onnx_ir as ir
-
-        nodes = [node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)]
-    for op_type in nodes:
-        if op_type in ONNX_QUANTIZED_OPS:
-            counts[op_type] += 1
-    return dict(counts)
-
-
-def openvino_op_counts(model: Any) -> dict[str, int]:
-    """FakeQuantize ops and integer (compressed) weight constants of an `openvino.Model`."""
-    counts: Counter[str] = Counter()
-    for op in model.get_ops():
-        kind = op.get_type_name()
-        if kind == "FakeQuantize":
-            counts[kind] += 1
-        elif kind == "Constant":
-            element = op.get_output_element_type(0).get_type_name()
-            if element in ("i8", "u8", "i4", "u4", "nf4", "f8e4m3", "f8e5m2") and len(op.get_output_shape(0)) >= 2:
-                counts[f"compressed_constant.{element}"] += 1
-    return dict(counts)
-
-
-def backend_op_counts(model: Any, export_format: str) -> dict[str, int]:
-    if export_format == ExportFormat.ONNX.value:
-        return onnx_op_counts(getattr(model, "model", model))
-    if export_format == ExportFormat.OPENVINO.value:
-        return openvino_op_counts(model)
-    return {}
-
-
 def quantize_program(
     quantizer: ExportQuantizer,
     program: torch.export.ExportedProgram,
@@ -186,24 +104,19 @@ def quantize_program(
             raise TypeError(f"{name}.quantize returned {type(quantized).__name__}, not a GraphModule")
         quantized = reexport(quantized, sample_inputs, options)
     seconds = time.perf_counter() - start
-    return quantized, _record(quantizer, "fx", fx_op_counts(quantized), seconds)
+    return quantized, _record(quantizer, "fx", fx_quantized_op_counts(quantized), seconds)
 
 
 def quantize_backend_model(
     quantizer: ExportQuantizer, result: Any, sample_inputs: Mapping[str, Any], export_format: str
 ) -> tuple[Any, QuantizationRecord]:
-    """Run a backend quantizer on the lowered model (`ONNXProgram` or `openvino.Model`); return it and its record."""
-    start = time.perf_counter()
-    if export_format == ExportFormat.ONNX.value:
-        import onnx_ir as ir
+    """Run a backend quantizer on the lowered model (`ONNXProgram` or `openvino.Model`); return it and its record.
 
-        quantized = quantizer.quantize(result.model, sample_inputs, export_format)
-        if not isinstance(quantized, ir.Model):
-            quantized = ir.from_proto(quantized)
-        result.model = quantized
-        # A session built before quantization would run the float model.
-        result.release()
-    else:
-        result = quantizer.quantize(result, sample_inputs, export_format)
+    The backend says which model inside its result the quantizer takes and how the quantized one goes back, and
+    counts its quantization ops (`Ops`)."""
+    ops = backend(export_format).ops.load()
+    start = time.perf_counter()
+    quantized = quantizer.quantize(ops.backend_model(result), sample_inputs, export_format)
+    result = ops.with_backend_model(result, quantized)
     seconds = time.perf_counter() - start
-    return result, _record(quantizer, export_format, backend_op_counts(result, export_format), seconds)
+    return result, _record(quantizer, export_format, ops.quantized_op_counts(result), seconds)

@@ -233,16 +233,14 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
     """
 
     quantizes_fx_graph: ClassVar[bool] = True
-    supported_formats: ClassVar[tuple[ExportFormat, ...]] = (
-        ExportFormat.DYNAMO,
-        ExportFormat.ONNX,
-        ExportFormat.EXECUTORCH,
-        ExportFormat.OPENVINO,
-    )
+    # Every format: each starts from the captured FX graph.
+    supported_formats: ClassVar[tuple[ExportFormat, ...]] = tuple(ExportFormat)
+    # Where int8 activations leave quantize/dequantize pairs that no delegate lowers.
+    weight_only_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.EXECUTORCH,)
 
     def check_format(self, export_format: str | ExportFormat) -> None:
         super().check_format(export_format)
-        if str(export_format) == ExportFormat.EXECUTORCH.value and not self.weight_only:
+        if str(export_format) in map(str, self.weight_only_formats) and not self.weight_only:
             raise ConfigError(
                 "NNCFTorchFXQuantizer on ExecuTorch takes weight compression only: pass "
                 "NNCFWeightCompressionConfig(...), or use PT2EQuantizer(XNNPACKQuantizer(...)) for int8 activations"
@@ -252,9 +250,10 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
         return None if self.weight_only else MAX_ONNX_INT8_OPSET
 
     def check_config(self, config: Any) -> None:
-        export_format = getattr(config, "export_format", None)
+        # A config with an ONNX opset (`OnnxConfig.opset_version`; None: the newest).
+        onnx = hasattr(config, "opset_version")
         opset = getattr(config, "opset_version", None)
-        if export_format == ExportFormat.ONNX.value and not self.weight_only and (opset or 99) > MAX_ONNX_INT8_OPSET:
+        if onnx and not self.weight_only and (opset or 99) > MAX_ONNX_INT8_OPSET:
             raise ConfigError(
                 f"NNCFTorchFXQuantizer int8 on ONNX needs OnnxConfig(opset_version={MAX_ONNX_INT8_OPSET}) or lower: "
                 "ONNX Runtime cannot load NNCF's int8 QDQ graph at newer opsets (see NNCFOnnxQuantizer)"

@@ -33,12 +33,13 @@ class PT2EQuantizer(ExportQuantizer):
     """
 
     quantizes_fx_graph: ClassVar[bool] = True
-    supported_formats: ClassVar[tuple[ExportFormat, ...]] = (
-        ExportFormat.DYNAMO,
-        ExportFormat.ONNX,
-        ExportFormat.EXECUTORCH,
-        ExportFormat.OPENVINO,
-    )
+    # Every format: each starts from the captured FX graph.
+    supported_formats: ClassVar[tuple[ExportFormat, ...]] = tuple(ExportFormat)
+    # XNNPACK's formats: it delegates only the patterns of its own XNNPACKQuantizer.
+    xnnpack_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.EXECUTORCH,)
+    # OpenVINO reads a quantize/dequantize pair on a float weight as FakeQuantize and compresses the weight itself;
+    # a weight folded to int8 ahead of it leaves a `linear` its converter rejects.
+    float_weight_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.OPENVINO,)
     required_packages: ClassVar[tuple[str, ...]] = ("torchao",)
     min_versions: ClassVar[dict[str, str]] = {"torchao": "0.13.0"}
     tested_versions: ClassVar[dict[str, str]] = {"torchao": "0.18.0"}
@@ -55,7 +56,7 @@ class PT2EQuantizer(ExportQuantizer):
     def check_format(self, export_format: str | ExportFormat) -> None:
         super().check_format(export_format)
         kind = type(self.pt2e_quantizer).__name__
-        if str(export_format) == ExportFormat.EXECUTORCH.value and kind == "X86InductorQuantizer":
+        if str(export_format) in map(str, self.xnnpack_formats) and kind == "X86InductorQuantizer":
             logger.warning(
                 "PT2EQuantizer(X86InductorQuantizer) on ExecuTorch: XNNPACK delegates only the patterns of its own "
                 "XNNPACKQuantizer; the rest runs as portable (slow) quantized ops"
@@ -74,7 +75,5 @@ class PT2EQuantizer(ExportQuantizer):
         with torch.no_grad():
             for inputs in calibration:
                 prepared(**inputs)
-        # OpenVINO reads a quantize/dequantize pair on a float weight as FakeQuantize and compresses the weight
-        # itself; a weight folded to int8 ahead of it leaves a `linear` its converter rejects.
-        fold = str(export_format) != ExportFormat.OPENVINO.value
+        fold = str(export_format) not in map(str, self.float_weight_formats)
         return convert_pt2e(prepared, fold_quantize=fold)

@@ -1,10 +1,11 @@
 """The device a saved artifact runs on, in each runtime's own terms, and whether this machine has it.
 
-One name per device for every format (`cpu`, `cuda[:N]`, `gpu[.N]`), translated to what the runtime takes: a
-torch device (dynamo), ONNX Runtime execution providers (onnx), an OpenVINO device name (openvino), an
-ExecuTorch backend (executorch, chosen at export time: the `.pte` holds the delegate). `resolve_device`
-refuses a device the format has no notion of, or this machine does not have, with a `ConfigError` whose text is
-one line; `use_device` makes the runtimes opened inside it (`hfexport.load`, `validate`) use the device.
+One name per device for every format (`cpu`, `cuda[:N]`, `gpu[.N]`), translated by each backend's runtime
+(`Runtime.resolve_device`, in its folder) to what the runtime takes: a torch device (dynamo), ONNX Runtime execution
+providers (onnx), an OpenVINO device name (openvino), an ExecuTorch backend (executorch, chosen at export time: the
+`.pte` holds the delegate). `resolve_device` refuses a device the format has no notion of, or this machine does not
+have, with a `ConfigError` whose text is one line; `use_device` makes the runtimes opened inside it (`hfexport.load`,
+`validate`) use the device. The names each format takes are its descriptor's `devices`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,6 @@ from dataclasses import dataclass, field
 
 from hfexport.errors import ConfigError
 
-# What each format can run on (the names `--device` takes), for the messages.
-FORMAT_DEVICES = {
-    "dynamo": ("cpu", "cuda[:N]"),
-    "onnx": ("cpu", "cuda[:N]"),
-    "openvino": ("cpu", "gpu[.N]"),
-    "executorch": ("cpu", "cuda"),
-}
 _NAME = re.compile(r"^(cpu|cuda|gpu)(?:[:.](\d+))?$")
 
 
@@ -46,63 +40,53 @@ class RuntimeDevice:
         return self.kind == "cpu"
 
 
-def _refuse(device: str, export_format: str, why: str) -> ConfigError:
-    choices = ", ".join(FORMAT_DEVICES[export_format])
+def refuse(device: str, export_format: str, why: str) -> ConfigError:
+    """The refusal of `--device device` for a format: why, and what the format runs on."""
+    from hfexport.backends.registry import backend
+
+    choices = ", ".join(backend(export_format).devices)
     return ConfigError(f"--device {device}: {why} (--format {export_format} runs on {choices})")
 
 
-def _cuda_available(device: str, export_format: str, index: int | None) -> None:
+def check_cuda(device: str, export_format: str, index: int | None) -> None:
+    """Refuse a CUDA device (`index`, or the current one) that torch does not see on this machine."""
     import torch
 
     if not torch.cuda.is_available():
         build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
-        raise _refuse(device, export_format, f"no CUDA device on this machine ({build}); use --device cpu")
+        raise refuse(device, export_format, f"no CUDA device on this machine ({build}); use --device cpu")
     if index is not None and index >= torch.cuda.device_count():
-        raise _refuse(device, export_format, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise refuse(device, export_format, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def torch_cuda_device(device: str, export_format: str, kind: str, index: int | None) -> RuntimeDevice:
+    """A CUDA device torch runs the format on (`cuda`, `cuda:N`); OpenVINO's `gpu` refused."""
+    if kind == "gpu":
+        raise refuse(device, export_format, "`gpu` names OpenVINO's GPU; a CUDA device is --device cuda")
+    check_cuda(device, export_format, index)
+    torch_device = "cuda" if index is None else f"cuda:{index}"
+    return RuntimeDevice(export_format, device, "cuda", index, torch_device=torch_device)
 
 
 def resolve_device(export_format: str, device: str) -> RuntimeDevice:
-    """The device `device` (`cpu`, `cuda`, `cuda:1`, `gpu`, `gpu.0`) for `export_format`, checked to exist here."""
-    match = _NAME.match(device.strip().lower())
-    if export_format not in FORMAT_DEVICES:
+    """The device `device` (`cpu`, `cuda`, `cuda:1`, `gpu`, `gpu.0`) for `export_format`, checked to exist here.
+
+    The CPU is every format's; any other device is the backend's to resolve (`Runtime.resolve_device`)."""
+    from hfexport.backends.registry import find
+
+    known = find(export_format)
+    if known is None:
         raise ConfigError(f"--device: unknown format {export_format!r}")
+    match = _NAME.match(device.strip().lower())
     if match is None:
-        raise _refuse(device, export_format, "not a device name")
+        raise refuse(device, export_format, "not a device name")
     kind, index = match.group(1), int(match.group(2)) if match.group(2) is not None else None
     if kind == "cpu":
         if index not in (None, 0):
-            raise _refuse(device, export_format, "there is one CPU device")
+            raise refuse(device, export_format, "there is one CPU device")
         return RuntimeDevice(export_format, device, "cpu")
-    if export_format == "openvino":
-        if kind == "cuda":
-            raise _refuse(device, export_format, "OpenVINO has no CUDA device; its (Intel) GPU is --device gpu")
-        import openvino as ov
-
-        available = ov.Core().available_devices
-        want = "GPU" if index is None else f"GPU.{index}"
-        if not any(d == want or (index is None and d.startswith("GPU")) for d in available):
-            raise _refuse(device, export_format, f"OpenVINO sees no {want} here (devices: {', '.join(available)})")
-        return RuntimeDevice(export_format, device, "gpu", index, openvino_device=want)
-    if kind == "gpu":
-        raise _refuse(device, export_format, "`gpu` names OpenVINO's GPU; a CUDA device is --device cuda")
-    if export_format == "onnx":
-        import onnxruntime
-
-        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-            raise _refuse(
-                device,
-                export_format,
-                "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu); use --device cpu",
-            )
-        provider = ("CUDAExecutionProvider", {"device_id": index or 0})
-        return RuntimeDevice(export_format, device, "cuda", index, providers=(provider, "CPUExecutionProvider"))
-    _cuda_available(device, export_format, index)
-    if export_format == "executorch":
-        if index not in (None, 0):
-            raise _refuse(device, export_format, "the ExecuTorch CUDA backend runs on the current device only")
-        return RuntimeDevice(export_format, device, "cuda", index, torch_device="cuda", executorch_backend="cuda")
-    torch_device = "cuda" if index is None else f"cuda:{index}"
-    return RuntimeDevice(export_format, device, "cuda", index, torch_device=torch_device)
+    resolved: RuntimeDevice = known.runtime.load().resolve_device(device, kind, index)
+    return resolved
 
 
 # The device the runtimes opened in this context use (None: each runtime's CPU default).

@@ -4,16 +4,17 @@ A rule's examples (`Match`, `NoMatch` in `hfexport.rewrites.examples`) are data;
 them. It sits at the top of the package (it imports the exporters, the lowerings and the runtimes), so the
 rule engine below it never needs to know how an example is run.
 
-Each example is exported with the public exporter of a backend (`DynamoExporter`, `OnnxExporter`,
-`ExecutorchExporter`, `OpenVINOExporter`) under a `RuleSelection` that runs the rule under test, the rules it
-`requires`, and nothing else; what fired is read from `exporter.report`, so an example goes through exactly
+Each example is exported with the public exporter of a backend (its descriptor's: `DynamoExporter`,
+`OnnxExporter`, ...) under a `RuleSelection` that runs the rule under test, the rules it `requires`, and nothing
+else; what fired is read from `exporter.report`, so an example goes through exactly
 the code a production export goes through. The checks:
 
-- `check_match`: the rule fires, and the backend's result equals eager on the example's inputs (dynamo: the
-  `ExportedProgram`; onnx: ONNX Runtime; executorch: the ExecuTorch runtime; openvino: OpenVINO CPU with the
-  f32 precision hint). With `other_inputs`, every axis is exported dynamic (as `dynamic=True` does in
-  production, bounded for ExecuTorch) and the program must also equal eager on the other inputs. An
-  optimization must also change the graph (its op counts) against the same export without it.
+- `check_match`: the rule fires, and the backend's result equals eager on the example's inputs, run as the
+  backend's `Tools.run` runs it (dynamo: the `ExportedProgram`; onnx: ONNX Runtime; executorch: the ExecuTorch
+  runtime; openvino: OpenVINO CPU with the f32 precision hint; aoti: the compiled package). With `other_inputs`,
+  every axis is exported dynamic (as `dynamic=True` does in production, bounded for ExecuTorch) and the program
+  must also equal eager on the other inputs. An optimization must also change the graph (its op counts, the
+  backend's `Ops.op_counts`) against the same export without it.
 - `check_no_match`: the rule is installed or applied (a patch rule: installed on a model it applies to), it
   fires zero times, and the export is the same with and without it (graph and outputs, bit for bit).
 - `fails_without` / `check_fix_needed`: a fix's Match example, exported with the rule disabled, fails (the
@@ -26,9 +27,6 @@ model: ONNX Runtime after the rule against the ONNX reference evaluator before i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hfexport.backends.registry import backend as descriptor
+from hfexport.backends.registry import backends
 from hfexport.errors import HfExportError
 from hfexport.report import ExportReport
 from hfexport.rewrites import engine
@@ -44,10 +44,10 @@ from hfexport.rewrites.engine import RuleOutcome, RuleRegistry
 from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs, known_failure
 from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
-BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
+# The backends whose rules have examples (`RuleMeta.backends`); a backend that runs another's rules (AOTInductor
+# runs Dynamo's) checks the Match examples of those too (`example_backends`).
+BACKENDS: tuple[str, ...] = tuple(b.name for b in backends() if b.rules == b.name)
 
-# Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
-EXECUTORCH_BOUND = 64
 
 # Outcomes of a rule that ran (was installed, or applied to its target) and found nothing to change.
 _RAN = ("no-match", "fired")
@@ -136,18 +136,11 @@ class Exported:
 
 
 def _exporter_and_config(backend: str, selection: RuleSelection, dynamic: bool, opset: int | None) -> tuple[Any, Any]:
-    from hfexport import configs, exporters
-
-    if backend == "dynamo":
-        return exporters.DynamoExporter(), configs.DynamoConfig(dynamic=dynamic, rules=selection)
-    if backend == "onnx":
-        return exporters.OnnxExporter(), configs.OnnxConfig(dynamic=dynamic, rules=selection, opset_version=opset)
-    if backend == "executorch":
-        return exporters.ExecutorchExporter(), configs.ExecutorchConfig(dynamic=dynamic, rules=selection)
-
-    if backend == "openvino":
-        return exporters.OpenVINOExporter(), configs.OpenVINOConfig(dynamic=dynamic, rules=selection)
-    raise ValueError(f"unknown backend {backend!r}; known: {BACKENDS}")
+    """The backend's public exporter and its config (the example's ONNX opset where the config has one)."""
+    known = descriptor(backend)
+    config_class = known.config.load()
+    fields = {"opset_version": opset} if opset is not None and hasattr(config_class, "opset_version") else {}
+    return known.exporter.load()(), config_class(dynamic=dynamic, rules=selection, **fields)
 
 
 def export(
@@ -160,21 +153,8 @@ def export(
 ) -> Exported:
     """Export `module` on `inputs` with the public exporter of `backend`; an error is kept, not raised."""
     exporter, config = _exporter_and_config(backend, selection, dynamic, opset)
-    if backend == "executorch" and dynamic:
-        # Every axis dynamic as `dynamic=True` makes it, but bounded at 64 instead of the model's maximum length:
-        # ExecuTorch plans memory for the bound, and a tiny model's max_position_embeddings (32768 for Qwen3)
-        # asks for more than the machine has (std::bad_alloc when the program is loaded). An axis whose sample
-        # is already longer (audio samples) is bounded at 4x its sample, room for the other inputs.
-        def bound(size: int) -> Any:
-            return torch.export.Dim.AUTO(max=max(EXECUTORCH_BOUND, 4 * size))
-
-        config = dataclasses.replace(
-            config,
-            dynamic_shapes={
-                k: {axis: bound(v.shape[axis]) for axis in range(v.ndim)} if isinstance(v, torch.Tensor) else None
-                for k, v in inputs.items()
-            },
-        )
+    if dynamic:
+        config = descriptor(backend).tools.load().example_config(config, inputs)
     exported = Exported(backend)
     try:
         exported.result = exporter.export(module, dict(inputs), config)
@@ -186,36 +166,7 @@ def export(
 
 def run(backend: str, result: Any, inputs: Mapping[str, Any]) -> Any:
     """Run an export's native object on forward kwargs `inputs`, in its runtime; return its outputs."""
-    if backend == "dynamo":
-        with torch.no_grad():
-            return result.module()(**inputs)
-    if backend == "onnx":
-        import onnxruntime as ort
-
-        from hfexport.lowerings.onnx import onnx_feed
-
-        session = ort.InferenceSession(result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        feed = onnx_feed([i.name for i in session.get_inputs()], inputs)
-        return session.run(None, feed)
-    if backend == "executorch":
-        from hfexport.runtime.executorch import ExecutorchProgram
-
-        # The method returns the inputs it mutates first (a cache written in place); eager returns only the
-        # forward's outputs, and leaves the mutation in the inputs.
-        outputs = ExecutorchProgram(result).run(inputs)
-        return outputs[_input_mutations(result) :]
-    if backend == "openvino":
-        from hfexport.runtime.openvino import OpenVINORunner
-
-        return list(OpenVINORunner(result)(**inputs).values())
-    raise ValueError(f"unknown backend {backend!r}")
-
-
-def _input_mutations(manager: Any) -> int:
-    from torch.export.graph_signature import OutputKind
-
-    specs = manager.exported_program().graph_signature.output_specs
-    return sum(1 for spec in specs if spec.kind == OutputKind.USER_INPUT_MUTATION)
+    return descriptor(backend).tools.load().run(result, inputs)
 
 
 def leaves(tree: Any) -> list[torch.Tensor]:
@@ -241,58 +192,12 @@ def eager(module: torch.nn.Module, inputs: Mapping[str, Any]) -> list[torch.Tens
 
 def structure(backend: str, result: Any) -> Any:
     """What an export produced, to prove that a rule changed nothing: comparable with `==`."""
-    if backend == "dynamo":
-        return result.graph_module.code
-    if backend == "onnx":
-        return _onnx_structure(result.model)
-    if backend == "executorch":
-        # The serialised program: the graph and every delegate's payload.
-        return hashlib.sha256(bytes(result.buffer)).hexdigest()
-    if backend == "openvino":
-        return _openvino_structure(result)
-    raise ValueError(f"unknown backend {backend!r}")
+    return descriptor(backend).tools.load().structure(result)
 
 
 def op_counts(backend: str, result: Any) -> Counter[str]:
     """How many nodes of each op an export has: what an optimization must change."""
-    if backend == "dynamo":
-        return Counter(str(n.target) for n in result.graph.nodes if n.op == "call_function")
-    if backend == "onnx":
-        return Counter(f"{n.domain}::{n.op_type}" for n in result.model.graph.all_nodes())
-    if backend == "executorch":
-        program = result.exported_program()
-        return Counter(str(n.target) for n in program.graph.nodes if n.op == "call_function")
-    if backend == "openvino":
-        return Counter(op.get_type_name() for op in result.get_ordered_ops())
-    raise ValueError(f"unknown backend {backend!r}")
-
-
-def _onnx_structure(model: Any) -> list[tuple[Any, ...]]:
-    """Nodes, wiring and attributes, without metadata: onnxscript's rewriter annotates Constant nodes even
-    when no rule matches, so a text comparison would call an untouched graph changed."""
-    return [
-        (
-            node.domain,
-            node.op_type,
-            tuple(v.name if v is not None else "" for v in node.inputs),
-            tuple(v.name for v in node.outputs),
-            tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items())),
-        )
-        for node in model.graph
-    ]
-
-
-def _openvino_structure(model: Any) -> list[tuple[str, str, tuple[str, ...]]]:
-    """Ops, their types and their input shapes. Names OpenVINO makes up (`Constant_4108`) carry a counter of the
-    process, so two conversions of one program differ there: the counter is dropped."""
-    return [
-        (
-            re.sub(r"^([A-Za-z]+)_\d+$", r"\1", op.get_friendly_name()),
-            op.get_type_name(),
-            tuple(str(op.input_value(i).get_partial_shape()) for i in range(op.get_input_size())),
-        )
-        for op in model.get_ordered_ops()
-    ]
+    return Counter(descriptor(backend).ops.load().op_counts(result))
 
 
 # -- the checks ----------------------------------------------------------------------------------------------
@@ -340,7 +245,8 @@ def _runs(example: Example, inputs: Mapping[str, Any]) -> list[tuple[str, Mappin
 def _export_example(
     rule: Rule, example: Example, backend: str, module: torch.nn.Module, inputs: Any, with_rule: bool = True
 ) -> Exported:
-    selection = selection_for(rule, backend, with_rule, example)
+    # Chosen as for the backend whose rules this one runs (`Backend.rules`).
+    selection = selection_for(rule, descriptor(backend).rules, with_rule, example)
     return export(backend, module, inputs, selection, _dynamic(example), _opset(rule, example))
 
 
@@ -477,13 +383,13 @@ class FixProof:
 
 
 def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> FixProof:
-    """Some Match example of the fix `rule` fails without it on one of `backends` (default: the rule's, ExecuTorch
-    last: the slowest lowering, tried only where no other backend shows the need).
+    """Some Match example of the fix `rule` fails without it on one of `backends` (default: the rule's, the slowest
+    lowerings last (`Backend.try_last`: ExecuTorch), tried only where no other backend shows the need).
 
     Tries the Match examples in order and each on the backends in order, and stops at the first failure.
     Raises `ExampleFailure` when every one works without the rule.
     """
-    default = sorted(rule.meta.backends, key=lambda b: b == "executorch")
+    default = sorted(rule.meta.backends, key=lambda b: descriptor(b).try_last)
     backends = tuple(b for b in (backends or default) if b in rule.meta.backends)
     tried = []
     for example in rule.meta.examples:
@@ -499,15 +405,17 @@ def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> Fix
 
 def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
     """The backends an example is checked on, among those it names (`example.backends`, default: the rule's): a
-    Match on each of them; a NoMatch on the first of them of each variant of the rule (`Rule.variants()`: backends
-    that share the rule's body).
+    Match on each of them and on each backend that runs the rules of one of them (AOTInductor runs Dynamo's); a
+    NoMatch on the first of them of each variant of the rule (`Rule.variants()`: backends that share the rule's
+    body).
 
     One backend per variant is enough for a NoMatch: a rule that fires zero times hands its stage's output on
     unchanged, and the later stages are deterministic, so the same graph on one backend is the same on every one.
     """
     named = tuple(b for b in rule.meta.backends if not example.backends or b in example.backends)
     if isinstance(example, Match):
-        return named
+        runs_theirs = tuple(b.name for b in backends() if b.rules != b.name and b.rules in named)
+        return (*named, *runs_theirs)
     firsts = (next((b for b in variant if b in named), None) for variant in rule.variants())
     return tuple(b for b in firsts if b is not None)
 
@@ -563,9 +471,10 @@ class ExampleCheck:
 def _default_tier(rule: Rule, example: Example, backend: str) -> bool:
     """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
     rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
-    the lowering for a backend rule), unless the example is marked `slow`."""
-    variant = next(v for v in rule.variants() if backend in v)
-    if example.slow or backend != variant[0]:
+    the lowering for a backend rule), unless the example is marked `slow`. A backend that runs another's rules
+    (aoti, Dynamo's) is none of the rule's: its checks are all `slow`."""
+    variant = next((v for v in rule.variants() if backend in v), ())
+    if example.slow or backend not in variant[:1]:
         return False
     on_backend = (e for e in rule.meta.examples if backend in example_backends(rule, e))
     return next(e for e in on_backend if type(e) is type(example)) is example

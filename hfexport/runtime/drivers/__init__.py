@@ -1,30 +1,18 @@
-"""One backend per export format, looked up by format name: `backend("onnx")` -> its `Backend`.
+"""The runtime of each export format, looked up by format name: `backend("onnx")` -> its `Runtime`.
 
-Each `hfexport.runtime.drivers.<format>` module holds that format's generation driver and how a saved
-component of it is opened and run. The table is keyed by the names of `hfexport.formats.FORMATS`; a module
-is imported on first use, so looking one backend up imports no other backend's package.
+Each backend's runtime (its generation driver, and how a saved component of it is opened and run) is in its folder,
+`hfexport/backends/<name>/driver.py`, named by its descriptor; looking one up imports no other backend's package.
 """
 
 from __future__ import annotations
 
-import importlib
+from hfexport.backends.registry import backend as descriptor
+from hfexport.runtime.drivers.base import Driver, Runtime, RuntimeOptions, Step
 
-from hfexport.errors import InputError
-from hfexport.runtime.drivers.base import Backend, Driver, RuntimeOptions, Step
-
-__all__ = ["BACKEND_MODULES", "Backend", "Driver", "RuntimeOptions", "Step", "backend"]
-
-BACKEND_MODULES: dict[str, str] = {
-    "dynamo": "hfexport.runtime.drivers.dynamo",
-    "onnx": "hfexport.runtime.drivers.onnx",
-    "executorch": "hfexport.runtime.drivers.executorch",
-    "openvino": "hfexport.runtime.drivers.openvino",
-}
+__all__ = ["Driver", "Runtime", "RuntimeOptions", "Step", "backend"]
 
 
-def backend(export_format: str) -> Backend:
-    """The backend of a format name (`hfexport.formats.format_of` gives the name of a native object)."""
-    module = BACKEND_MODULES.get(str(export_format))
-    if module is None:
-        raise InputError(f"no runtime for the format {export_format!r}; formats: {list(BACKEND_MODULES)}")
-    return importlib.import_module(module).BACKEND
+def backend(export_format: str) -> Runtime:
+    """The runtime of a format name (`hfexport.formats.format_of` gives the name of a native object)."""
+    found: Runtime = descriptor(export_format).runtime.load()
+    return found

@@ -1,8 +1,9 @@
-"""What every backend driver shares: the step record, the driver interface, and the backend record.
+"""What every backend driver shares: the step record, the driver interface, and the runtime record.
 
-A *driver* runs the components of one backend for `generate` and owns the cache between steps. A *backend*
-(`Backend`, one per format, in `hfexport.runtime.drivers.<format>`) bundles the driver with how a saved
-component of that format is opened and run (`hfexport.load(...).run`) and what `generate` takes from one.
+A *driver* runs the components of one backend for `generate` and owns the cache between steps. A backend's
+*runtime* (`Runtime`, one per format, in `hfexport/backends/<name>/driver.py`, named by the descriptor) bundles the
+driver with how a saved component of that format is opened and run (`hfexport.load(...).run`), what `generate` takes
+from one, and the devices it runs on.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ class SavedComponent(Protocol):
 
 
 @dataclass(frozen=True)
-class Backend:
+class Runtime:
     """Everything the runtime does differently for one format."""
 
     name: str
@@ -223,3 +224,11 @@ class Backend:
     run: Callable[[Any, Mapping[str, Any], list[str]], dict[str, torch.Tensor]]
     # for_generation(saved component) -> (what the driver takes for it, its sample forward kwargs).
     for_generation: Callable[[SavedComponent], tuple[Any, dict[str, Any]]]
+    # resolve_device(name as given, kind "cuda"/"gpu", index or None) -> the `RuntimeDevice` (the CPU is every
+    # format's: `hfexport.runtime.devices.resolve_device` answers it); refuses one this format or machine lacks.
+    resolve_device: Callable[[str, str, int | None], Any]
+    # The config fields a device sets where the device is chosen when exporting (`Backend.device_at_export`).
+    device_config: Callable[[Any], dict[str, Any]] = lambda device: {}
+    # graph_inputs(opened runtime object) -> the names of each input it takes by name (a port may have several): a
+    # feed is built from the manifest's inputs, so `load` checks each is one of them; [] where inputs are by position.
+    graph_inputs: Callable[[Any], list[set[str]]] = lambda runtime: []

@@ -1,55 +1,32 @@
-"""The ONNX exporter: `torch.onnx.ONNXProgram`, saved atomically when `output_path` is set."""
+"""`OnnxExporter`: `torch.onnx.ONNXProgram`, saved atomically when `output_path` is set."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import ExportConfigMixin, OnnxConfig
+from hfexport.backends.dynamo.exporter import DynamoExporter
+from hfexport.backends.onnx.config import OnnxConfig
+from hfexport.configs import ExportConfigMixin
 from hfexport.exporters.base import HfExporter
-from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.low_memory import LowMemoryExport
+from hfexport.exporters.pipeline import Lowering
 from hfexport.files import save_atomically
-from hfexport.formats import ExportFormat
 
 
-class OnnxExporter(LowMemoryExport, DynamoExporter):
-    """Export to a `torch.onnx.ONNXProgram` (callable, `.save("model.onnx")`, run by ONNX Runtime)."""
+class OnnxLowering(Lowering):
+    streams_weights: ClassVar[bool] = True
 
-    export_format: ClassVar[str] = ExportFormat.ONNX.value
-    config_class: ClassVar[type[ExportConfigMixin]] = OnnxConfig
-    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "onnx", "onnxscript")
-    tested_versions: ClassVar[dict[str, str]] = {
-        **HfExporter.tested_versions,
-        "onnx": "1.23.2",
-        "onnxscript": "0.7.2",
-        "onnx-ir": "1.1.0",
-        "onnxruntime": "1.32.0",
-    }
-
-    def capture_options(
-        self, model: torch.nn.Module, sample_inputs: Mapping[str, Any], config: ExportConfigMixin, warnings: list[str]
+    def lower(
+        self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any, weights: Any
     ) -> Any:
-        from hfexport.exporters.preflight import bfloat16_upcast
-
-        options = super().capture_options(model, sample_inputs, config, warnings)
-        reason = bfloat16_upcast(self.export_format, model, sample_inputs)
-        if reason is None:
-            return options
-        warnings.append(reason)
-        return dataclasses.replace(options, upcast_bfloat16=True)
-
-    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
         # Imported here: `import hfexport` must not import onnx or onnxscript.
         from hfexport.lowerings.onnx import lower
 
         assert isinstance(config, OnnxConfig)
-        return lower(program, config, context, weights=self._weights)
+        return lower(program, config, context, weights=weights)
 
     def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
         from hfexport.lowerings.onnx import rewrite_quantized
@@ -78,7 +55,7 @@ class OnnxExporter(LowMemoryExport, DynamoExporter):
             used["weights"] = onnx.helper.tensor_dtype_to_np_dtype(initializer_types.most_common(1)[0][0]).name
         return used
 
-    def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
+    def save(self, result: Any, config: ExportConfigMixin) -> None:
         assert isinstance(config, OnnxConfig)
         # The graph names its .data file: the pair is replaced as one (never the old graph with new weights).
         save_atomically(
@@ -86,3 +63,19 @@ class OnnxExporter(LowMemoryExport, DynamoExporter):
             lambda path: result.save(path, external_data=config.external_data),
             side_files_named_by_main=True,
         )
+
+
+class OnnxExporter(DynamoExporter):
+    """Export to a `torch.onnx.ONNXProgram` (callable, `.save("model.onnx")`, run by ONNX Runtime)."""
+
+    export_format: ClassVar[str] = "onnx"
+    config_class: ClassVar[type[ExportConfigMixin]] = OnnxConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "onnx", "onnxscript")
+    tested_versions: ClassVar[dict[str, str]] = {
+        **HfExporter.tested_versions,
+        "onnx": "1.23.2",
+        "onnxscript": "0.7.2",
+        "onnx-ir": "1.1.0",
+        "onnxruntime": "1.32.0",
+    }
+    lowering: ClassVar[Lowering] = OnnxLowering()

@@ -1,4 +1,4 @@
-"""The openvino backend: compiled OpenVINO models (f32 inference hint), with numpy arrays by name as the cache."""
+"""The openvino runtime: compiled OpenVINO models (f32 inference hint), with numpy arrays by name as the cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from hfexport.errors import InputError
 from hfexport.naming import plain_name, variable_leaf
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step
+from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step
 
 
 class OpenVINODriver(NamedDriver):
@@ -104,4 +104,27 @@ def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     return str(component.path), {}
 
 
-BACKEND = Backend("openvino", OpenVINODriver, open_saved, run_saved, for_generation)
+def resolve_device(device: str, kind: str, index: int | None) -> Any:
+    """OpenVINO's (Intel) GPU: `gpu`, `gpu.N`, as the OpenVINO core lists it here."""
+    import openvino as ov
+
+    from hfexport.runtime.devices import RuntimeDevice, refuse
+
+    if kind == "cuda":
+        raise refuse(device, "openvino", "OpenVINO has no CUDA device; its (Intel) GPU is --device gpu")
+    available = ov.Core().available_devices
+    want = "GPU" if index is None else f"GPU.{index}"
+    if not any(d == want or (index is None and d.startswith("GPU")) for d in available):
+        raise refuse(device, "openvino", f"OpenVINO sees no {want} here (devices: {', '.join(available)})")
+    return RuntimeDevice("openvino", device, "gpu", index, openvino_device=want)
+
+
+RUNTIME = Runtime(
+    "openvino",
+    OpenVINODriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    graph_inputs=lambda runner: [set(port.get_names()) for port in runner.compiled.inputs],
+)

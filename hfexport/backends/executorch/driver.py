@@ -1,4 +1,4 @@
-"""The executorch backend: the ExecuTorch Python runtime, inputs in the program's pytree order."""
+"""The executorch runtime: the ExecuTorch Python runtime, inputs in the program's pytree order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, flat
+from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, flat
 
 
 class ExecutorchDriver(NamedDriver):
@@ -147,4 +147,21 @@ def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     return SavedExecutorch(component.open(), list(getattr(component, "outputs", None) or [])), {}
 
 
-BACKEND = Backend("executorch", ExecutorchDriver, open_saved, run_saved, for_generation)
+def resolve_device(device: str, kind: str, index: int | None) -> Any:
+    """A CUDA device: the ExecuTorch CUDA backend (chosen when lowering: the `.pte` holds the delegate)."""
+    from hfexport.runtime.devices import RuntimeDevice, check_cuda, refuse
+
+    if kind == "gpu":
+        raise refuse(device, "executorch", "`gpu` names OpenVINO's GPU; a CUDA device is --device cuda")
+    check_cuda(device, "executorch", index)
+    if index not in (None, 0):
+        raise refuse(device, "executorch", "the ExecuTorch CUDA backend runs on the current device only")
+    return RuntimeDevice("executorch", device, "cuda", index, torch_device="cuda", executorch_backend="cuda")
+
+
+def device_config(device: Any) -> dict[str, Any]:
+    """An ExecuTorch program's device is its delegate, chosen when lowering: the CUDA backend or XNNPACK."""
+    return {"backend": device.executorch_backend}
+
+
+RUNTIME = Runtime("executorch", ExecutorchDriver, open_saved, run_saved, for_generation, resolve_device, device_config)

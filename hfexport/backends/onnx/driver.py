@@ -1,4 +1,4 @@
-"""The onnx backend: ONNX Runtime sessions, driven with IO binding so that cache tensors are never copied."""
+"""The onnx runtime: ONNX Runtime sessions, driven with IO binding so that cache tensors are never copied."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import LAYOUT_METADATA_KEY, layout_mismatch
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
-from hfexport.runtime.drivers.base import Backend, NamedDriver, SavedComponent, Step, cache_name, flat
+from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, cache_name, flat
 
 
 class OnnxDriver(NamedDriver):
@@ -214,4 +214,28 @@ def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     return str(component.path), {}
 
 
-BACKEND = Backend("onnx", OnnxDriver, open_saved, run_saved, for_generation)
+def resolve_device(device: str, kind: str, index: int | None) -> Any:
+    """A CUDA device: ONNX Runtime's CUDA execution provider (onnxruntime-gpu), then the CPU's."""
+    import onnxruntime
+
+    from hfexport.runtime.devices import RuntimeDevice, refuse
+
+    if kind == "gpu":
+        raise refuse(device, "onnx", "`gpu` names OpenVINO's GPU; a CUDA device is --device cuda")
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        raise refuse(
+            device, "onnx", "this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu); use --device cpu"
+        )
+    provider = ("CUDAExecutionProvider", {"device_id": index or 0})
+    return RuntimeDevice("onnx", device, "cuda", index, providers=(provider, "CPUExecutionProvider"))
+
+
+RUNTIME = Runtime(
+    "onnx",
+    OnnxDriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    graph_inputs=lambda session: [{i.name} for i in session.get_inputs()],
+)

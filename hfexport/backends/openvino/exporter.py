@@ -1,4 +1,4 @@
-"""The OpenVINO exporter: `openvino.Model`, saved atomically as IR when `output_path` is set."""
+"""`OpenVINOExporter`: `openvino.Model`, saved atomically as IR when `output_path` is set."""
 
 from __future__ import annotations
 
@@ -7,27 +7,24 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.configs import ExportConfigMixin, OpenVINOConfig
+from hfexport.backends.dynamo.exporter import DynamoExporter
+from hfexport.backends.openvino.config import OpenVINOConfig
+from hfexport.configs import ExportConfigMixin
 from hfexport.exporters.base import HfExporter
-from hfexport.exporters.dynamo import DynamoExporter
-from hfexport.exporters.low_memory import LowMemoryExport
+from hfexport.exporters.pipeline import Lowering
 from hfexport.files import save_atomically
-from hfexport.formats import ExportFormat
 
 
-class OpenVINOExporter(LowMemoryExport, DynamoExporter):
-    """Export to an `openvino.Model` (compile with `openvino.Core().compile_model(model, "CPU")`)."""
+class OpenVINOLowering(Lowering):
+    streams_weights: ClassVar[bool] = True
 
-    export_format: ClassVar[str] = ExportFormat.OPENVINO.value
-    config_class: ClassVar[type[ExportConfigMixin]] = OpenVINOConfig
-    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
-    tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
-
-    def lower(self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any) -> Any:
+    def lower(
+        self, program: torch.export.ExportedProgram, config: ExportConfigMixin, context: Any, weights: Any
+    ) -> Any:
         from hfexport.lowerings.openvino import lower
 
         assert isinstance(config, OpenVINOConfig)
-        return lower(program, config, context, weights=self._weights)
+        return lower(program, config, context, weights=weights)
 
     def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
         # After any quantizer: NNCF calibrates by feeding the cache as inputs, which a stateful model has not.
@@ -48,8 +45,18 @@ class OpenVINOExporter(LowMemoryExport, DynamoExporter):
             used["stateful"] = f"{len(result.get_variables())} cache variable(s) in the infer request"
         return used
 
-    def save_lowered(self, result: Any, config: ExportConfigMixin) -> None:
+    def save(self, result: Any, config: ExportConfigMixin) -> None:
         from hfexport.lowerings.openvino_weights import save_ir
 
         assert isinstance(config, OpenVINOConfig)
         save_atomically(Path(config.output_path), lambda path: save_ir(result, path, config.compress_to_fp16))
+
+
+class OpenVINOExporter(DynamoExporter):
+    """Export to an `openvino.Model` (compile with `openvino.Core().compile_model(model, "CPU")`)."""
+
+    export_format: ClassVar[str] = "openvino"
+    config_class: ClassVar[type[ExportConfigMixin]] = OpenVINOConfig
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers", "openvino")
+    tested_versions: ClassVar[dict[str, str]] = {**HfExporter.tested_versions, "openvino": "2026.4.1"}
+    lowering: ClassVar[Lowering] = OpenVINOLowering()

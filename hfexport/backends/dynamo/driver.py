@@ -1,4 +1,4 @@
-"""The dynamo backend: `ExportedProgram.module()`, with a transformers `Cache` object as the cache."""
+"""The dynamo runtime: `ExportedProgram.module()`, with a transformers `Cache` object as the cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hfexport.errors import InputError
 from hfexport.generation_spec import CacheLeaf
 from hfexport.naming import CACHE_ALIASES, named_outputs
-from hfexport.runtime.drivers.base import Backend, Driver, SavedComponent, Step, initial_leaf
+from hfexport.runtime.drivers.base import Driver, Runtime, SavedComponent, Step, initial_leaf
 
 
 class DynamoDriver(Driver):
@@ -94,4 +94,10 @@ def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     return program, dict(example[1]) if example is not None else {}
 
 
-BACKEND = Backend("dynamo", DynamoDriver, open_saved, run_saved, for_generation)
+def resolve_device(device: str, kind: str, index: int | None) -> Any:
+    from hfexport.runtime.devices import torch_cuda_device
+
+    return torch_cuda_device(device, "dynamo", kind, index)
+
+
+RUNTIME = Runtime("dynamo", DynamoDriver, open_saved, run_saved, for_generation, resolve_device)

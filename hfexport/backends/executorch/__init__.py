@@ -1,0 +1,21 @@
+"""ExecuTorch: `ExecutorchProgramManager` (a `.pte`, XNNPACK or CUDA delegate), run by the ExecuTorch runtime."""
+
+from hfexport.backends.descriptor import Backend, Ref
+
+BACKEND = Backend(
+    name="executorch",
+    package=__name__,
+    main_file="model.pte",
+    native_classes=("executorch.exir:ExecutorchProgramManager",),
+    config=Ref(".config:ExecutorchConfig"),
+    exporter=Ref(".exporter:ExecutorchExporter"),
+    stages=("patch", "fx", "executorch"),
+    devices=("cpu", "cuda"),
+    device_at_export=True,
+    # to_edge, XNNPACK's partitioner and the flatbuffer: the slowest lowering after AOTInductor's compile.
+    try_last=True,
+    no_streaming=(
+        "ExecuTorch serialises a .pte (one flatbuffer, weights or an XNNPACK blob of packed weights inside) in "
+        "memory, so its weights cannot stream"
+    ),
+)
