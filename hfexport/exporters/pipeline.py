@@ -211,7 +211,7 @@ class CaptureExporter(HfExporter):
             return self.lower(program, config, context), record
         result = self.lower(program, config, context)
         with context.stage("quantize", message=failure):
-            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
+            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format, program)
         return result, record
 
     def finish(self, result: Any, config: ExportConfigMixin, context: Any, notes: list[str]) -> Any:
