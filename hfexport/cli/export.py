@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hfexport.cli import accuracy as quantized
 from hfexport.cli.exits import ExitCode, UsageError
 from hfexport.cli.models import export_config, load_empty_model, load_model, other_samples
 from hfexport.cli.progress import Progress
@@ -219,11 +220,21 @@ def _export(args: argparse.Namespace) -> int:
             # trust: the .pt2 is the one this process wrote a moment ago.
             with use_device(device):
                 validation = validate(output, model, inputs, atol=args.atol, rtol=rtol, trust=True, other_inputs=others)
+                accuracy = quantized.measure(args, model, output, inputs, config)
             report.parity = validation.max_abs_diff
-            update_manifest(output, validation={**validation.to_dict(), "device": device.name if device else "cpu"})
+            ok = validation.ok if accuracy is None else quantized.runs_everywhere(validation) and accuracy.ok
+            record = {**validation.to_dict(), "ok": ok, "device": device.name if device else "cpu"}
+            if accuracy is not None:  # a quantized export: the accuracy gates it, not the tolerance
+                report.accuracy = accuracy
+                record.update(tolerance_ok=validation.ok, accuracy=accuracy.to_dict())
+                print("(quantized: its outputs differ from eager by design; the accuracy below decides)")
+            update_manifest(output, validation=record)
             print(validation)
-            if not validation.ok:
-                print("validation failed: the artifact differs from eager beyond the tolerance", file=sys.stderr)
+            if accuracy is not None:
+                quantized.print_accuracy(accuracy)
+            if not ok:
+                why = "beyond the tolerance" if accuracy is None else "beyond the recipe's accuracy budget"
+                print(f"validation failed: the artifact differs from eager {why}", file=sys.stderr)
                 status = int(ExitCode.DIFFERS)
     finally:
         progress.close()
@@ -397,9 +408,16 @@ def _export_generation(
         same = got.shape == want.shape and torch.equal(got[:, prompt:], want[:, prompt:])
         agreement = float((got[:, prompt:] == want[:, prompt:]).float().mean()) if got.shape == want.shape else 0.0
         validation = {"ok": same and all(ran.values()), "components_run": ran, "new_tokens": n, "agreement": agreement}
+        accuracy = quantized.measure(args, model, loaded, inputs, config)
+        if accuracy is not None:  # a quantized export: the accuracy gates it, not token equality
+            validation.update(ok=all(ran.values()) and accuracy.ok, accuracy=accuracy.to_dict())
+            for report in reports.values():
+                report.accuracy = accuracy
         update_manifest(args.output, validation=validation)
         print(f"components run from the saved artifact: {ran}")
         print(f"greedy tokens vs model.generate: {agreement:.0%} of {n} x {ids.shape[0]} agree")
+        if accuracy is not None:
+            quantized.print_accuracy(accuracy)
         if not validation["ok"]:
             print("validation failed: the generated tokens differ from model.generate", file=sys.stderr)
             status = int(ExitCode.DIFFERS)
