@@ -40,9 +40,7 @@ def test_fixture_is_a_small_llama_with_its_own_tokenizer(code_lm: tuple[torch.nn
     assert next(model.parameters()).dtype == torch.float32
 
 
-def test_heldout_perplexity_is_far_below_uniform(code_lm: tuple[torch.nn.Module, object]) -> None:
-    model, tokenizer = code_lm
-    ids = tokenizer((FIXTURE / "heldout.txt").read_text(), return_tensors="pt")["input_ids"][0]
+def _perplexity(model: torch.nn.Module, ids: torch.Tensor) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(ids) - 1, 256):
@@ -50,7 +48,24 @@ def test_heldout_perplexity_is_far_below_uniform(code_lm: tuple[torch.nn.Module,
             logits = model(piece[None, :-1]).logits[0]
             total += torch.nn.functional.cross_entropy(logits, piece[1:], reduction="sum").item()
             count += len(piece) - 1
-    perplexity = math.exp(total / count)
+    return math.exp(total / count)
+
+
+def test_perplexity_of_the_first_heldout_tokens_is_far_below_uniform(
+    code_lm: tuple[torch.nn.Module, object],
+) -> None:
+    """The first 2048 tokens of heldout.txt (27.4 here; the whole file's 16.9 is the slow test's): a fast check that
+    the weights are the trained ones."""
+    model, tokenizer = code_lm
+    ids = tokenizer((FIXTURE / "heldout.txt").read_text(), return_tensors="pt")["input_ids"][0]
+    assert _perplexity(model, ids[: 8 * 256 + 1]) < model.config.vocab_size / 100
+
+
+@pytest.mark.slow
+def test_heldout_perplexity_is_the_recorded_one(code_lm: tuple[torch.nn.Module, object]) -> None:
+    model, tokenizer = code_lm
+    ids = tokenizer((FIXTURE / "heldout.txt").read_text(), return_tensors="pt")["input_ids"][0]
+    perplexity = _perplexity(model, ids)
     assert perplexity < MAX_PERPLEXITY, perplexity
     assert perplexity < model.config.vocab_size / 100
 

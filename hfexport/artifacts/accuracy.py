@@ -157,7 +157,9 @@ def _feed(names: list[str], ids: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: available[name] for name in names}
 
 
-class _Eager(_Runner):
+class FloatModel(_Runner):
+    """The float (eager) model as the reference: `logits(ids)` of full sequences, `greedy(ids, new)` by argmax."""
+
     def __init__(self, model: Any) -> None:
         self.model = model
 
@@ -226,7 +228,11 @@ def _in_batches(run: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
 
 
 @dataclass
-class _Sums:
+class LogitComparison:
+    """Sums over next-token predictions of the float model's logits (`want`) and an export's (`got`) on the same
+    windows; `record` turns them into an `AccuracyRecord`. Windows can be added in any number of calls, so logits
+    of a large vocabulary never need to be held all at once."""
+
     nll_float: float = 0.0
     nll_export: float = 0.0
     kl: float = 0.0
@@ -234,14 +240,55 @@ class _Sums:
     count: int = 0
 
     def add(self, ids: torch.Tensor, want: torch.Tensor, got: torch.Tensor) -> None:
-        targets = ids[:, 1:].reshape(-1)
-        want = want[:, :-1].reshape(-1, want.shape[-1]).double().log_softmax(-1)
-        got = got[:, :-1].reshape(-1, got.shape[-1]).double().log_softmax(-1)
+        """Windows `ids` [n, length] and both models' logits on them [n, length, vocab]."""
+        targets = torch.as_tensor(ids)[:, 1:].reshape(-1)
+        want = torch.as_tensor(want)[:, :-1].reshape(-1, want.shape[-1]).double().log_softmax(-1)
+        got = torch.as_tensor(got)[:, :-1].reshape(-1, got.shape[-1]).double().log_softmax(-1)
         self.nll_float -= want.gather(1, targets[:, None]).sum().item()
         self.nll_export -= got.gather(1, targets[:, None]).sum().item()
         self.kl += (want.exp() * (want - got)).sum().item()
         self.agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         self.count += len(targets)
+
+    def record(
+        self,
+        *,
+        vocab_size: int,
+        precision: str,
+        text: str,
+        greedy: tuple[torch.Tensor, torch.Tensor] | None = None,
+        budget: AccuracyBudget | None = None,
+        notes: list[str] | None = None,
+    ) -> AccuracyRecord:
+        """The record of the sums; `greedy`: the float model's and the export's greedy tokens [prompts, new]."""
+        notes = list(notes or [])
+        first = None
+        if greedy is not None:
+            differs = (torch.as_tensor(greedy[0]) != torch.as_tensor(greedy[1])).any(0).nonzero()
+            first = int(differs[0]) if len(differs) else None
+        float_ppl = _exp(self.nll_float / self.count)
+        meaningful = float_ppl < UNIFORM_SHARE * vocab_size
+        if not meaningful:
+            notes.append(
+                f"not meaningful: the float model's perplexity ({float_ppl:.0f}) is near uniform over its "
+                f"{vocab_size} tokens (random or untrained weights), so these figures say nothing about the recipe"
+            )
+        chosen = budget or BUDGETS.get(precision)
+        return AccuracyRecord(
+            precision=precision,
+            text=text,
+            tokens=self.count,
+            vocab_size=vocab_size,
+            float_perplexity=float_ppl,
+            perplexity=_exp(self.nll_export / self.count),
+            kl_divergence=self.kl / self.count,
+            top1_agreement=self.agree / self.count,
+            greedy_tokens=0 if greedy is None else int(torch.as_tensor(greedy[0]).shape[1]),
+            first_divergence=first,
+            meaningful=meaningful,
+            budget=chosen.to_dict() if chosen else None,
+            notes=notes,
+        )
 
 
 def _open(export: Any, sample_inputs: Mapping[str, Any] | None, keep: list[Any]) -> tuple[_Runner, str | None]:
@@ -300,16 +347,29 @@ def quantization_accuracy(
     """
     keep: list[Any] = []  # a temporary folder lives as long as the measurement
     runner, recorded = _open(export, sample_inputs, keep)
-    eager = _Eager(model)
+    eager = FloatModel(model)
     vocab = int(model.config.get_text_config().vocab_size)
     length = runner.length or min(window, runner.max_length or window)
     tokens = eval_tokens(text, tokenizer, vocab, windows, length, text_name)
-    sums = _Sums()
     notes: list[str] = []
-    for chunk, got in _in_batches(runner.logits, tokens.windows, runner.batch):
+    try:
+        batches = _in_batches(runner.logits, tokens.windows, runner.batch)
+    except Exception as exc:
+        # A program in memory records no config: one that refuses the windows may be static. Its traced shape
+        # is then the only one it runs.
+        sample = (sample_inputs or {}).get("input_ids")
+        if not isinstance(runner, _Single) or runner.length is not None or sample is None:
+            raise
+        runner.length, length = int(sample.shape[1]), int(sample.shape[1])
+        runner.greedy_refusal = f"it refused {window}-token windows ({type(exc).__name__}): static shapes?"
+        tokens = eval_tokens(text, tokenizer, vocab, windows, length, text_name)
+        batches = _in_batches(runner.logits, tokens.windows, runner.batch)
+        notes.append(f"measured at the traced length ({length} tokens): {runner.greedy_refusal}")
+    sums = LogitComparison()
+    for chunk, got in batches:
         sums.add(chunk, eager.logits(chunk), got)
 
-    first, generated = None, 0
+    greedy = None
     prompt = min(greedy_prompt, length)
     new = greedy_tokens if runner.max_length is None else min(greedy_tokens, runner.max_length - prompt)
     if runner.greedy_refusal:
@@ -320,32 +380,12 @@ def quantization_accuracy(
         if len(prompts) < rows:
             prompts = torch.cat([prompts, prompts[:1].expand(rows - len(prompts), -1)])
         prompts = prompts.contiguous()  # runtimes take dense inputs (a strided view fails ExecuTorch's check)
-        want, got = eager.greedy(prompts, new), runner.greedy(prompts, new)
-        differs = (want != got).any(0).nonzero()
-        first = int(differs[0]) if len(differs) else None
-        generated = new
-
-    float_ppl = _exp(sums.nll_float / sums.count)
-    record_precision = precision or (precision_of(quantizer) if quantizer is not None else recorded) or "int8"
-    meaningful = float_ppl < UNIFORM_SHARE * vocab
-    if not meaningful:
-        notes.append(
-            f"not meaningful: the float model's perplexity ({float_ppl:.0f}) is near uniform over its {vocab} tokens "
-            "(random or untrained weights), so these figures say nothing about the recipe"
-        )
-    chosen = budget or BUDGETS.get(record_precision)
-    return AccuracyRecord(
-        precision=record_precision,
-        text=tokens.description,
-        tokens=sums.count,
+        greedy = (eager.greedy(prompts, new), runner.greedy(prompts, new))
+    return sums.record(
         vocab_size=vocab,
-        float_perplexity=float_ppl,
-        perplexity=_exp(sums.nll_export / sums.count),
-        kl_divergence=sums.kl / sums.count,
-        top1_agreement=sums.agree / sums.count,
-        greedy_tokens=generated,
-        first_divergence=first,
-        meaningful=meaningful,
-        budget=chosen.to_dict() if chosen else None,
+        precision=precision or (precision_of(quantizer) if quantizer is not None else recorded) or "int8",
+        text=tokens.description,
+        greedy=greedy,
+        budget=budget,
         notes=notes,
     )
