@@ -48,6 +48,7 @@ _EXPORTS = {
     "UnsafePathError": "hfexport.artifacts",
     "UntrustedArtifactError": "hfexport.artifacts",
     "ArtifactExistsError": "hfexport.artifacts",
+    "FailedValidationWarning": "hfexport.artifacts",
     "ExportedModel": "hfexport.modeling",
     "ExportedModelForCausalLM": "hfexport.modeling",
     "ExportedModelForSeq2SeqLM": "hfexport.modeling",

@@ -22,6 +22,7 @@ import json
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ FORMAT_STAGES: dict[str, tuple[str, ...]] = {
     "openvino": ("patch", "fx", "openvino"),
 }
 Progress = Callable[[str], None]
+
+
+# Statuses of a rule that ran in the export: the audit's table shows these unless --all.
+_RAN = ("fired", "no-match")
 
 
 @dataclass
@@ -205,9 +210,11 @@ class Audit:
         path.write_text(self.to_json())
         return path
 
-    def render(self, explain: bool = False) -> str:
-        """The table: one row per rule of this format (every rule with `explain`), then the verdicts."""
-        shown = [r for r in self.rules if explain or r.status != "other-backend"]
+    def render(self, explain: bool = False, all_rules: bool = False, width: int = 120) -> str:
+        """The table: one row per rule that ran in this export (fired or matched nothing; every registered rule
+        with `all_rules`), then why each did or did not fire (`explain`) and the verdicts. Every line fits `width`
+        columns: table rows are cut, explanations wrapped."""
+        shown = [r for r in self.rules if all_rules or r.status in _RAN]
         head = f"audit: {self.model} ({self.model_class}) -> {self.export_format}: "
         head += "exported" if self.exported else f"export FAILED: {self.error}"
         if self.validation is not None:
@@ -217,27 +224,32 @@ class Audit:
             status = r.status if not r.reason or explain else f"{r.status}: {_shorten(r.reason, 60)}"
             rows.append((r.stage, r.id, r.kind, str(r.hits), status, "EXPIRED" if r.expired else (r.expires or "")))
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines = [head]
+        lines = _wrapped(head, width)
         for row in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
-        hidden = len(self.rules) - len(shown)
+            line = "  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5]
+            lines.append(_shorten(line.rstrip(), width))
+        hidden = Counter(r.status for r in self.rules if r not in shown)
         if hidden:
-            lines.append(f"({hidden} rule(s) of other backends not shown; --explain lists them)")
+            counts = ", ".join(f"{n} {status}" for status, n in sorted(hidden.items()))
+            lines += _wrapped(
+                f"({sum(hidden.values())} more rule(s) did not run for this export: {counts}; --all lists them)", width
+            )
         if explain:
             lines.append("")
             lines.append("why rules did or did not fire:")
             for r in shown:
-                lines.append(f"  {r.id}: {r.explanation}")
+                lines += _wrapped(f"  {r.id}: {r.explanation}", width, indent="      ")
         for r in self.rules:
             if r.expired:
-                lines.append(f"expired: {r.id} ({r.expiry}); re-run with it disabled and remove it if not needed")
+                text = f"expired: {r.id} ({r.expiry}); re-run with it disabled and remove it if not needed"
+                lines += _wrapped(text, width, indent="  ")
         ablated = [r for r in self.rules if r.ablation is not None]
         if ablated:
             lines.append("")
             lines.append("ablation (re-export with one rule disabled):")
             for r in ablated:
                 assert r.ablation is not None
-                lines.append(f"  {r.id}: {r.ablation.verdict} [{r.ablation.seconds:.1f}s]")
+                lines += _wrapped(f"  {r.id}: {r.ablation.verdict} [{r.ablation.seconds:.1f}s]", width, indent="      ")
         lines.append(f"{len(self.hits)} rule(s) fired, {sum(self.hits.values())} hit(s), in {self.seconds:.1f}s")
         return "\n".join(lines)
 
@@ -246,6 +258,14 @@ class Audit:
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> list[str]:
+    """`text` as lines of at most `width` columns, continuation lines indented by `indent`."""
+    lead = text[: len(text) - len(text.lstrip())]
+    return textwrap.wrap(
+        text.lstrip(), width, initial_indent=lead, subsequent_indent=indent or lead, break_long_words=True
+    ) or [text]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -282,8 +302,6 @@ def graph_stats(artifact: str | Path, export_format: str) -> GraphStats | None:
     which is what an ONNX-level fusion changes; OpenVINO: the compiled CPU runtime model; Dynamo: the
     program's ATen graph. None for ExecuTorch (no optimization rules there yet) or an unreadable artifact.
     """
-    from collections import Counter
-
     artifact = Path(artifact)
     ops: Counter[str] = Counter()
     try:
@@ -393,12 +411,12 @@ def _run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
-        running = registry.plan(config.rules)
+        running = registry.plan(config.rules, config.export_format)
         ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
             ablated = with_rule_disabled(config, rule_id)
             # The engine drops the rules that require this one (RuleRegistry.plan); say which went with it.
-            without = registry.plan(ablated.rules)
+            without = registry.plan(ablated.rules, config.export_format)
             dependents = [
                 other.id
                 for other in registry.rules()
@@ -588,38 +606,55 @@ def _original(target: str) -> tuple[str, Any] | None:
 
 
 def rule_diff(rule: Rule) -> str | None:
-    """For a model patch: a unified diff of the patched function's source against the replacement's.
+    """For a model patch: a unified diff of the patched function's source against the replacement's (one per
+    variant of a rule with a replacement per backend, each headed by its backends).
 
     None when there is nothing to compare (a predicate target, a target missing from the installed packages).
     """
     before: tuple[str, Any] | None = None
-    after = getattr(rule, "replacement", None)
     target = getattr(rule, "target", None)
     if type(rule).__name__ in ("MethodPatch", "ModuleFunctionPatch"):
-        targets = (target,) if isinstance(target, str) else tuple(t for t in target or () if isinstance(t, str))
+        named = target if isinstance(target, tuple) else (target,)  # a predicate target names no source to diff
+        targets = tuple(t for t in named if isinstance(t, str) and t)
         before = next((found for t in targets if (found := _original(t)) is not None), None)
-    if before is None or after is None:
+    old = _source(before[1]) if before is not None else None
+    if before is None or old is None:
         return None
-    old, new = _source(before[1]), _source(after)
-    if old is None or new is None:
-        return None
-    name = getattr(after, "__qualname__", "replacement")
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=before[0], tofile=name
-    )
-    return "".join(lines)
+    diffs = []
+    for backends, after in _variants_of(rule, getattr(rule, "replacement", None)):
+        new = _source(after) if after is not None else None
+        if new is None:
+            continue
+        name = getattr(after, "__qualname__", "replacement")
+        to = f"{name} ({', '.join(backends)})" if backends else name
+        diffs.append(
+            "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), fromfile=before[0], tofile=to))
+        )
+    return "".join(diffs) or None
+
+
+def _variants_of(rule: Rule, value: Any) -> list[tuple[tuple[str, ...], Any]]:
+    """`[((), value)]`, or for a `PerBackend` value each distinct value with the backends that get it."""
+    from hfexport.rewrites.rule import PerBackend
+
+    if not isinstance(value, PerBackend):
+        return [((), value)]
+    return [(variant, value.get(variant[0])) for variant in rule.variants()]
 
 
 def rule_sources(rule: Rule) -> dict[str, str]:
-    """The source of each callable field of the rule's body (replacement, pattern, transform, ...)."""
+    """The source of each callable field of the rule's body (replacement, pattern, transform, ...); a field with a
+    value per backend gives one source per variant (`"replacement (dynamo, onnx)"`)."""
     sources = {}
     for f in dataclasses.fields(rule):
-        value = getattr(rule, f.name)
-        if f.name in ("meta", "stage") or not callable(value) or isinstance(value, type):
+        if f.name in ("meta", "phase"):
             continue
-        text = _source(value)
-        if text is not None:
-            sources[f.name] = text
+        for backends, value in _variants_of(rule, getattr(rule, f.name)):
+            if not callable(value) or isinstance(value, type):
+                continue
+            text = _source(value)
+            if text is not None:
+                sources[f"{f.name} ({', '.join(backends)})" if backends else f.name] = text
     return sources
 
 

@@ -5,13 +5,15 @@ swapped in with `replace_folder`), a manifest update (`write_text_atomically`: o
 an exporter's `output_path` (`save_atomically`: a model file and its side files, moved in last-file-first).
 A temporary is named `.<destination>.hfexport-tmp-<host>-<pid>-<random>` beside its destination, on the
 same filesystem, so the final rename is atomic; one left by a killed writer on this host is removed by the
-next write into the same place (`remove_dead_temporaries`).
+next write into the same place (`remove_dead_temporaries`). A clean-up that must not stop halfway runs under
+`interrupts_deferred`: a Ctrl-C meanwhile arrives once it is done.
 
 This module imports only the standard library, so any layer may use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -19,9 +21,11 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,21 @@ def is_inside(path: Path, root: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def is_inside_model_folder(path: Path, folder: Path) -> bool:
+    """Whether `path`, with every symlink resolved, stays in the model folder `folder`, or (a Hugging Face hub
+    cache snapshot, `models--org--name/snapshots/<revision>/`, whose files are links to `../../blobs/<hash>`) in
+    the same repository's `blobs/` folder."""
+    if is_inside(path, folder):
+        return True
+    snapshots = folder.resolve().parent
+    repository = snapshots.parent
+    return (
+        snapshots.name == "snapshots"
+        and repository.name.startswith("models--")
+        and is_inside(path, repository / "blobs")
+    )
 
 
 # -- temporaries -------------------------------------------------------------------------------------------
@@ -151,12 +170,13 @@ def replace_folder(tmp: Path, destination: Path) -> Path | None:
     return previous
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Replace the file `path` with `text` in one rename: a reader sees the old file or the new, never half."""
+def write_text_atomically(path: Path, text: str, errors: str = "strict") -> None:
+    """Replace the file `path` with `text` (UTF-8; `errors` as `str.encode` takes it) in one rename: a reader
+    sees the old file or the new, never half."""
     remove_dead_temporaries(path)
     tmp = temporary_beside(path)
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8", errors=errors)
         fsync(tmp)
         os.replace(tmp, path)
     finally:
@@ -178,6 +198,8 @@ def save_atomically(
     `model.hfexport-<random>.onnx.data` while that one exists), the one rename of the model file publishes the
     new pair, and only then are the old pair's side files removed, as is a stale `.data` when the new export
     has none. Without it (OpenVINO finds its `.bin` by name) the side files are replaced in place first.
+    A failure or Ctrl-C before the model file's rename removes the new side files already moved beside the old
+    pair (those that replaced no file), so no `model.hfexport-<hex>.onnx.data` is left behind.
     """
     created = [p for p in (destination.parent, *destination.parent.parents) if not p.exists()]
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -186,22 +208,34 @@ def save_atomically(
     main_name = destination.name
     if side_files_named_by_main and (destination.parent / f"{destination.name}.data").exists():
         main_name = f"{destination.stem}.hfexport-{secrets.token_hex(4)}{destination.suffix}"
+    moved: list[Path] = []  # side files already in place that replaced no file: removed again on failure
+    main_id: tuple[int, int] | None = None
     try:
         staging.mkdir()
         write(staging / main_name)
         produced = sorted(staging.iterdir(), key=lambda p: p.name == main_name)
         for path in produced:
             fsync(path)
+        main_id = _file_id(staging / main_name)
         for path in produced:
-            os.replace(path, destination if path.name == main_name else destination.parent / path.name)
+            target = destination if path.name == main_name else destination.parent / path.name
+            fresh = side_files_named_by_main or not os.path.lexists(target)
+            os.replace(path, target)
+            if target != destination and fresh:
+                moved.append(target)
         fsync(destination.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        for folder in created:  # innermost first
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        # A Ctrl-C during this clean-up would leave half of it: it is delivered once the clean-up is done.
+        with interrupts_deferred():
+            if main_id is None or _file_id(destination) != main_id:  # the new model file is not published
+                for target in moved:
+                    target.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            for folder in created:  # innermost first
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
         raise
     shutil.rmtree(staging, ignore_errors=True)
     if side_files_named_by_main:
@@ -209,6 +243,35 @@ def save_atomically(
         for stale in _side_family(destination):
             if stale.name not in kept:
                 stale.unlink(missing_ok=True)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back SIGINT (Ctrl-C) in the block and deliver it when the block ends, to the handler there was.
+
+    For clean-ups that must not stop halfway (removing an artifact, rolling back a half-moved file pair): a
+    second Ctrl-C while one runs is not lost, it arrives once the clean-up is complete. Signal handlers belong
+    to the main thread: elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and previous not in (signal.SIG_IGN, None):
+            signal.raise_signal(signal.SIGINT)
 
 
 def _side_family(destination: Path) -> list[Path]:

@@ -55,6 +55,11 @@ LAYOUT_METADATA_KEY = "hfexport.baked_layout"
 # `capture` puts it on `graph_module.meta`; the export report keeps it as `used["image_count"]`, which
 # `hfexport.load(...).run` checks a feed against on every format.
 IMAGE_COUNT_META = "hfexport_baked_image_count"
+# Where `capture` records the other axes asked dynamic that the trace fixed at the sample's size
+# (`{input name: {axis as str: size}}`): the model's code made them Python values (a loop over the sequence, a
+# branch on a length). The export report keeps it as `used["static_axes"]`; the CLI's `--validate` skips the
+# other shapes that change them, saying why.
+STATIC_AXES_META = "hfexport_specialised_axes"
 
 
 def image_count_mismatch(what: str, name: str, expected: int, given: int) -> str:

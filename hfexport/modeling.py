@@ -33,6 +33,7 @@ from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.hf_files import listed_hf_files
 from hfexport.artifacts.loaded import LoadedExport, load
 from hfexport.errors import InputError
+from hfexport.model_files import code_needed
 
 # Python flags transformers models take that an exported graph has fixed (the export ran with the defaults).
 _FLAGS = ("return_dict", "use_cache", "output_attentions", "output_hidden_states", "return_loss")
@@ -80,15 +81,24 @@ def _dtype(config: Any) -> torch.dtype:
     return torch.float32
 
 
-def _read_config(loaded: LoadedExport) -> tuple[Any, Any]:
-    """The config and generation config the artifact lists (their sha256 checked by `load`), or None each."""
+def _read_config(loaded: LoadedExport, want_config: bool = True, trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """The config (when `want_config`) and generation config the artifact lists (their sha256 checked by `load`),
+    or None each."""
     listed = set(listed_hf_files(loaded.manifest))
     config = generation_config = None
-    if "config.json" in listed:
+    if want_config and "config.json" in listed:
         from transformers import AutoConfig
 
-        # trust_remote_code stays off: a config with `auto_map` is refused by transformers, never run.
-        config = AutoConfig.from_pretrained(str(loaded.directory), local_files_only=True)
+        # Never transformers' default (None: it asks on stdin whether to run the code, and runs it on "y").
+        needs = code_needed({"config.json": (loaded.directory / "config.json").read_bytes()})
+        if needs is not None and not trust_remote_code:
+            raise ArtifactError(
+                f"{loaded.directory}: {needs}: pass config= (e.g. the model's own config), or "
+                "trust_remote_code=True to run that code (its files are listed in the manifest and checksummed)"
+            )
+        config = AutoConfig.from_pretrained(
+            str(loaded.directory), local_files_only=True, trust_remote_code=trust_remote_code
+        )
     if "generation_config.json" in listed:
         from transformers import GenerationConfig
 
@@ -128,11 +138,14 @@ class ExportedModel:
         verify: bool = True,
         config: Any = None,
         generation_config: Any = None,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> ExportedModel:
         """Load the artifact in `directory` (`hfexport.load`: `trust=True` for a `.pt2`) with its saved config.
 
         `config` / `generation_config` replace the saved ones (an artifact saved without them needs `config`).
+        A saved config that needs Python code of its own (`auto_map`) is refused unless `trust_remote_code=True`
+        (never asked on stdin: `trust` is about the `.pt2`'s pickle, not about this code).
         Other keyword arguments of transformers' `from_pretrained` that cannot apply to an exported graph
         (`dtype`, `device_map`, ...) raise `TypeError`, except `local_files_only` (always the case here).
         """
@@ -140,7 +153,15 @@ class ExportedModel:
         if kwargs:
             raise TypeError(f"from_pretrained of an export takes no {sorted(kwargs)}: the graph fixes them")
         loaded = load(directory, trust=trust, verify=verify, open_runtimes=False)
-        saved_config, saved_generation = _read_config(loaded)
+        try:
+            saved_config, saved_generation = _read_config(loaded, config is None, trust_remote_code)
+        except ArtifactError:
+            raise
+        except Exception as exc:  # transformers on a listed file it cannot read: OSError, ValueError, TypeError...
+            raise ArtifactError(
+                f"{directory}: its config.json or generation_config.json does not load in transformers: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            ) from exc
         config = config if config is not None else saved_config
         if config is None:
             raise ArtifactError(
@@ -178,6 +199,14 @@ class ExportedModel:
 
     def can_generate(self) -> bool:
         return False
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """A single forward graph does not generate: the error says which export does."""
+        raise ArtifactError(
+            f"{self.name_or_path} is one forward graph of {self.loaded.manifest.get('model_class') or 'the model'}, "
+            "not a generation export, so it cannot generate: export it with `hfexport export --generation` (or "
+            "--task text-generation), or save the result of export_for_generation"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name_or_path!r}, format={self.export_format!r})"
@@ -331,12 +360,26 @@ class _GenerativeModel(ExportedModel):
             encoder_inputs=encoder_inputs or None,
             generator=generator,
         )
+        if self.loaded.generation.is_encoder_decoder and _returns_new_tokens_only(self.config):
+            sequences = sequences[:, 1:]  # the decoder start token the runtime began from
         if config.return_dict_in_generate:
             from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
             encoder_decoder = self.loaded.generation.is_encoder_decoder
             return (GenerateEncoderDecoderOutput if encoder_decoder else GenerateDecoderOnlyOutput)(sequences=sequences)
         return sequences
+
+
+def _returns_new_tokens_only(config: Any) -> bool:
+    """Whether the source model's `generate` returns the new tokens without the decoder prompt: transformers'
+    Whisper generation (`WhisperGenerationMixin`, also used by models built on Whisper) does, other models
+    return the decoder start token first."""
+    import transformers
+    from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
+
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    cls = getattr(transformers, architecture, None) if architecture else None
+    return isinstance(cls, type) and issubclass(cls, WhisperGenerationMixin)
 
 
 class ExportedModelForCausalLM(_GenerativeModel):
@@ -378,11 +421,17 @@ class ExportedModelForSeq2SeqLM(_GenerativeModel):
 
 
 def _class_for(loaded: LoadedExport, config: Any) -> type[ExportedModel]:
-    """The class of an artifact: the generation layout decides, then the architecture the config names."""
+    """The class of an artifact: the generation layout decides, then the class the manifest says was exported,
+    then the architecture the config names."""
     spec = loaded.generation
     if spec is not None:
         return ExportedModelForSeq2SeqLM if spec.is_encoder_decoder else ExportedModelForCausalLM
-    architecture = (getattr(config, "architectures", None) or [""])[0]
+    exported = loaded.manifest.get("model_class")
+    architecture = exported if isinstance(exported, str) and exported else ""
+    if not architecture:
+        architectures = getattr(config, "architectures", None)
+        named = architectures[0] if isinstance(architectures, list) and architectures else ""
+        architecture = named if isinstance(named, str) else ""  # config data: anything but a name is none
     if architecture.endswith("ForSequenceClassification"):
         return ExportedModelForSequenceClassification
     if architecture.endswith("Model"):

@@ -4,12 +4,15 @@ One document model (`Document`: a title, summary lines and sections of paragraph
 from an `ExportReport` (plus the `--validate` record) or an `Audit`, then written out by one of two writers,
 so the Markdown (for a PR comment or a wiki) and the HTML (for a browser) always say the same thing. The HTML
 has inline CSS and no script, link or image: it opens offline, and every text from a model, a rule or an
-error is escaped.
+error is escaped. In the Markdown every text is escaped too (`_md_text`): a value renders as itself, on its
+own line, so a newline or a `#` in a model path or class name cannot forge a heading or a list item. In both,
+control characters and the lone surrogates of an undecodable file name are shown as backslash escapes.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     items: list[str] = field(default_factory=list)
     table: Table | None = None
+    # Closed until opened (HTML `<details>`): what a reader rarely needs, e.g. the rules that did not run.
+    folded: bool = False
 
 
 @dataclass
@@ -59,14 +64,16 @@ def _rule_meta(rule_id: str) -> tuple[str, str]:
     return meta.why, meta.upstream
 
 
-def _rules_sections(report: ExportReport, prefix: str) -> list[Section]:
-    """One section per stage with the rules that ran in it (fired or matched nothing), why and upstream."""
+def _rules_sections(report: ExportReport, prefix: str) -> tuple[list[Section], list[Section]]:
+    """One section per stage with the rules that ran in it (those that fired first, then those that matched
+    nothing), why and upstream; and, apart, the folded section of the rules that did not run and why."""
     sections: list[Section] = []
     by_stage: dict[str, list[Any]] = {}
     for outcome in report.rules:
         if outcome.status in _RAN:
             by_stage.setdefault(outcome.stage, []).append(outcome)
     for stage, outcomes in by_stage.items():
+        outcomes = sorted(outcomes, key=lambda o: not o.hits)  # stable: fired first, stage order kept
         rows, classes = [], []
         # Sites a rule's pattern matched and it left alone, with the reason: a column only where there are some.
         declined = any(o.declined for o in outcomes)
@@ -87,24 +94,28 @@ def _rules_sections(report: ExportReport, prefix: str) -> list[Section]:
             )
         )
     others = [o for o in report.rules if o.status not in _RAN]
+    folded = []
     if others:
         counts: dict[str, int] = {}
         for o in others:
             counts[o.status] = counts.get(o.status, 0) + 1
-        sections.append(
+        folded.append(
             Section(
                 f"{prefix}Rules that did not run",
                 paragraphs=[", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + "."],
                 table=Table(
                     ["rule", "stage", "status", "reason"], [[o.id, o.stage, o.status, o.reason] for o in others]
                 ),
+                folded=True,
             )
         )
-    return sections
+    return sections, folded
 
 
-def _report_sections(report: ExportReport, prefix: str = "") -> list[Section]:
-    sections = _rules_sections(report, prefix)
+def _report_sections(report: ExportReport, prefix: str = "") -> tuple[list[Section], list[Section]]:
+    """The sections of one report: the rules that ran, timings, what the export used, warnings; and apart, the
+    folded ones that go at the end of the document (the rules that did not run)."""
+    sections, folded = _rules_sections(report, prefix)
     if report.stage_seconds:
         rows = [[stage, f"{seconds:.2f}"] for stage, seconds in report.stage_seconds.items()]
         rows.append(["total", f"{report.total_seconds:.2f}"])
@@ -123,7 +134,7 @@ def _report_sections(report: ExportReport, prefix: str = "") -> list[Section]:
                 items=[f"warning: {w}" for w in report.warnings] + [f"note: {n}" for n in report.notes],
             )
         )
-    return sections
+    return sections, folded
 
 
 def _text(value: Any) -> str:
@@ -142,19 +153,24 @@ def _shape_text(shapes: Mapping[str, Any]) -> str:
 
 def _validation_section(validation: Mapping[str, Any]) -> Section:
     """The `--validate` record (`Validation.to_dict()`, or a generation export's token comparison)."""
-    ok = validation.get("ok")
-    verdict = "matches eager" if ok else "DIFFERS from eager"
+    verdict = _verdict(validation)
     if "outputs" not in validation:  # a generation export: components run and greedy tokens compared
         rows = [[key, _text(value)] for key, value in validation.items()]
         return Section(f"Validation: {verdict}", table=Table(["check", "result"], rows))
     rows, classes = [], []
     tolerance = f"|diff| <= atol {validation.get('atol')} + rtol {validation.get('rtol')} * max|eager|"
+    if validation.get("tolerance_source"):
+        tolerance += f": {validation['tolerance_source']}"
     for o in validation.get("outputs", []):
         detail = o.get("problem") or f"{o['max_abs_diff']:.3g} (tolerance {o['tolerance']:.3g})"
         rows.append(["sample", o["name"], str(list(o.get("shape", []))), detail, "ok" if o.get("ok") else "FAIL"])
         classes.append("ok" if o.get("ok") else "fail")
     for check in validation.get("shapes", []):
         label = f"{check['name']} ({_shape_text(check.get('shapes', {}))})"
+        if check.get("skipped"):
+            rows.append([label, "", "", check["skipped"], "skipped"])
+            classes.append("skip")
+            continue
         if check.get("problem"):
             rows.append([label, "", "", check["problem"], "FAIL"])
             classes.append("fail")
@@ -175,27 +191,44 @@ def export_document(
     validation: Mapping[str, Any] | None = None,
     model: str | None = None,
 ) -> Document:
-    """The document of one export (or of a generation export: `{component: report}`) and its validation."""
+    """The document of one export (or of a generation export: `{component: report}`) and its validation.
+
+    The verdict first (the validation per input shape, or that none ran), then the rules that fired (per
+    stage, beside those that ran and matched nothing), timings, what the export used, warnings and versions;
+    the rules that did not run come last, folded.
+    """
     named = {"": reports} if isinstance(reports, ExportReport) else dict(reports)
     first = next(iter(named.values()))
     title = f"hfexport: {model or first.model_class} -> {first.export_format}"
     doc = Document(title)
+    if validation is not None:
+        doc.summary.append("Validation: " + _verdict(validation) + ".")
+        doc.sections.append(_validation_section(validation))
+    else:
+        doc.summary.append("Validation: not run (export with --validate to compare the artifact with eager).")
+    folded: list[Section] = []
     for name, report in named.items():
         label = f"{report.model_class} -> {report.export_format}" + (f" [{name}]" if name else "")
         doc.summary.append(
             f"{label}: {len(report.fired)} rule(s) fired, {sum(o.hits for o in report.rules)} hit(s), "
             f"exported in {report.total_seconds:.2f}s."
         )
-        doc.sections += _report_sections(report, prefix=f"{name}: " if name else "")
-    if validation is not None:
-        doc.summary.append("Validation: " + ("matches eager." if validation.get("ok") else "DIFFERS from eager."))
-        doc.sections.append(_validation_section(validation))
+        sections, later = _report_sections(report, prefix=f"{name}: " if name else "")
+        doc.sections += sections
+        folded += later
     versions = first.versions
     if versions:
         doc.sections.append(
             Section("Versions", table=Table(["package", "version"], [[k, v] for k, v in versions.items()]))
         )
+    doc.sections += folded
     return doc
+
+
+def _verdict(validation: Mapping[str, Any]) -> str:
+    if validation.get("error"):
+        return f"FAILED: it could not run ({validation['error']})"
+    return "matches eager" if validation.get("ok") else "DIFFERS from eager"
 
 
 def audit_document(audit: Audit) -> Document:
@@ -251,18 +284,48 @@ def audit_document(audit: Audit) -> Document:
 # -- writers ------------------------------------------------------------------------------------------------
 
 
+# Line breaks and other control characters, and lone surrogates (an undecodable byte of a file name, as Python
+# reads it): shown as their escapes (`\n`, `\x1b`, `\udcff`), so a text is one line and every report writes.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# What starts inline Markdown anywhere in a line: code, emphasis, HTML and autolinks, entities, strikethrough,
+# an inline link or image (`](`); `_` only where it can (not inside a word such as `opset_version`). A bracket
+# alone is text: a reference link needs a definition, which only a line's start could hold (`_MD_BLOCK`).
+_MD_INLINE = re.compile(r"[\\`*<~]|\](?=\()|&(?=#?[0-9A-Za-z]+;)|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+# What starts a block at the beginning of a line (heading, quote, list item, rule, table, setext underline, a
+# link definition); a numbered item's digits are followed by `.` or `)`, which is what is escaped.
+_MD_BLOCK = re.compile(r"^(?:[#>+=|\[-]|\d+(?=[.)]))")
+
+
+def visible(text: str) -> str:
+    """`text` on one line: each control character, line break or lone surrogate as its backslash escape."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
+def _md_text(text: str) -> str:
+    """`text` as Markdown that renders as exactly that text, on one line: a value from a model, a path or an error
+    (a newline in a class name, a `#`, a `<script>`) can neither start a line nor become markup."""
+    escaped = _MD_INLINE.sub(lambda m: "\\" + m.group(), text)
+    # Control characters after the inline escapes: the backslash of `\n` is then shown, not read as an escape.
+    escaped = _UNPRINTABLE.sub(lambda m: "\\" + visible(m.group()), escaped)
+    escaped = _MD_BLOCK.sub(lambda m: m.group() + "\\" if m.group()[0].isdigit() else "\\" + m.group(), escaped)
+    escaped = re.sub(r"#+$", lambda m: "\\#" * len(m.group()), escaped)  # a heading's closing hashes
+    leading = len(escaped) - len(escaped.lstrip(" \t"))  # indentation would make a code block
+    return "".join(f"&#{ord(c)};" for c in escaped[:leading]) + escaped[leading:]
+
+
 def _md_cell(text: str) -> str:
-    # A pipe ends a cell and a newline ends the row: both are escaped so a reason with either stays in its cell.
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
+    # A pipe ends a cell and a newline ends the row: a newline becomes a line break inside the cell.
+    lines = re.split(r"\r\n|\r|\n", text)
+    return "<br>".join(_md_text(line).replace("|", "\\|") for line in lines)
 
 
 def to_markdown(doc: Document) -> str:
-    lines = [f"# {doc.title}", ""]
-    lines += [f"- {line}" for line in doc.summary]
+    lines = [f"# {_md_text(doc.title)}", ""]
+    lines += [f"- {_md_text(line)}" for line in doc.summary]
     for section in doc.sections:
-        lines += ["", f"## {section.title}", ""]
-        lines += [p + "\n" for p in section.paragraphs]
-        lines += [f"- {item}" for item in section.items]
+        lines += ["", f"## {_md_text(section.title)}", ""]
+        lines += [_md_text(p) + "\n" for p in section.paragraphs]
+        lines += [f"- {_md_text(item)}" for item in section.items]
         if section.table:
             lines.append("| " + " | ".join(_md_cell(h) for h in section.table.headers) + " |")
             lines.append("|" + "---|" * len(section.table.headers))
@@ -282,6 +345,9 @@ tr.fired td { background: #e3f1ff; }
 tr.ok td { background: #e2f4e2; }
 tr.fail td { background: #f8d7d7; }
 ul.summary { font-size: 1.05em; }
+details.folded { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+details.folded > summary { font-size: 1.15em; font-weight: bold; cursor: pointer; }
+tr.skip td { background: #f3f3f3; }
 """
 
 
@@ -289,7 +355,9 @@ _NOWRAP = {"rule", "stage", "kind", "hits", "status", "seconds", "output", "shap
 
 
 def to_html(doc: Document) -> str:
-    e = html.escape
+    def e(text: str) -> str:
+        return html.escape(visible(text))
+
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -300,7 +368,10 @@ def to_html(doc: Document) -> str:
         '<ul class="summary">' + "".join(f"<li>{e(line)}</li>" for line in doc.summary) + "</ul>",
     ]
     for section in doc.sections:
-        parts.append(f"<section><h2>{e(section.title)}</h2>")
+        if section.folded:
+            parts.append(f'<section><details class="folded"><summary>{e(section.title)}</summary>')
+        else:
+            parts.append(f"<section><h2>{e(section.title)}</h2>")
         parts += [f"<p>{e(p)}</p>" for p in section.paragraphs]
         if section.items:
             parts.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in section.items) + "</ul>")
@@ -315,7 +386,7 @@ def to_html(doc: Document) -> str:
                 attr = f' class="{css}"' if css else ""
                 parts.append(f"<tr{attr}>" + "".join(f"{cell[j]}{e(c)}</td>" for j, c in enumerate(row)) + "</tr>")
             parts.append("</tbody></table>")
-        parts.append("</section>")
+        parts.append("</details></section>" if section.folded else "</section>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -338,6 +409,7 @@ def write_documents(doc: Document, targets: Sequence[tuple[str, str | None]]) ->
     written = []
     for render_format, path in targets:
         if path:
-            write_text_atomically(Path(path), render(doc, render_format))
+            # backslashreplace: a report is written whatever its text holds (every text is `visible` already).
+            write_text_atomically(Path(path), render(doc, render_format), errors="backslashreplace")
             written.append(path)
     return written

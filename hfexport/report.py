@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,64 @@ class ExportReport:
             "used": dict(self.used),
             "accuracy": self.accuracy.to_dict() if self.accuracy else None,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExportReport:
+        """The report `to_dict()` wrote (a saved artifact's `report.json` or manifest entry), rebuilt for
+        rendering. Plain data from a file: a field of the wrong type is left at its default, never trusted."""
+
+        def field_of(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+            value = data.get(key, default)
+            return value if isinstance(value, kind) else default
+
+        rules = []
+        for row in field_of("rules", list, []):
+            if isinstance(row, Mapping) and all(isinstance(row.get(k), str) for k in ("id", "stage", "kind")):
+                hits = row.get("hits")
+                declined = row.get("declined")
+                rules.append(
+                    RuleOutcome(
+                        row["id"],
+                        row["stage"],
+                        row["kind"],
+                        hits if type(hits) is int else 0,
+                        str(row.get("status", "no-match")),
+                        str(row.get("reason") or ""),
+                        {str(k): v for k, v in declined.items() if type(v) is int}
+                        if isinstance(declined, Mapping)
+                        else {},
+                    )
+                )
+        quantization = data.get("quantization")
+        record = None
+        if isinstance(quantization, Mapping) and isinstance(quantization.get("quantizer"), str):
+            counts = quantization.get("op_counts")
+            record = QuantizationRecord(
+                quantization["quantizer"],
+                str(quantization.get("stage", "")),
+                op_counts={str(k): v for k, v in counts.items() if type(v) is int}
+                if isinstance(counts, Mapping)
+                else {},
+                seconds=float(quantization.get("seconds") or 0.0),
+            )
+        parity = field_of("parity", dict, None)
+        return cls(
+            export_format=str(data.get("export_format", "")),
+            model_class=str(data.get("model_class", "")),
+            model_type=field_of("model_type", str, None),
+            component=field_of("component", str, None),
+            rules=rules,
+            stage_seconds={
+                str(k): float(v) for k, v in field_of("stage_seconds", dict, {}).items() if isinstance(v, int | float)
+            },
+            total_seconds=float(field_of("total_seconds", int | float, 0.0)),
+            warnings=[str(w) for w in field_of("warnings", list, [])],
+            notes=[str(n) for n in field_of("notes", list, [])],
+            parity={str(k): v for k, v in parity.items() if isinstance(v, int | float)} if parity else None,
+            versions={str(k): str(v) for k, v in field_of("versions", dict, {}).items()},
+            quantization=record,
+            used=dict(field_of("used", dict, {})),
+        )
 
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

@@ -44,8 +44,9 @@ Patterns (`Site.kind`):
   None): a generation state kept outside the cache, which an exported step can neither take nor return.
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
-`CAUSES` maps the patterns that registered rules fix to those rules, so a scan of a newer transformers shows
-the copies of a cause that no rule targets yet (tests/test_scan.py asserts each is targeted or a known gap).
+`causes()` maps the patterns that registered rules fix (each rule declares them: `RuleMeta.scan`) to those rules, so
+a scan of a newer transformers shows the copies of a cause that no rule targets yet (tests/test_scan.py asserts each
+is targeted or a known gap).
 These are heuristics over syntax (no types): they point at code to read, and each site says whether a
 registered rule targets its module, class or function.
 """
@@ -55,6 +56,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import difflib
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -472,8 +474,9 @@ def scan_source(
 
 @dataclass(frozen=True)
 class Cause:
-    """A pattern a registered rule fixes: sites of `kind` whose scope's last name matches `function` (a regex;
-    one with a dot, `Class\\.method`, matches the whole scope: a method name alone such as `forward` says nothing).
+    """A pattern registered rules fix (their `RuleMeta.scan`, a `ScanCause`): sites of `kind` whose scope's last name
+    matches `function` (a regex; one with a dot, `Class\\.method`, matches the whole scope: a method name alone such
+    as `forward` says nothing).
 
     `rules` fix it where they target the site's module/class/function; tests/test_scan.py asserts that every
     such site of the installed transformers is targeted by one of them or is a documented known gap, so a copy
@@ -494,105 +497,32 @@ class Cause:
         return site.kind == self.kind and re.fullmatch(self.function, name) is not None
 
 
-CAUSES: tuple[Cause, ...] = (
-    Cause(
-        "sliding-window-slice",
-        "window-slice",
-        "update",
-        ("patch/sliding-window-cache-symbolic",),
-        "a cache layer keeps `full[:, :, -window + 1:]`: the sign of the start is decided on the sample",
-    ),
-    Cause(
-        "mamba-sequential-scan",
-        "loop-over-shape",
-        ".*selective_scan",
-        ("patch/mamba-selective-scan-hop", "patch/mamba-selective-scan-onnx", "patch/mamba-selective-scan-openvino"),
-        "a Python loop over the sequence in the Mamba-1 scan: unrolled for the sample's length",
-    ),
-    Cause(
-        "gated-delta-chunk-loop",
-        "loop-over-shape",
-        "torch_chunk_gated_delta_rule",
-        ("patch/gated-delta-chunk-scan-hop", "patch/gated-delta-chunk-scan-onnx"),
-        "a Python loop over the chunks of linear attention: the chunk count is baked in",
-    ),
-    Cause(
-        "kimi-delta-chunk-loop",
-        "loop-over-shape",
-        "chunk_kimi_delta_attention",
-        ("patch/kimi-delta-chunk-scan-hop", "patch/kimi-delta-chunk-scan-onnx"),
-        "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is baked in",
-    ),
-    Cause(
-        "rwkv-token-loop",
-        "loop-over-shape",
-        "rwkv_linear_attention_cpu",
-        ("patch/rwkv-linear-attention-scan",),
-        "a Python loop over the tokens of RWKV's linear attention (its CPU path): the prompt length is baked in",
-    ),
-    Cause(
-        "rglru-token-loop",
-        "loop-over-shape",
-        "_rnn_scan",
-        ("patch/rglru-recurrence-scan", "patch/rglru-recurrence-openvino"),
-        "a Python loop over the tokens of RecurrentGemma's RG-LRU recurrence: the prompt length is baked in",
-    ),
-    Cause(
-        "state-kept-on-module",
-        "state-on-module",
-        r".*\.forward",
-        ("patch/rglru-state-in-cache",),
-        "a forward keeps its generation state on the module (RecurrentGemma's conv window and RG-LRU state), outside "
-        "the cache: the exported decode step can neither take it nor return it",
-    ),
-    Cause(
-        "axial-positions-batch-loop",
-        "loop-over-shape",
-        r"AxialPositionEmbeddings\.forward",
-        ("patch/reformer-axial-positions-gather",),
-        "a Python loop over the batch selects each row's axial position encodings: the batch is baked in",
-    ),
-    Cause(
-        "mamba2-chunk-padding",
-        "size-modulo",
-        "mamba2_chunk_scan",
-        ("patch/mamba2-chunk-scan-symbolic",),
-        "the Mamba-2 chunk padding `(chunk - L % chunk) % chunk`: its `> 0` branch and chunk count are the sample's",
-    ),
-    Cause(
-        "block-padding",
-        "size-modulo",
-        "_split_into_blocks",
-        ("patch/longt5-pad-blocks",),
-        "LongT5 pads to whole blocks only when `L % block != 0`: a guard on the sample's remainder",
-    ),
-    Cause(
-        "module-cast-in-forward",
-        "module-to-in-forward",
-        ".*",
-        ("patch/nllb-moe-router-cast",),
-        "a submodule cast with `Module.to` during the forward: the trace cannot swap its fake parameters",
-    ),
-    Cause(
-        "eos-mask-pooling",
-        "mask-row-pooling",
-        ".*",
-        ("patch/eos-pooling-gather",),
-        "BART-style classifiers pool `hidden[eos_mask, :].view(B, -1, H)[:, -1, :]`: a data-dependent row count",
-    ),
-    Cause(
-        "placeholder-count-check",
-        "masked-size-branch",
-        ".*",
-        ("patch/hunyuan-vl-placeholder-check",),
-        "a Python check of `x[mask].numel()`: a data-dependent size export cannot guard on",
-    ),
-)
+def causes() -> tuple[Cause, ...]:
+    """The causes the registered rules declare (`RuleMeta.scan`), in registry order; one cause declared by several
+    rules (the same id, pattern and words) is one entry naming them all."""
+    from hfexport.rewrites.engine import default_registry
+
+    return _causes(default_registry())
+
+
+@functools.cache
+def _causes(registry: Any) -> tuple[Cause, ...]:
+    found: dict[str, Cause] = {}
+    for rule in registry.rules():
+        for declared in rule.meta.scan:
+            known = found.get(declared.id)
+            if known is None:
+                found[declared.id] = Cause(declared.id, declared.kind, declared.function, (rule.id,), declared.what)
+            elif (known.kind, known.function, known.what) != (declared.kind, declared.function, declared.what):
+                raise ValueError(f"cause {declared.id!r} of {rule.id} differs from the one {known.rules} declare")
+            else:
+                found[declared.id] = dataclasses.replace(known, rules=(*known.rules, rule.id))
+    return tuple(found.values())
 
 
 def causes_of(site: Site) -> list[Cause]:
-    """The causes in `CAUSES` that `site` is an instance of."""
-    return [cause for cause in CAUSES if cause.covers(site)]
+    """The causes (`causes()`) that `site` is an instance of."""
+    return [cause for cause in causes() if cause.covers(site)]
 
 
 # -- which rules target a module / class / function ------------------------------------------------------

@@ -60,15 +60,19 @@ class TinyModel:
         if self.family == "seq2seq":
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": decoder_ids}
         if self.family == "speech_seq2seq":
-            # Whisper's encoder takes exactly 2 * max_source_positions frames (its conv stride is 2).
+            # Whisper's encoder takes exactly 2 * max_source_positions frames (its conv stride is 2); the text
+            # axis `length` counts is the decoder's.
             frames = 2 * self.config["max_source_positions"]
             features = torch.randn(batch, self.config["num_mel_bins"], frames, generator=generator)
-            return {"input_features": features, "decoder_input_ids": decoder_ids}
+            return {"input_features": features, "decoder_input_ids": ids}
         if self.family == "image_text":
             vision = self.config["vision_config"]
             side, patch = vision["image_size"], vision["patch_size"]
             # One placeholder per image patch ("default" strategy drops the CLS token), then the text.
-            image_tokens = torch.full((batch, (side // patch) ** 2), self.config["image_token_index"])
+            token = self.config["image_token_index"]
+            # Text never holds the image placeholder: one there would be a feature the image does not have.
+            ids = ids.masked_fill(ids == token, 3)
+            image_tokens = torch.full((batch, (side // patch) ** 2), token)
             ids = torch.cat([ids[:, :1], image_tokens, ids[:, 1:]], dim=1)
             pixels = torch.randn(batch, vision.get("num_channels", 3), side, side, generator=generator)
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
@@ -162,6 +166,7 @@ TINY_MODELS: dict[str, TinyModel] = {
             },
             auto_class="AutoModelForSpeechSeq2Seq",
             family="speech_seq2seq",
+            sample_shape=(2, 4),
             description="Whisper speech encoder-decoder (log-mel input)",
         ),
         TinyModel(

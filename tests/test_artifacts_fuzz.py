@@ -1,17 +1,15 @@
-"""Fuzzing (hypothesis, derandomized): the manifest loader and `AutoExportConfig.from_dict` raise only their
-documented exceptions on arbitrary input; a saved artifact of every format, mutated, loads and runs or is refused."""
+"""Fuzzing saved artifacts end to end (hypothesis, derandomized): a saved artifact of every format, mutated, loads
+and runs or is refused, never opens a file outside its folder and never imports what it names. Each reader on its
+own, within a time and memory budget, is fuzzed in tests/test_readers_fuzz.py."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import hashlib
 import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -27,50 +25,17 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from hfexport.artifacts import MANIFEST, ManifestError, check_manifest, read_manifest
-from hfexport.errors import ConfigError
+from hfexport.artifacts import MANIFEST
+from tests.fuzz_budget import watching
 
 # Hypothesis caches what it learns under ./.hypothesis by default: keep the checkout clean.
 set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "hfexport-hypothesis"))
-
-# -- fuzz ------------------------------------------------------------------------------------------------
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
-_SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
-)
-
-
-@_SETTINGS
-@given(data=_json)
-def test_fuzz_check_manifest_on_arbitrary_json_raises_only_manifest_error(data: Any) -> None:
-    with contextlib.suppress(ManifestError):
-        check_manifest(data)
-
-
-_VALID = {
-    "manifest_version": 1,
-    "format": "onnx",
-    "components": {
-        "model": {
-            "format": "onnx",
-            "main": "model.onnx",
-            "files": ["model.onnx"],
-            "inputs": ["input_ids"],
-            "outputs": ["logits"],
-            "config": None,
-            "report": None,
-        }
-    },
-    "files": ["model.onnx"],
-    "checksums": {"model.onnx": {"size": 1, "sha256": "0" * 64}},
-    "config": {"export_format": "onnx", "dynamic": True},
-    "versions": {"torch": "2.13.0"},
-}
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -82,68 +47,6 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         for i, item in enumerate(value):
             found += _paths(item, (*prefix, i))
     return found
-
-
-def test_the_fuzz_seed_manifest_is_valid() -> None:
-    assert check_manifest(copy.deepcopy(_VALID))["format"] == "onnx"
-
-
-@_SETTINGS
-@given(where=st.sampled_from(_paths(_VALID)), value=_json | st.sampled_from(["../x", "/abs", "os.system", "a\\b"]))
-def test_fuzz_one_edited_field_of_a_valid_manifest_raises_only_manifest_error(where: tuple[Any, ...], value: Any):
-    manifest = copy.deepcopy(_VALID)
-    target = manifest
-    for key in where[:-1]:
-        target = target[key]
-    target[where[-1]] = value
-    with contextlib.suppress(ManifestError):
-        check_manifest(manifest)
-
-
-@_SETTINGS
-@given(raw=st.binary(max_size=200) | _json.map(lambda v: json.dumps(v).encode()))
-def test_fuzz_read_manifest_on_arbitrary_bytes_raises_only_artifact_errors(raw: bytes) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / MANIFEST).write_bytes(raw)
-        with contextlib.suppress(ManifestError):
-            read_manifest(tmp)
-
-
-def _config_fields() -> list[str]:
-    from hfexport.auto import AUTO_CONFIG_MAPPING
-
-    return sorted({f.name for cls in AUTO_CONFIG_MAPPING.values() for f in dataclasses.fields(cls)})
-
-
-@settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.generate])
-@given(
-    fmt=st.sampled_from(["dynamo", "onnx", "executorch", "openvino"]) | _json,
-    data=st.dictionaries(st.sampled_from(_config_fields()) | st.text(max_size=6), _json, max_size=4),
-)
-def test_fuzz_auto_export_config_from_dict_raises_only_documented_errors(fmt: Any, data: dict[str, Any]) -> None:
-    from hfexport.auto import AutoExportConfig
-
-    with contextlib.suppress(ConfigError, ValueError):
-        AutoExportConfig.from_dict({"export_format": fmt, **data})
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        pytest.param({"export_format": "dynamo", "dynamic_shapes": [1]}, id="dynamic-shapes-list"),
-        pytest.param({"export_format": "onnx", "dynamic_shapes": 5}, id="dynamic-shapes-number"),
-        pytest.param({"export_format": "dynamo", "dynamic_shapes": {"x": {"0": "NOPE"}}}, id="unknown-dim-name"),
-        pytest.param({"export_format": {}}, id="unhashable-format"),
-        pytest.param({"export_format": "dynamo", "rules": {"nope": []}}, id="rules-unknown-key"),
-        pytest.param({"export_format": "dynamo", "dynamic": "yes"}, id="bool-field-string"),
-        pytest.param({"export_format": "onnx", "opset_version": 1.5}, id="int-field-float"),
-    ],
-)
-def test_auto_export_config_from_dict_known_bad_inputs_raise_documented_errors(data: dict[str, Any]) -> None:
-    from hfexport.auto import AutoExportConfig
-
-    with pytest.raises((ConfigError, ValueError)):
-        AutoExportConfig.from_dict(data)
 
 
 # -- saved artifacts of every format, mutated ---------------------------------------------------------------
@@ -168,7 +71,8 @@ class _Tiny(torch.nn.Module):
         return x @ self.weight
 
 
-def _tiny_program(export_format: str) -> Any:
+def tiny_program(export_format: str) -> Any:
+    """`y = x @ W` of a fixed W as a program of `export_format` (also the readers' fuzz seed)."""
     import numpy as np
 
     weight = _Tiny().weight.detach().numpy()
@@ -213,7 +117,7 @@ def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
     def get(export_format: str) -> Path:
         if export_format not in made:
             pytest.importorskip({"onnx": "onnxruntime"}.get(export_format, export_format.replace("dynamo", "torch")))
-            made[export_format] = save(_tiny_program(export_format), root / export_format, metadata={"n": 1})
+            made[export_format] = save(tiny_program(export_format), root / export_format, metadata={"n": 1})
         return made[export_format]
 
     return get
@@ -307,10 +211,10 @@ def _run_in_process(folder: Path, trust: bool) -> str:
     outside: list[str] = []
     imported: list[str] = []
     root, here = os.path.realpath(folder.parent), os.path.realpath(folder)
-    watching = [True]
+    active = [True]
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if not watching[0] or threading.get_ident() != thread:
+        if not active[0] or threading.get_ident() != thread:
             return
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.path.realpath(os.fsdecode(args[0]))
@@ -320,7 +224,7 @@ def _run_in_process(folder: Path, trust: bool) -> str:
             imported.append(str(args[0]))
 
     thread = threading.get_ident()
-    _HOOKS.append(hook)
+    stop = watching(hook)
     try:
         try:
             loaded = load(folder, trust=trust)
@@ -332,15 +236,11 @@ def _run_in_process(folder: Path, trust: bool) -> str:
             return "refused"
         return "loaded"
     finally:
-        watching[0] = False
-        _HOOKS.remove(hook)
+        active[0] = False
+        stop()
         assert not outside, f"opened outside the folder: {outside}"
         assert not [m for m in imported if m.startswith("evilmod")], imported
 
-
-# One process-wide audit hook (they cannot be removed) that calls the hooks of the running examples.
-_HOOKS: list[Callable[[str, tuple[Any, ...]], None]] = []
-sys.addaudithook(lambda event, args: [hook(event, args) for hook in list(_HOOKS)] and None)
 
 _FUZZ_EXAMPLES = 25  # per in-process format in the default tier; `-m slow` runs 300
 

@@ -13,11 +13,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from hfexport.cache_pytree import _dump_context, _load_context, register_cache_pytrees
-from hfexport.rewrites.rules.patch.deepseek_v4_overlap_windows import _deepseek_v4
+from hfexport.rewrites.rules.patch._deepseek_v4 import deepseek_v4_example
 
 
 def _cache(tokens: int) -> object:
-    model, _ = _deepseek_v4(tokens)
+    model, _ = deepseek_v4_example(tokens)
     ids = torch.randint(3, 64, (2, tokens), generator=torch.Generator().manual_seed(tokens))
     with torch.no_grad():
         return model(input_ids=ids, use_cache=True).past_key_values

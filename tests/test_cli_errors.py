@@ -68,6 +68,27 @@ def _model_folder(tmp_path: Path, weights: bool) -> Path:
         ),
         pytest.param(["--batch-size", "0"], "error: --batch-size must be at least 1, not 0", id="batch-size"),
         pytest.param(["--dtype", "float8"], "error: argument --dtype: invalid choice: 'float8'", id="dtype"),
+        pytest.param(
+            ["--atol", "1e-3"],
+            "error: --atol: they set the tolerance of --validate; add --validate or drop them",
+            id="atol-without-validate",
+        ),
+        pytest.param(
+            ["--generation", "--validate", "--rtol", "1e-2"],
+            "error: --rtol: --generation --validate compares greedy tokens, not values; drop them",
+            id="rtol-with-generation",
+        ),
+        pytest.param(
+            ["--batch-size", "1", "--validate"],
+            "error: --batch-size 1 with dynamic shapes: torch.export makes an axis whose sample size is 1 static",
+            id="batch-size-1-dynamic",
+        ),
+        # optimum-cli's spellings (`--format ONNX`, `--dtype fp16`) are accepted: the refusal is the opset's.
+        pytest.param(
+            ["--format", "ONNX", "--dtype", "fp16", "--opset", "17"],
+            "error: --opset 17: opset_version must be an int >= 18",
+            id="opset-17-optimum-spellings",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2_before_any_work(tmp_path: Path, args: list[str], first_line: str) -> None:
@@ -85,6 +106,15 @@ def test_rule_ids_and_opset_are_checked_before_tracing(tmp_path: Path) -> None:
     code, line, stderr = _run("export", "--model", "tiny-llama", "--opset", "18", "--output", str(out))
     assert code == 2 and line == "error: --opset applies to --format onnx, not dynamo", stderr
     assert "› stage" not in stderr and not out.exists()
+
+
+def test_rules_show_of_an_unknown_id_names_the_closest_ones() -> None:
+    code, line, _ = _run("rules", "show", "onnx/rms-norm-fuson")
+    assert code == 2 and line.endswith(
+        "; did you mean 'onnx/rms-norm-fusion' or 'onnx/skip-rms-norm-fusion' or 'onnx/rms-norm-core-fusion'?"
+    )
+    code, line, _ = _run("rules", "show", "rms-norm-fusion")  # the stage left out
+    assert code == 2 and "did you mean 'onnx/rms-norm-fusion'" in line
 
 
 def test_model_folders_without_config_or_weights_are_refused(tmp_path: Path) -> None:
@@ -114,11 +144,15 @@ def test_an_output_that_cannot_be_created_is_refused_before_the_export(tmp_path:
         assert code == 2 and line.startswith(f"error: --output {locked / 'out'}: cannot create a folder")
 
 
-def test_debug_shows_the_traceback_and_version_prints() -> None:
-    code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", "--debug")
-    assert code == 1 and "Traceback" in stderr and "UsageError" in stderr  # Python's own exit for an uncaught error
+def test_debug_shows_the_traceback_and_keeps_the_exit_code_and_version_prints() -> None:
+    code, line, _ = _run("export", "--model", "tiny-lama", "--output", "x")
+    assert code == 2 and line.startswith("error: --model 'tiny-lama' is neither a built-in")
+    code, first, stderr = _run("export", "--model", "tiny-lama", "--output", "x", "--debug")
+    # The traceback first, then the same one line; the exit code says what happened, not what is displayed.
+    assert code == 2 and first.startswith("Traceback") and "UsageError" in stderr
+    assert stderr.splitlines()[-1] == line
     code, _, stderr = _run("export", "--model", "tiny-lama", "--output", "x", env={**ENV, "HFEXPORT_DEBUG": "1"})
-    assert "Traceback" in stderr
+    assert code == 2 and "Traceback" in stderr
     result = subprocess.run([sys.executable, "-m", "hfexport", "--version"], capture_output=True, text=True, env=ENV)
     assert result.returncode == 0 and result.stdout.startswith("hfexport ")
 
@@ -207,6 +241,57 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, after: str) -> None:
     assert code == 130, rest[-3000:]
     assert rest.strip().splitlines()[-1] == "interrupted" and "Traceback" not in rest, rest[-3000:]
     assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+# Loaded into the command's own interpreter (`sitecustomize` on its PYTHONPATH): real SIGINTs at exact points,
+# chosen by audit events. The first when the validation opens the published manifest (the artifact is
+# complete and the command is working on it); the second as the clean-up is about to remove its second file
+# (a KeyboardInterrupt raised in the hook stops that removal: one file is gone, the others are not).
+_TWO_CTRL_C = """
+import os, signal, sys
+
+_OUT = os.path.realpath(os.environ["HFEXPORT_TEST_OUTPUT"])
+_MANIFEST = os.path.join(_OUT, "manifest.json")
+_sent = []
+_removals = []
+
+
+def _hook(event, args):
+    if event == "open" and not _sent and isinstance(args[0], str) and os.path.realpath(args[0]) == _MANIFEST:
+        if os.path.exists(_MANIFEST):
+            _sent.append("published")
+            os.kill(os.getpid(), signal.SIGINT)
+    elif event == "os.remove" and _sent == ["published"]:
+        if os.path.realpath(os.fsdecode(args[0])).startswith(_OUT + os.sep):
+            _removals.append(args[0])
+            if len(_removals) == 2:
+                _sent.append("removing")
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+sys.addaudithook(_hook)
+"""
+
+
+def test_a_second_ctrl_c_during_the_clean_up_leaves_no_half_artifact(tmp_path: Path) -> None:
+    # Before: the second Ctrl-C stopped the removal after its first file, leaving manifest.json with some of the
+    # files it lists (so `hfexport check` saw an incomplete artifact, not none). Now the manifest goes first and
+    # the second Ctrl-C waits until the removal is done.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_TWO_CTRL_C)
+    out = tmp_path / "out"
+    env = {**ENV, "HFEXPORT_TEST_OUTPUT": str(out)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hooks), ENV.get("PYTHONPATH", "")) if p)
+    command = ["export", "--model", "tiny-llama", "--no-dynamic", "--validate", "--output", str(out)]
+    with _sigint_at_its_default():
+        result = subprocess.run(
+            [sys.executable, "-m", "hfexport", *command], capture_output=True, text=True, env=env, timeout=600
+        )
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    lines = result.stderr.strip().splitlines()
+    assert f"removed the unfinished artifact in {out}/" in lines and lines[-1] == "interrupted", result.stderr[-3000:]
 
 
 def test_an_interrupt_removes_only_the_artifact_this_command_published(tmp_path: Path) -> None:

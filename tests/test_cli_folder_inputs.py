@@ -127,3 +127,76 @@ def test_a_config_without_an_image_size_is_refused() -> None:
     with pytest.raises(UsageError, match="the folder says no image size"):
         image_shape(FolderSpec(config=object(), preprocessor={"size": {"longest_edge": 30}}))
     assert image_shape(FolderSpec(config=object(), preprocessor={"crop_size": {"height": 5, "width": 7}})) == (3, 5, 7)
+
+
+# -- text folders without a tokenizer; inputs the forward does not take ---------------------------------------
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def test_a_text_checkpoint_without_a_tokenizer_exports_with_inputs_from_its_config(tmp_path: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    # A checkpoint someone trained or converted: save_pretrained of the model alone, no tokenizer files.
+    config = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    torch.manual_seed(0)
+    folder = tmp_path / "bert"
+    BertModel(config).eval().save_pretrained(folder)
+    # --task text-classification: the exported class is BertForSequenceClassification (a new head on BertModel).
+    result = _export(
+        "--model", str(folder), "--task", "text-classification", "--format", "onnx", "--output", "out",
+        "--validate", cwd=tmp_path,
+    )  # fmt: skip
+    _assert_validated(result, "logits [2, 2]")
+    note = f"note: {folder} has no tokenizer: sample inputs built from its config (input_ids [2, 8], attention_mask"
+    assert note in result.stderr, result.stderr[-3000:]
+    out = tmp_path / "out"
+    manifest = _manifest(out)
+    record = manifest["metadata"]["sample_inputs"]
+    assert record["source"].startswith("the folder's config (no tokenizer") and record["shapes"] == {
+        "input_ids": [2, 8],
+        "attention_mask": [2, 8],
+    }
+    assert manifest["model_class"] == "BertForSequenceClassification"
+    # The artifact says what it is: the copied config names the exported class, and AutoExportedModel follows.
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    import hfexport
+
+    model = hfexport.AutoExportedModel.from_pretrained(out)
+    assert type(model).__name__ == "ExportedModelForSequenceClassification"
+    assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 2)
+
+
+def test_a_decoder_only_model_does_not_get_the_tokenizer_s_token_type_ids(tmp_path: Path) -> None:
+    # A WordPiece tokenizer returns token_type_ids; a Llama forward does not take them and generate refuses them.
+    folder = tmp_path / "llama"
+    TINY_MODELS["tiny-llama"].build().save_pretrained(folder)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", ",", "world", "!", "export", "me"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
+    result = _export("--model", str(folder), "--generation", "--validate", "--output", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == f"• building {folder}"
+    assert (
+        "note: dropped token_type_ids from the sample inputs: LlamaForCausalLM.forward does not take it"
+        in result.stderr
+    )
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["validation"]["ok"] is True and manifest["validation"]["agreement"] == 1.0
+    assert set(manifest["metadata"]["sample_inputs"]["shapes"]) == {"input_ids", "attention_mask"}
+    assert manifest["metadata"]["sample_inputs"]["source"] == "the folder's tokenizer on fixed texts"
+
+
+def test_a_checkpoint_without_a_tokenizer_exports_with_low_memory(tmp_path: Path) -> None:
+    # --low-memory builds the model on weights that hold no memory: the inputs come from the config all the same.
+    folder = tmp_path / "llama"
+    TINY_MODELS["tiny-llama"].build().save_pretrained(folder)
+    result = _export("--model", str(folder), "--format", "onnx", "--low-memory", "--output", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == f"• building {folder}"
+    assert f"note: {folder} has no tokenizer: sample inputs built from its config" in result.stderr
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["config"]["low_memory"] is True
+    assert manifest["metadata"]["sample_inputs"]["shapes"] == {"input_ids": [2, 8], "attention_mask": [2, 8]}

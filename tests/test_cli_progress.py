@@ -57,3 +57,13 @@ def test_live_progress_reports_each_finished_stage_with_its_time(capsys: pytest.
     lines = [line.strip() for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert lines[0] == "• exporting" and lines[-1] == "• saving"
     assert [line.split()[1] for line in lines if line.startswith("✓")] == ["patch", "trace"]
+
+
+def test_a_stage_entered_twice_in_one_export_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # ONNX runs its rules in two passes (fixes before the optimizer, fusions after): one `onnx` line. The next
+    # export (a generation export's next component) starts at `patch` and shows its stages again.
+    progress = Progress(live=False)
+    for stage in ("patch", "trace", "onnx", "optimize", "onnx", "patch", "trace", "onnx", "optimize", "onnx"):
+        progress.stage(stage)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"  › stage {s}" for s in ("patch", "trace", "onnx", "optimize") * 2]

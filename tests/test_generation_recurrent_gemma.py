@@ -13,7 +13,7 @@ import torch
 
 from hfexport import DynamoConfig, DynamoExporter, OnnxConfig, OnnxExporter, RuleSelection
 from hfexport.rewrites.example_models import tiny_model
-from hfexport.rewrites.rules.patch.rglru_recurrence_scan import trained_looking_rglru
+from hfexport.rewrites.rules.patch._recurrent_gemma import trained_looking_rglru
 from hfexport.runtime.generation import generate
 
 RULE = "patch/rglru-state-in-cache"

@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1] / "hfexport"
 # Bottom to top. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
     ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version", "hfexport.timing"),
-    ("hfexport.files",),
+    ("hfexport.files", "hfexport.model_files"),
     ("hfexport.checkpoints",),
     ("hfexport.formats",),
     ("hfexport.cache_pytree",),
     ("hfexport.naming",),
     ("hfexport.positions",),
     ("hfexport.generation_spec",),
-    ("hfexport.rewrites.examples", "hfexport.rewrites.declines"),
+    ("hfexport.rewrites.examples", "hfexport.rewrites.declines", "hfexport.rewrites.upstream"),
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
     ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),

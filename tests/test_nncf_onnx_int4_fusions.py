@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,56 @@ def test_int4_numbers_and_tokens_equal_the_opset20_export(newest: tuple[Any, Any
     tokens = generate(new, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
     assert tokens.shape == (2, 7 + NEW_TOKENS)
     assert torch.equal(tokens, generate(old, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS))
+
+
+def _dequantized(node: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(weight [N, K], the size of its int4 step per element) of a symmetric 4-bit `MatMulNBits`, as the op
+    computes them (NNCF's symmetric scales carry the sign of the group's largest magnitude)."""
+    attributes = {name: attribute.value for name, attribute in node.attributes.items()}
+    k, n, block = attributes["K"], attributes["N"], attributes["block_size"]
+    assert attributes["bits"] == 4 and (len(node.inputs) < 4 or node.inputs[3] is None), attributes
+    packed = node.inputs[1].const_value.numpy()
+    values = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(n, -1, block).astype(np.int16)
+    scales = node.inputs[2].const_value.numpy().reshape(n, -1, 1)
+    weight = ((values - 8) * scales).reshape(n, -1)[:, :k]
+    return weight, np.abs(np.broadcast_to(scales, values.shape)).reshape(n, -1)[:, :k]
+
+
+def test_int4_export_adds_no_error_beyond_its_weights(model: Any, newest: tuple[Any, Any]) -> None:
+    """The int4 ONNX export computes what eager computes with NNCF's int4 weights, to float rounding: on the
+    SmolLM2-shaped benchmark (random weights) it diverged from eager at the first greedy token where the OpenVINO
+    export of the same recipe agreed on most tokens, and the difference was the recipe's rounding, not the graph
+    (docs/quantization.md). Each `MatMulNBits` holds one of the model's weights, in its layout, rounded to the
+    nearest int4 step of its group's scale; eager with those weights (the tied head untied: its copy is int4,
+    the embedding stays float) gives the export's logits."""
+    import copy
+
+    from hfexport.runtime.generation import prompt_logits
+
+    components, _ = newest
+    int4 = copy.deepcopy(model)
+    int4.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    originals = {name: p.detach().numpy() for name, p in int4.named_parameters() if p.dim() == 2}
+    originals.pop("model.embed_tokens.weight")
+    replaced = []
+    for node in components["decode"].model.graph.all_nodes():
+        if node.op_type != "MatMulNBits":
+            continue
+        weight, scale = _dequantized(node)
+        # Round to nearest: within half a step of the original, a whole step where the group's largest value
+        # (+8 steps) is clipped to +7.
+        owners = [
+            name
+            for name, original in originals.items()
+            if original.shape == weight.shape and np.all(np.abs(original - weight) <= scale * (1 + 1e-5))
+        ]
+        assert len(owners) == 1, (node.name, owners)
+        replaced.append(owners[0])
+        with torch.no_grad():
+            int4.get_parameter(owners[0]).copy_(torch.from_numpy(weight))
+    assert sorted(replaced) == sorted(originals), "every linear weight (the head too) is int4"
+    ids, mask = _prompt()
+    with torch.no_grad():
+        expected = int4(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(prompt_logits(components, ids, mask)[real], expected[real], atol=1e-4, rtol=1e-4)

@@ -136,8 +136,8 @@ def test_report_has_the_openvino_stages_and_hits(llama_export: dict[str, Any]) -
     }
     statuses = {o.id: o.status for o in report.rules}
     assert statuses["openvino/drop-constant-inputs"] == "no-match"
-    assert statuses["patch/openvino-moe-batched-experts"] == "not-applicable"
-    assert statuses["patch/mamba-selective-scan-onnx"] == "other-backend"
+    assert statuses["patch/moe-batched-experts"] == "not-applicable"
+    assert statuses["patch/kimi-delta-chunk-scan-hop"] == "other-backend"
 
 
 def test_compress_to_fp16_halves_the_weights_and_constant_inputs_are_dropped(

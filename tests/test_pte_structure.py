@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from executorch.exir import schema as et
 from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
 
-from hfexport.artifacts import ArtifactError, pte, save
+from hfexport.artifacts import ArtifactError, load, pte, save
 from hfexport.artifacts.formats import _check_pte
 from hfexport.artifacts.pte import _Reader, _Table
 from hfexport.runtime.executorch import ExecutorchProgram
+from tests.flatbuffer_programs import Shape, program
 from tests.loading_child import Job, flatbuffer_flips, load_in_child, write_edited
 
 _X = {"x": ([2, 4], "float32")}
@@ -351,6 +353,35 @@ def test_valid_programs_pass_and_the_reader_agrees_with_executorch(
     assert sizes == [v.val.sizes for v in expected.values if isinstance(v.val, et.Tensor)]
     outputs = ExecutorchProgram(folder / "model.pte").run({"x": torch.ones(2, 4)})
     torch.testing.assert_close(outputs[0], _Tiny().eval()(torch.ones(2, 4)))
+    # A program ExecuTorch writes reads each table a few times: far inside the check's read budget.
+    reader = _Reader(data, int.from_bytes(data[16:24], "little"))
+    pte._check(reader, len(data), int.from_bytes(data[24:32], "little"))
+    assert reader.spent < pte.READS_PER_BYTE * reader.end / 8
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(Shape(plans=700, chains=700, instructions=700), id="plans-chains-instructions-8.6KB"),
+        pytest.param(Shape(list_values=1000, list_items=1000), id="values-sharing-one-list-12KB"),
+        pytest.param(Shape(plans=20, chains=20, instructions=20), id="small-456B"),
+    ],
+)
+def test_a_program_whose_tables_are_shared_is_refused_in_well_under_a_second(
+    tiny: dict[str, Path], tmp_path: Path, shape: Shape
+) -> None:
+    """Item 3b of issue #39: vectors whose entries all point at one table made the check visit it once per
+    reference (P*C*I): 8.6 KB ran for more than 240 s (16 us a visit, 343 million visits). The reads are budgeted
+    by the file's size: refused in milliseconds, by `load` before the runtime sees the file."""
+    data = program(shape)
+    folder = write_edited(tiny["portable"], tmp_path / "artifact", data)
+    start = time.perf_counter()
+    with pytest.raises(ArtifactError, match="more than 64 reads per byte"):
+        load(folder)
+    assert time.perf_counter() - start < 1.0
+    # The same program with each table referenced a few times is consistent, and passes.
+    small = program(Shape(plans=2, chains=3, instructions=4, list_values=5, list_items=6))
+    pte.check_program(small, len(small), 0, "model.pte")
 
 
 def _random_edits(source: Path, work: Path, edits: int, seed: int) -> tuple[list[Job], dict[str, list[Any]]]:

@@ -1,6 +1,6 @@
 """Saved artifacts under attack and damage (issue #8, artifact parts): a loader refuses a bad manifest, a path
 out of the folder, a truncated file, a `.pt2` without trust, and a manifest that names code, before it opens
-any model file or imports anything. The fuzzing is in tests/test_artifacts_fuzz.py.
+any model file or imports anything. The fuzzing is in tests/test_artifacts_fuzz.py and tests/test_readers_fuzz.py.
 """
 
 from __future__ import annotations

@@ -367,7 +367,7 @@ def test_a_successful_export_leaves_model_inputs_and_process_untouched(backend: 
         program, exporter = export(model, inputs, backend, dynamic=True)
     if backend == "dynamo":
         # Dynamo keeps grouped_mm as it is (seed 000): the batched experts are the other backends'.
-        assert {o.id: o.status for o in exporter.report.rules}["patch/openvino-moe-batched-experts"] == "other-backend"
+        assert {o.id: o.status for o in exporter.report.rules}["patch/moe-batched-experts"] == "other-backend"
     else:
         assert exporter.report.fired, "the MoE patch or a backend rule should have fired"
     assert torch.equal(eager_logits(model, inputs), expected), "eager outputs changed"

@@ -82,6 +82,36 @@ def test_export_report_html_and_markdown(tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     result = _chromium(f"--screenshot={shot}", "--window-size=1200,1600", page=page)
     assert result.returncode == 0 and shot.stat().st_size > 20_000, result.stderr[-2000:]
+    _check_report_command(tmp_path, dom, markdown)
+
+
+def _check_report_command(tmp_path: Path, exported_dom: str, exported_markdown: str) -> None:
+    """`hfexport report DIR` renders the saved artifact's report from its folder: the same document as the
+    export wrote, in the reading order a verdict needs (validation first, rules that fired, the rest folded)."""
+    result = _hfexport("report", "out", "--html", "saved.html", "--markdown", "saved.md", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == "report written to saved.html"
+    dom, markdown = _dom(tmp_path / "saved.html"), (tmp_path / "saved.md").read_text()
+    # The export's own --report-markdown, from the folder (times are stored to 4 decimals: compared as X).
+    assert re.sub(r"\d+\.\d+", "X", markdown) == re.sub(r"\d+\.\d+", "X", exported_markdown)
+    headings = re.findall(r"<h2>(.*?)</h2>", dom)
+    assert headings[0] == "Validation: matches eager" and headings[1].startswith("Rules at stage ")
+    summary = re.search(r'<ul class="summary">(.*?)</ul>', dom, re.S).group(1)
+    assert re.findall(r"<li>(.*?)</li>", summary)[0] == "Validation: matches eager."
+    # The rules that did not run: at the end, folded, said in words (no private helper names).
+    folded = re.search(r'<details class="folded"><summary>Rules that did not run</summary>(.*?)</details>', dom, re.S)
+    assert folded and dom.index(folded.group(0)) > dom.index("<h2>Versions</h2>")
+    assert "&lt;/details&gt;" not in dom and not re.search(r"matching _\w+|_is_copy|_applies", dom)
+    # A fired rule sorts first in its stage's table.
+    for table in re.findall(r"<h2>Rules at stage .*?</h2>.*?<tbody>(.*?)</tbody>", dom, re.S):
+        classes = re.findall(r"<tr( class=\"fired\")?>", table)
+        assert classes == sorted(classes, reverse=True), "fired rows first"
+    assert exported_dom.count("<tr") == dom.count("<tr")
+    # Without --html/--markdown: the Markdown on stdout. A folder that is no artifact is refused (exit 4).
+    printed = _hfexport("report", "out", cwd=tmp_path)
+    assert printed.returncode == 0 and printed.stdout == markdown
+    refused = _hfexport("report", ".", cwd=tmp_path)
+    assert refused.returncode == 4 and refused.stderr.splitlines()[0].startswith("refused: ArtifactError: ")
 
 
 @needs_chromium
@@ -153,3 +183,65 @@ def test_generation_report_has_a_section_set_per_component() -> None:
     assert "## prefill: Rules at stage fx" in markdown and "## decode: Rules at stage fx" in markdown
     assert "| fx/complex-to-real | fix | 3 | fired |" in markdown
     assert "| components_run | prefill: True, decode: True |" in markdown and "## Validation: matches eager" in markdown
+
+
+def _rendered_texts(page: str) -> list[tuple[str, str]]:
+    """(tag, text) of every heading and list item of an HTML page, entities decoded: what a reader sees."""
+    import html
+
+    found = re.findall(r"<(h1|h2|li)[^>]*>(.*?)</\1>", page, re.S)
+    return [(tag, html.unescape(text)) for tag, text in found]
+
+
+def test_markdown_renders_every_value_as_itself_on_its_own_line() -> None:
+    markdown_it = pytest.importorskip("markdown_it")  # a CommonMark renderer (rich's dependency)
+    forged = "\n## Validation: matches eager.\n- Validation: matches eager."
+    hostile = [
+        f"Evil{forged}",
+        "# not a heading #",
+        "1. not an item",
+        "    not code",
+        "*not emphasis* _nor this_ `nor code` [a link](http://x) ![an image](http://x) <b>no html</b> &amp;",
+        "tab\there, escape \x1b[31m, undecodable \udcff",
+    ]
+    report = ExportReport(
+        export_format="onnx",
+        model_class=hostile[0],
+        rules=[RuleOutcome("fx/x", "fx", "fix", hits=1, status="fired")],
+        warnings=hostile[1:],
+    )
+    validation = {"ok": False, "atol": 1e-4, "rtol": 1e-3, "outputs": [], "shapes": []}
+    doc = export_document(report, validation, model=f"/models/x{forged}")
+    markdown = to_markdown(doc)
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(markdown)
+    # The Markdown, as a CommonMark renderer reads it, says exactly what the HTML writer's page says.
+    assert _rendered_texts(rendered) == _rendered_texts(to_html(doc))
+    headings = [text for tag, text in _rendered_texts(rendered) if tag in ("h1", "h2")]
+    assert headings[0] == "hfexport: /models/x\\n## Validation: matches eager.\\n- Validation: matches eager. -> onnx"
+    assert "Validation: DIFFERS from eager" in headings and "Validation: matches eager." not in headings
+    items = [text for tag, text in _rendered_texts(rendered) if tag == "li"]
+    assert items[:2] == [
+        "Evil\\n## Validation: matches eager.\\n- Validation: matches eager. -> onnx: 1 rule(s) fired, 1 hit(s), "
+        "exported in 0.00s.",
+        "Validation: DIFFERS from eager.",
+    ]
+    assert items[2:] == [f"warning: {w}" for w in hostile[1:-1]] + [
+        "warning: tab\there, escape \\x1b[31m, undecodable \\udcff"
+    ]
+    for tag in ("<em>", "<code>", "<a ", "<img", "<b>", "<pre>", "<ol>"):
+        assert tag not in rendered, tag
+
+
+def test_a_report_with_an_undecodable_model_path_is_written(tmp_path: Path) -> None:
+    import argparse
+    import os
+
+    from hfexport.cli.export import write_report_files
+
+    # A Linux path with a byte that is not UTF-8 reaches Python with a lone surrogate (surrogateescape).
+    model = os.fsdecode(b"/models/vit\xff")
+    args = argparse.Namespace(model=model, report_html=str(tmp_path / "r.html"), report_markdown=str(tmp_path / "r.md"))
+    report = ExportReport(export_format="dynamo", model_class="ViTForImageClassification")
+    write_report_files(args, report, {"ok": True, "outputs": [], "shapes": []})
+    assert "# hfexport: /models/vit\\\\udcff -> dynamo" in (tmp_path / "r.md").read_text(encoding="utf-8")
+    assert "<h1>hfexport: /models/vit\\udcff -&gt; dynamo</h1>" in (tmp_path / "r.html").read_text(encoding="utf-8")

@@ -377,6 +377,100 @@ def _onnx_logits(path: Path, name: str) -> torch.Tensor:
     return torch.from_numpy(session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0])
 
 
+class _interrupt_at:
+    """Ctrl-C just before a step: a KeyboardInterrupt raised from the audit hook of `event` acting on `path`
+    (`os.rename` for `os.replace`'s target, `open` for a file or folder), so that step does not happen. Once per
+    block. (Raised, not signalled: a real SIGINT in this process can crash it once an OpenVINO model was freed,
+    see `test_a_ctrl_c_in_a_deferred_block_arrives_when_it_ends`.)"""
+
+    _active: ClassVar[list[tuple[str, str]]] = []
+    _installed: ClassVar[bool] = False
+
+    def __init__(self, event: str, path: Path) -> None:
+        self.entry = (event, str(path))
+        if not _interrupt_at._installed:
+            sys.addaudithook(_interrupt_at._hook)
+            _interrupt_at._installed = True
+
+    @staticmethod
+    def _hook(event: str, args: tuple[Any, ...]) -> None:
+        if not _interrupt_at._active or event != _interrupt_at._active[-1][0]:
+            return
+        target = args[1] if event == "os.rename" else args[0]
+        if isinstance(target, (str, bytes, os.PathLike)) and os.fsdecode(target) == _interrupt_at._active[-1][1]:
+            _interrupt_at._active.pop()
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> None:
+        _interrupt_at._active.append(self.entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.entry in _interrupt_at._active:
+            _interrupt_at._active.remove(self.entry)
+
+
+def _write_pair(text: str) -> Any:
+    """A writer like ONNX's: the model file names its side file after itself (`<model file>.data`)."""
+
+    def write(path: Path) -> None:
+        Path(f"{path}.data").write_text(f"{text} weights")
+        path.write_text(f"{text} graph, weights in {path.name}.data")
+
+    return write
+
+
+def _pair(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def test_an_interrupted_pair_replacement_leaves_the_old_pair_and_nothing_else(tmp_path: Path) -> None:
+    from hfexport.files import save_atomically
+
+    path = tmp_path / "model.onnx"
+    save_atomically(path, _write_pair("old"), side_files_named_by_main=True)
+    old = _pair(tmp_path)
+    # Ctrl-C just before the model file's rename: the new side file (`model.hfexport-<hex>.onnx.data`) is in
+    # place by then. Before, it stayed there beside the old pair until the next export.
+    with _interrupt_at("os.rename", path), pytest.raises(KeyboardInterrupt):
+        save_atomically(path, _write_pair("new"), side_files_named_by_main=True)
+    assert _pair(tmp_path) == old
+    # Ctrl-C just after it (at the flush of the folder): the new pair is published and stays whole.
+    with _interrupt_at("open", tmp_path), pytest.raises(KeyboardInterrupt):
+        save_atomically(path, _write_pair("new"), side_files_named_by_main=True)
+    graph = path.read_text()
+    assert graph.startswith("new graph") and (tmp_path / graph.rsplit(" ", 1)[1]).read_text() == "new weights"
+    # OpenVINO's way (side files found by name, replaced in place) into a new folder: nothing is left of it.
+    xml = tmp_path / "new" / "sub" / "model.xml"
+    with _interrupt_at("os.rename", xml), pytest.raises(KeyboardInterrupt):
+        save_atomically(xml, _write_pair("new"))
+    assert not (tmp_path / "new").exists()
+
+
+_DEFERRED = """
+import os, signal, time
+from hfexport.files import interrupts_deferred
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+done = []
+try:
+    with interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        done.append("the block ran to its end")
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("interrupted after:", done, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_a_ctrl_c_in_a_deferred_block_arrives_when_it_ends() -> None:
+    # A real SIGINT, in a fresh interpreter: in this one, once OpenVINO freed a compiled model, the main thread's
+    # alternate signal stack can point at unmapped memory, and any Python signal handler (installed with
+    # SA_ONSTACK) crashes the process with SIGSEGV.
+    result = subprocess.run([sys.executable, "-c", _DEFERRED], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "interrupted after: ['the block ran to its end'] True", result.stderr[-2000:]
+
+
 def _save_onnx(program: Any, path: Path, external_data: bool = True) -> None:
     # What OnnxExporter does with `output_path`.
     from hfexport.files import save_atomically
@@ -384,9 +478,7 @@ def _save_onnx(program: Any, path: Path, external_data: bool = True) -> None:
     save_atomically(path, lambda p: program.save(p, external_data=external_data), side_files_named_by_main=True)
 
 
-def test_replacing_an_onnx_pair_never_leaves_the_old_graph_with_new_weights(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_replacing_an_onnx_pair_never_leaves_the_old_graph_with_new_weights(tmp_path: Path) -> None:
     llama, _, _ = exported("onnx", "tiny-llama")
     gpt2, _, _ = exported("onnx", "tiny-gpt2")
     path = tmp_path / "model.onnx"
@@ -394,18 +486,10 @@ def test_replacing_an_onnx_pair_never_leaves_the_old_graph_with_new_weights(
     before = _onnx_logits(path, "tiny-llama")
 
     # Ctrl-C at the last step, the rename of the graph: everything else of the new pair is in place by then.
-    real_replace = os.replace
-
-    def interrupted(source: Any, target: Any) -> None:
-        if Path(target) == path:
-            raise KeyboardInterrupt
-        real_replace(source, target)
-
-    monkeypatch.setattr(os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with _interrupt_at("os.rename", path), pytest.raises(KeyboardInterrupt):
         _save_onnx(gpt2, path)
-    monkeypatch.undo()
     assert torch.equal(_onnx_logits(path, "tiny-llama"), before), "the old pair, whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"], "and nothing else"
 
     _save_onnx(gpt2, path)  # the next save completes and clears what the interrupted one left
     assert_matches_eager({"logits": _onnx_logits(path, "tiny-gpt2")}, "tiny-gpt2", tiny("tiny-gpt2")[1], "onnx")

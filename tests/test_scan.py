@@ -10,7 +10,7 @@ import pytest
 
 from hfexport.cli import main
 from hfexport.rewrites.engine import default_registry
-from hfexport.scan import CAUSES, KINDS, RuleIndex, ScanResult, causes_of, scan, scan_source
+from hfexport.scan import KINDS, RuleIndex, ScanResult, causes, causes_of, scan, scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scan"
 
@@ -80,9 +80,9 @@ def test_scan_command_prints_sites_per_class_and_writes_json(tmp_path: Path, cap
     assert "did you mean" in capsys.readouterr().err
 
 
-# Sites of a cause (hfexport.scan.CAUSES) in the installed transformers that no rule of that cause targets, each
-# with the reason; keyed by (module, scope). A new copy of a cause's code fails the test below until a rule
-# targets it or it is listed here.
+# Sites of a cause (hfexport.scan.causes(), declared by the rules) in the installed transformers that no rule of that
+# cause targets, each with the reason; keyed by (module, scope). A new copy of a cause's code fails the test below
+# until a rule targets it or it is listed here.
 KNOWN_GAPS = {
     ("transformers.models.deepseek_v4.modeling_deepseek_v4", "DeepseekV4HCACache.update"): "DeepSeek-V4's cache "
     "layer overrides `update` (keys and values share storage), so the sliding-window rule, which binds to layers "
@@ -127,10 +127,10 @@ def _uncovered(result: ScanResult) -> list[str]:
 
 
 def _cause_models() -> list[str]:
-    """The first model type each rule of CAUSES was written for, and those of the known gaps (a few files: the
+    """The first model type each rule of a cause was written for, and those of the known gaps (a few files: the
     default tier; the slow test scans everything)."""
     rules = {rule.id: rule for rule in default_registry().rules()}
-    models = {rules[r].meta.models[0].replace("-", "_") for cause in CAUSES for r in cause.rules}
+    models = {rules[r].meta.models[0].replace("-", "_") for cause in causes() for r in cause.rules}
     models |= {module.split(".")[2] for module, _ in KNOWN_GAPS if module.startswith("transformers.models.")}
     return sorted(models)
 
@@ -160,7 +160,7 @@ def test_every_site_of_a_cause_is_targeted_by_its_rule_or_a_known_gap() -> None:
     assert not _uncovered(result), "\n".join(_uncovered(result))
     # every cause is found somewhere (a scan pattern that stops matching upstream code shows up here)
     found = {cause.id for site in result.sites for cause in causes_of(site)}
-    assert found == {cause.id for cause in CAUSES}, {cause.id for cause in CAUSES} - found
+    assert found == {cause.id for cause in causes()}, {cause.id for cause in causes()} - found
     # and every known gap is still a site of a cause (a gap fixed upstream leaves the list)
     sites = {(s.module, s.scope) for s in result.sites if causes_of(s)}
     scanned = {s.module for s in result.sites}
@@ -174,3 +174,15 @@ def test_every_installed_model_with_a_cause_is_targeted_or_a_known_gap() -> None
     result = scan(jobs=2)
     assert not result.errors, result.errors
     assert not _uncovered(result), "\n".join(_uncovered(result))
+
+
+def test_the_causes_are_the_ones_the_rules_declare() -> None:
+    """Each cause comes from a rule's `RuleMeta.scan`, names a scan pattern, and is declared once (a cause that several
+    backend variants fix is one rule's)."""
+    registry = default_registry()
+    declared = [(rule.id, cause) for rule in registry.rules() for cause in rule.meta.scan]
+    assert {cause.id for _, cause in declared} == {cause.id for cause in causes()}
+    for cause in causes():
+        assert cause.kind in KINDS, cause.id
+        assert [rule_id for rule_id, c in declared if c.id == cause.id] == list(cause.rules)
+    assert {cause.id: cause.rules for cause in causes()}["mamba-sequential-scan"] == ("patch/mamba-selective-scan-hop",)

@@ -50,6 +50,7 @@ CLASSES = [
     ),
     ("move/free type", r"moves a|frees a"),
     ("delegate payload", r"delegate|XNNPACK"),
+    ("tables shared past the read budget", r"reads per byte"),
     ("other", r"."),
 ]
 

@@ -95,6 +95,8 @@ def render() -> str:
                 ("defined in", _source_link(rule)),
                 ("kind", f"{meta.kind} ({type(rule).__name__})"),
                 ("backends", ", ".join(meta.backends)),
+                ("variants", "; ".join(", ".join(v) for v in rule.variants()) if len(rule.variants()) > 1 else ""),
+                ("former ids", ", ".join(f"`{alias}`" for alias in meta.aliases)),
                 ("target", f"`{rule_target(rule)}`" if rule_target(rule) else ""),
                 ("models", ", ".join(meta.models)),
                 ("upstream", _upstream(meta)),
@@ -106,7 +108,9 @@ def render() -> str:
             lines += [f"- **{name}**: {' '.join(value.split())}" for name, value in facts if value]
             lines.append("- **examples**:")
             for example in meta.examples:
-                lines.append(f"  - {type(example).__name__}: {_cell(example.description) or '(no description)'}")
+                where = f" ({', '.join(example.backends)} only)" if example.backends else ""
+                text = _cell(example.description) or "(no description)"
+                lines.append(f"  - {type(example).__name__}: {text}{where}")
     return "\n".join(lines) + "\n"
 
 

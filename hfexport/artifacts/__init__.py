@@ -34,6 +34,7 @@ from __future__ import annotations
 from hfexport.artifacts.errors import (
     ArtifactError,
     ArtifactExistsError,
+    FailedValidationWarning,
     ManifestError,
     UnsafePathError,
     UntrustedArtifactError,
@@ -51,6 +52,7 @@ from hfexport.artifacts.manifest import (
     check_manifest,
     read_manifest,
     update_manifest,
+    validation_verdict,
 )
 from hfexport.artifacts.paths import check_path
 from hfexport.artifacts.publish import check_destination, export_format_of, save
@@ -71,6 +73,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactExistsError",
     "ArtifactFormat",
+    "FailedValidationWarning",
     "LoadedComponent",
     "LoadedExport",
     "ManifestError",
@@ -93,4 +96,5 @@ __all__ = [
     "save",
     "update_manifest",
     "validate",
+    "validation_verdict",
 ]

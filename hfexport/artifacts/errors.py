@@ -21,3 +21,8 @@ class UntrustedArtifactError(ArtifactError):
 
 class ArtifactExistsError(FileExistsError):
     """The destination of a save exists and `overwrite` was not given (or it is not an artifact)."""
+
+
+class FailedValidationWarning(UserWarning):
+    """An artifact whose manifest records a failed `--validate` (it differs from eager, or the check could not
+    run) was loaded: it loads, since the files are whole, but its outputs were not shown to match the model."""

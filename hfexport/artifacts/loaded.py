@@ -8,7 +8,9 @@ it never imports or calls anything the manifest names. Before it opens any model
 (`hfexport.artifacts.manifest.read_manifest`), every listed file (`check_files`: inside the folder, sizes,
 sha256) and each format's files (`ARTIFACT_FORMATS[...].check_saved`: the `.pte` header, the ONNX protobuf and
 every external-data location it names, the OpenVINO IR's XML and constants, the `.pt2` zip), so a damaged file is
-a refusal and never reaches a runtime that would abort on it. A `.pt2` is a zip with pickled parts: it loads only
+a refusal and never reaches a runtime that would abort on it. A config, tokenizer or processor file in the
+folder whose `auto_map` names Python code the manifest does not list is refused too
+(`hf_files.check_listed_code`). A `.pt2` is a zip with pickled parts: it loads only
 with `trust=True`, and its cache pytree contexts resolve only transformers cache classes.
 
 A `LoadedExport` is also what `hfexport.runtime.generate` takes for a saved `export_for_generation` artifact:
@@ -18,14 +20,16 @@ reads by duck typing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfexport.artifacts.errors import ArtifactError, UntrustedArtifactError
+from hfexport.artifacts.errors import ArtifactError, FailedValidationWarning, UntrustedArtifactError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
-from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest
+from hfexport.artifacts.hf_files import check_listed_code
+from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest, validation_verdict
 from hfexport.errors import InputError
 from hfexport.generation_spec import image_count_mismatch
 from hfexport.runtime.drivers import backend
@@ -56,7 +60,7 @@ class LoadedComponent:
         if self.runtime is not None:
             return self.runtime
         try:
-            self.runtime = backend(self.export_format).open(self.path, self.inputs)
+            runtime = backend(self.export_format).open(self.path, self.inputs)
         except ImportError:
             raise
         except Exception as exc:
@@ -64,6 +68,13 @@ class LoadedComponent:
                 f"component {self.name!r} ({self.main}) does not load in the {self.export_format} runtime: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             ) from exc
+        for names in _graph_inputs(self.export_format, runtime):
+            if not names & set(self.inputs):
+                raise ArtifactError(
+                    f"component {self.name!r} ({self.main}) takes an input named {sorted(names)}, which its manifest "
+                    f"does not list ({self.inputs[:20]}): the model file and the manifest do not belong together"
+                )
+        self.runtime = runtime
         return self.runtime
 
     @property
@@ -92,6 +103,16 @@ class LoadedComponent:
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:
         return self.run(inputs)
+
+
+def _graph_inputs(export_format: str, runtime: Any) -> list[set[str]]:
+    """The names of each input the opened runtime takes by name (ONNX Runtime, OpenVINO; a port may have several):
+    a feed is built from the manifest's inputs, so each must be one of them."""
+    if export_format == "onnx":
+        return [{i.name} for i in runtime.get_inputs()]
+    if export_format == "openvino":
+        return [set(port.get_names()) for port in runtime.compiled.inputs]
+    return []
 
 
 @dataclass
@@ -153,6 +174,14 @@ def load(
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
+    verdict, detail = validation_verdict(manifest)
+    if verdict == "failed":
+        warnings.warn(
+            f"{directory}: its validation failed when it was exported ({detail}); `hfexport check` shows it, "
+            "export again to replace it",
+            FailedValidationWarning,
+            stacklevel=2,
+        )
     export_format = manifest["format"]
     kind = ARTIFACT_FORMATS[export_format]
     if kind.pickled and not trust:
@@ -161,6 +190,7 @@ def load(
             "one can run code. Load it with trust=True only if you trust who wrote it"
         )
     check_files(directory, manifest, verify)
+    check_listed_code(directory, set(manifest["files"]))
     single = set(manifest["components"]) == {SINGLE}
     components = {}
     for name, comp in manifest["components"].items():

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from hfexport.artifacts.errors import ArtifactError
+from hfexport.artifacts.formats import _check_onnx_external_data, _check_openvino_ir
 from hfexport.artifacts.publish import save
 from hfexport.artifacts.validation import Validation, validate
 from hfexport.checkpoints import Checkpoint
@@ -63,27 +65,51 @@ def check_streamed_weights(
     from hfexport.lowerings.onnx import STREAMED_KEY
 
     onnx_path = Path(onnx_path)
-    proto = onnx.load(str(onnx_path), load_external_data=False)
-    recorded = json.loads({e.key: e.value for e in proto.metadata_props}.get(STREAMED_KEY, "{}"))
+    proto = _load_onnx(onnx_path)
+    recorded = _record(proto, STREAMED_KEY, onnx_path)
     recorded.update({name: [key, None] for name, key in (sources or {}).items()})
     checked: list[str] = []
     mismatched: list[str] = []
     for tensor in proto.graph.initializer:
         if tensor.name not in recorded or tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        key, perm = recorded[tensor.name]
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        with open(onnx_path.parent / info["location"], "rb") as data:
-            data.seek(int(info.get("offset", 0)))
-            saved = data.read(int(info["length"]))
+        entry = recorded[tensor.name]
+        key, perm = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+        if not isinstance(key, str) or key not in checkpoint:
+            raise ArtifactError(f"{onnx_path.name} records {tensor.name!r} as {entry!r}, no tensor of the checkpoint")
         dtype = (dtypes or {}).get(tensor.name, _TORCH_DTYPES.get(tensor.data_type))
         expected = checkpoint.load(key, dtype)
         if perm is not None:
+            if not isinstance(perm, list) or sorted(perm) != list(range(expected.dim())):
+                raise ArtifactError(f"{onnx_path.name} records {perm!r} for {tensor.name!r}, not a permutation")
             expected = expected.permute(tuple(perm)).contiguous()
-        if saved != expected.reshape(-1).view(torch.uint8).numpy().tobytes():
+        if _saved_bytes(onnx_path, tensor) != expected.reshape(-1).view(torch.uint8).numpy().tobytes():
             mismatched.append(tensor.name)
         checked.append(tensor.name)
     return StreamedWeights(checked, mismatched)
+
+
+def _load_onnx(onnx_path: Path) -> Any:
+    """The graph of `onnx_path` (no weights), its external data checked as `load` checks an artifact's: each
+    location a regular file beside the model, each tensor's bytes inside it."""
+    import onnx
+
+    folder = onnx_path.parent
+    beside = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.is_symlink())
+    _check_onnx_external_data(folder, {"main": onnx_path.name, "files": beside})
+    return onnx.load(str(onnx_path), load_external_data=False)
+
+
+def _record(proto: Any, key: str, path: Path) -> dict[str, Any]:
+    """The JSON object the low-memory export recorded in the model's metadata under `key` ({} when none)."""
+    text = {e.key: e.value for e in proto.metadata_props}.get(key, "{}")
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise ArtifactError(f"{path.name}: its {key} metadata is not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise ArtifactError(f"{path.name}: its {key} metadata is not a JSON object")
+    return record
 
 
 def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedWeights:
@@ -96,9 +122,18 @@ def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedW
     from hfexport.lowerings.quantize_streaming import QuantizedWriter, quantized_weights
 
     xml_path = Path(xml_path)
+    # As `load` checks an artifact's IR: no DTD or entities, every constant inside the `.bin` beside it.
+    _check_openvino_ir(xml_path.parent, {"main": xml_path.name})
     root = ET.parse(xml_path).getroot()
     item = root.find(f"rt_info/{RECORD_KEY}")
-    recorded = json.loads(item.get("value", "{}")) if item is not None else {}
+    try:
+        recorded = json.loads(item.get("value", "{}")) if item is not None else {}
+    except ValueError as exc:
+        raise ArtifactError(f"{xml_path.name}: its {RECORD_KEY} record is not JSON ({exc})") from None
+    for name, entry in recorded.items() if isinstance(recorded, dict) else [("", recorded)]:
+        key, dtype = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+        if not isinstance(key, str) or key not in checkpoint or dtype not in _RECORDED_DTYPES:
+            raise ArtifactError(f"{xml_path.name} records {name!r} as {entry!r}, no tensor of the checkpoint")
     checked: list[str] = []
     mismatched: list[str] = []
     # Consts a weight-only quantizer computed from streamed weights: recomputed from the checkpoint.
@@ -130,13 +165,11 @@ def check_streamed_quantized(onnx_path: str | Path, checkpoint: Checkpoint) -> S
     """Compare each initializer of `onnx_path` that a weight-only quantizer computed from a streamed weight
     (compressed weight, scale, zero point; recorded by the low-memory export) with the same computation (NNCF's
     `compress_weight` and its layout) redone on the weight's checkpoint tensor, one weight at a time."""
-    import onnx
-
     from hfexport.lowerings.quantize_streaming import ONNX_QUANTIZED_KEY, OnnxQuantized, onnx_parts
 
     onnx_path = Path(onnx_path)
-    proto = onnx.load(str(onnx_path), load_external_data=False)
-    recorded = json.loads({e.key: e.value for e in proto.metadata_props}.get(ONNX_QUANTIZED_KEY, "{}"))
+    proto = _load_onnx(onnx_path)
+    recorded = _record(proto, ONNX_QUANTIZED_KEY, onnx_path)
     by_weight: dict[str, list[Any]] = {}
     for tensor in proto.graph.initializer:
         if tensor.name in recorded:
@@ -164,11 +197,14 @@ def _saved_bytes(onnx_path: Path, tensor: Any) -> bytes:
 
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return bytes(tensor.raw_data)
-    info = {entry.key: entry.value for entry in tensor.external_data}
+    info = {entry.key: entry.value for entry in tensor.external_data}  # checked by `_load_onnx`
     with open(onnx_path.parent / info["location"], "rb") as data:
-        data.seek(int(info.get("offset", 0)))
-        return data.read(int(info["length"]))
+        data.seek(int(info.get("offset") or 0))
+        return data.read(int(info.get("length") or 0))
 
+
+# The dtypes an OpenVINO record names (torch attribute names, looked up only when in this set).
+_RECORDED_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8"})
 
 # ONNX TensorProto data types -> torch dtypes, for the weights a checkpoint holds.
 _TORCH_DTYPES = {

@@ -474,12 +474,13 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"{directory} has no {MANIFEST}: not an hfexport artifact (or an unfinished one)")
     if path.is_symlink() and not is_inside(path, directory):
         raise UnsafePathError(f"{path} is a symlink out of the artifact folder")
-    if not path.stat().st_size <= MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is {path.stat().st_size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file that grew since the stat is still read only this far
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path} is over {MAX_MANIFEST_BYTES} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    size = path.stat().st_size
+    if not size <= MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path} is {size} bytes; a manifest is at most {MAX_MANIFEST_BYTES}")
+    with open(path, "rb") as f:  # read(n) allocates n bytes up front: read what the stat said, and one more
+        raw = f.read(size + 1)
+    if len(raw) > size:
+        raise ManifestError(f"{path} grew while it was read (a manifest is at most {MAX_MANIFEST_BYTES} bytes)")
     try:
         manifest = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
@@ -527,3 +528,42 @@ def update_manifest(directory: str | Path, **fields: Any) -> dict[str, Any]:
     check_manifest(manifest)
     write_text_atomically(directory / MANIFEST, json.dumps(manifest, indent=2))
     return manifest
+
+
+def validation_verdict(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    """What the manifest says of the artifact's validation: ("passed" | "failed" | "not run", one line of detail).
+
+    Read from plain manifest data, any shape tolerated: a single export's comparison (outputs, other shapes),
+    a generation export's token check, a low-memory export's checks, or the error of a validation that could
+    not run.
+    """
+    record = manifest.get("validation")
+    if not isinstance(record, Mapping):
+        return "not run", "exported without --validate"
+    if record.get("error"):
+        return "failed", f"the validation could not run: {record['error']}"
+    if record.get("ok") is not True:
+        return "failed", _failures(record) or "the artifact differs from eager"
+    if "agreement" in record:
+        return "passed", f"{record.get('new_tokens')} greedy tokens equal model.generate's"
+    shapes = [s.get("name") for s in record.get("shapes") or [] if isinstance(s, Mapping) and not s.get("skipped")]
+    tolerance = f"atol {record.get('atol')}, rtol {record.get('rtol')}"
+    where = f"the sample and {', '.join(map(str, shapes))}" if shapes else "the sample"
+    return "passed", f"matches eager on {where} ({tolerance})"
+
+
+def _failures(record: Mapping[str, Any]) -> str:
+    """The failed checks of a validation record, named: outputs of the sample, other shapes, tokens."""
+    failed = [
+        f"{o.get('name')}" for o in record.get("outputs") or [] if isinstance(o, Mapping) and o.get("ok") is False
+    ]
+    failed += [
+        f"{s.get('name')} ({s.get('problem') or 'differs'})"
+        for s in record.get("shapes") or []
+        if isinstance(s, Mapping) and s.get("ok") is False
+    ]
+    if "agreement" in record:
+        agreement = record.get("agreement")
+        share = f"{agreement:.0%}" if isinstance(agreement, int | float) else "?"
+        failed.append(f"greedy tokens: {share} agree with model.generate")
+    return "differs on " + ", ".join(failed) if failed else ""

@@ -60,16 +60,35 @@ class _Invalid(Exception):
     """A structural fault; `check_program` turns it into an `ArtifactError` naming the file."""
 
 
-class _Reader:
-    """Little-endian reads inside `data[:end]` that refuse any position outside it."""
+# Reads the check may make per byte of the program (plus a fixed allowance). A program's tables are each read a
+# few times (a real program uses under 4 per byte: tools/fuzz_pte.py), but a flatbuffer may point many vector
+# entries at one table (a plan's chains, a chain's instructions, values at one list): the check then visits that
+# table once per reference, P*C*I visits for a few KB (an 8.6 KB file took more than 240 s). Charging every
+# read bounds the check's time by the file's size whatever the sharing.
+READS_PER_BYTE = 64
+_READ_ALLOWANCE = 1 << 16
+_READ_COST = 8  # per read, on top of its bytes: a read of a few bytes costs a Python call all the same
 
-    def __init__(self, data: bytes, end: int) -> None:
+
+class _Reader:
+    """Little-endian reads inside `data[:end]` that refuse any position outside it, and refuse to read more than
+    `READS_PER_BYTE` times the program's size in all (shared tables read once per reference)."""
+
+    def __init__(self, data: bytes | memoryview, end: int) -> None:
         self.data = data
         self.end = end
+        self.budget = READS_PER_BYTE * end + _READ_ALLOWANCE
+        self.spent = 0
 
     def need(self, pos: int, size: int, what: str) -> None:
         if pos < 0 or size < 0 or pos + size > self.end:
             raise _Invalid(f"{what} (bytes {pos}..{pos + size}) lies outside the program ({self.end} bytes)")
+        self.spent += size + _READ_COST
+        if self.spent > self.budget:
+            raise _Invalid(
+                f"reading it takes more than {READS_PER_BYTE} reads per byte of its {self.end} bytes: its tables are "
+                "shared between many references (a program ExecuTorch writes reads each table a few times)"
+            )
 
     def read(self, fmt: str, pos: int, what: str) -> Any:
         self.need(pos, struct.calcsize(fmt), what)
@@ -151,7 +170,7 @@ class _Table:
             return None
         count = self.r.read("I", at, what)
         self.r.need(at + 4, count + 1, what)
-        raw = self.r.data[at + 4 : at + 4 + count]
+        raw = bytes(self.r.data[at + 4 : at + 4 + count])
         if self.r.data[at + 4 + count] != 0:
             raise _Invalid(f"{what} is not NUL-terminated")
         try:
@@ -581,10 +600,10 @@ def _delegate(
     if backend != _XNNPACK:
         return _Delegate(None)
     start, size = segments[index]
-    return _Delegate(_xnnpack_externs(data[start : start + size], where))
+    return _Delegate(_xnnpack_externs(memoryview(data)[start : start + size], where))
 
 
-def _xnnpack_externs(payload: bytes, where: str) -> int:
+def _xnnpack_externs(payload: memoryview, where: str) -> int:
     """The number of external values an XNNPACK payload's graph binds to the call's arguments (XNNHeader.h: magic
     "XH00" at 4, then u16 header length, u32 flatbuffer offset and size; XNNGraph field 3 is `num_externs`)."""
     if len(payload) < 18 or payload[4:8] != b"XH00":

@@ -307,7 +307,10 @@ def save(
 
 
 def _first(reports: Mapping[str, Any], attr: str) -> str | None:
-    return next((getattr(r, attr) for r in reports.values() if getattr(r, attr, None)), None)
+    """`attr` of the model the artifact exports: a generation export's first components may be submodules
+    (Whisper's `WhisperEncoder`, LLaVA's vision tower), its `decode` step runs the model itself."""
+    ordered = [reports["decode"], *reports.values()] if reports.get("decode") is not None else reports.values()
+    return next((getattr(r, attr) for r in ordered if getattr(r, attr, None)), None)
 
 
 def _versions(reports: Mapping[str, Any]) -> dict[str, str]:

@@ -78,6 +78,8 @@ class Validation:
     atol: float = 0.0
     rtol: float = 0.0
     checks: list[ShapeCheck] = field(default_factory=list)
+    # Where atol and rtol come from (the weights' dtype, the user's flags), said with the verdict.
+    tolerance_source: str = ""
 
     @property
     def ok(self) -> bool:
@@ -92,12 +94,17 @@ class Validation:
             "ok": self.ok,
             "atol": self.atol,
             "rtol": self.rtol,
+            "tolerance_source": self.tolerance_source,
             "outputs": [o.to_dict() for o in self.outputs],
             "shapes": [c.to_dict() for c in self.checks],
         }
 
     def __str__(self) -> str:
-        lines = [f"validation ({self.export_format} runtime vs eager, |diff| <= atol + rtol * max|eager|):"]
+        source = f": {self.tolerance_source}" if self.tolerance_source else ""
+        lines = [
+            f"validation ({self.export_format} runtime vs eager, |diff| <= atol {self.atol:g} + rtol {self.rtol:g} "
+            f"* max|eager|{source}):"
+        ]
         for o in self.outputs:
             verdict = "ok" if o.ok else "FAIL"
             detail = o.problem or f"max abs diff {o.max_abs_diff:.3g} (tolerance {o.tolerance:.3g})"
@@ -171,19 +178,28 @@ def validate(
     trust: bool = False,
     component: str | None = None,
     other_inputs: Mapping[str, Mapping[str, Any]] | None = None,
+    eager_may_refuse: bool = False,
 ) -> Validation:
     """Load the saved artifact, run it in its own runtime and compare every output with eager `model(**inputs)`.
 
     `trust` is passed to `hfexport.load` (a `.pt2` needs it); `component` picks one of a multi-component export.
     `other_inputs` (name -> forward kwargs of other shapes, e.g. a grown sequence or another batch) are compared
     the same way, each a `ShapeCheck`: an artifact that refuses a shape (an axis the export made static) fails
-    that check with the runtime's reason instead of raising.
+    that check with the runtime's reason instead of raising. With `eager_may_refuse`, a shape the eager model
+    itself refuses is a skipped check with eager's reason (see `check_shapes`).
     """
     loaded = load(directory, trust=trust)
     expected = eager_outputs(model, inputs)
     actual = loaded.run(inputs, component)
     validation = Validation(loaded.export_format, compare(expected, actual, atol, rtol), atol, rtol)
-    validation.checks = check_shapes(lambda feed: loaded.run(feed, component), model, other_inputs or {}, atol, rtol)
+    validation.checks = check_shapes(
+        lambda feed: loaded.run(feed, component),
+        model,
+        other_inputs or {},
+        atol,
+        rtol,
+        eager_may_refuse=eager_may_refuse,
+    )
     return validation
 
 

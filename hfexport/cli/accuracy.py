@@ -73,8 +73,7 @@ def runs_everywhere(validation: Any) -> bool:
     return outputs and not any(c.problem for c in validation.checks)
 
 
-def print_accuracy(record: Any) -> None:
-    print(f"accuracy against the float model ({record.text}, {record.tokens} predictions):")
-    print(f"  {record.summary()}")
-    for note in record.notes:
-        print(f"  note: {note}")
+def accuracy_lines(record: Any) -> list[str]:
+    """What `--validate` prints of a quantized export's `AccuracyRecord`."""
+    lines = [f"accuracy against the float model ({record.text}, {record.tokens} predictions):", f"  {record.summary()}"]
+    return lines + [f"  note: {note}" for note in record.notes]

@@ -10,6 +10,7 @@ from hfexport.cli.export import model_options
 from hfexport.cli.models import export_config, load_model, split
 from hfexport.cli.progress import Progress
 from hfexport.cli.progress import step as _step
+from hfexport.cli.validation import validation_tolerance
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -24,7 +25,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     ablate: bool | tuple[str, ...] = False
     if args.ablate is not None:
         ablate = split(args.ablate) or True
-    rtol = args.rtol if args.rtol is not None else 1e-3
+    tolerance = validation_tolerance(args, config, model)
     progress = Progress()
     try:
         # Each export of the audit (the base and every ablation) shows its stages as they start.
@@ -35,13 +36,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 config,
                 model_name=args.model,
                 ablate=ablate,
-                atol=args.atol,
-                rtol=rtol,
+                atol=tolerance.atol,
+                rtol=tolerance.rtol,
                 progress=progress.step,
             )
     finally:
         progress.close()
-    print(audit.render(explain=args.explain))
+    print(audit.render(explain=args.explain, all_rules=args.all))
     if args.json:
         audit.save(args.json)
         _step(f"wrote {args.json}")

@@ -42,6 +42,12 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def fail(code: ExitCode, message: str) -> int:
+def fail(code: ExitCode, message: str, traceback_of: BaseException | None = None) -> int:
+    """Print `error: message` on stderr and return `code`. With `traceback_of` (`--debug`), its traceback
+    comes first; the last line and the exit code are the same with and without it."""
+    if traceback_of is not None:
+        import traceback
+
+        traceback.print_exception(traceback_of, file=sys.stderr)
     print(f"error: {message}", file=sys.stderr)
     return int(code)

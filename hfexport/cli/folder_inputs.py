@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
+from hfexport.model_files import read_folder_file
 
 # Text tokens (the decoder prompt of a speech model; the prompt around the image of a VLM) when
 # `--sequence-length` does not say.
@@ -34,8 +35,12 @@ def read_folder(path: str | Path, trust_remote_code: bool = False) -> FolderSpec
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    pre_path = Path(path) / "preprocessor_config.json"
-    preprocessor = json.loads(pre_path.read_text()) if pre_path.is_file() else {}
+    # Read as every file of a model folder is: from inside the folder, a regular file, bounded.
+    data = read_folder_file(path, "preprocessor_config.json")
+    try:
+        preprocessor = json.loads(data) if data is not None else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{Path(path) / 'preprocessor_config.json'} is not JSON ({exc})") from None
     return FolderSpec(config, preprocessor if isinstance(preprocessor, dict) else {})
 
 
@@ -151,3 +156,56 @@ def folder_sample_inputs(
     if task == "image-text-to-text":
         return _vision_language_inputs(spec, batch, length, generator)
     raise ValueError(f"no config-built sample inputs for task {task!r}; these tasks have them: {NON_TEXT_TASKS}")
+
+
+# A folder without these has no tokenizer: its text inputs are built from the config (`text_inputs`).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+# Text tokens of a config-built text sample when `--sequence-length` does not say (a tokenizer's encoding of
+# the two fixed texts is about as long).
+CONFIG_TEXT_LENGTH = 8
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def text_inputs(
+    path: str | Path,
+    task: str,
+    seed: int = 0,
+    *,
+    batch_size: int | None = None,
+    sequence_length: int | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Text forward kwargs of a folder without a tokenizer (a checkpoint saved by `save_pretrained` alone), from
+    its config, as optimum builds them: token ids drawn from `seed` over the vocabulary (the first three ids,
+    usually special, left out), an all-ones mask, and for an encoder-decoder decoder ids that start with
+    `decoder_start_token_id`. The length is capped at the model's maximum positions."""
+    import torch
+
+    spec = read_folder(path, trust_remote_code)
+    generator = torch.Generator().manual_seed(seed)
+    batch = batch_size or 2
+    length = sequence_length or CONFIG_TEXT_LENGTH
+    text = getattr(spec.config, "text_config", None) or spec.config
+    positions = _get(text, "max_position_embeddings", "n_positions", "max_seq_len")
+    if isinstance(positions, int) and positions > 0:
+        length = min(length, positions)
+    ids = _text_ids(spec, batch, length, generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if task == "seq2seq-lm":
+        decoder = _text_ids(spec, batch, DEFAULT_TEXT_LENGTH["speech-seq2seq"], generator)
+        start = _get(spec.config, "decoder_start_token_id", "pad_token_id")
+        if start is not None:
+            decoder[:, 0] = int(start)
+        inputs["decoder_input_ids"] = decoder
+    return inputs

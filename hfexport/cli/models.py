@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
-from hfexport.cli.folder_inputs import DEFAULT_TEXT_LENGTH, NON_TEXT_TASKS, folder_sample_inputs
+from hfexport.cli.folder_inputs import (
+    DEFAULT_TEXT_LENGTH,
+    NON_TEXT_TASKS,
+    folder_sample_inputs,
+    has_tokenizer,
+    text_inputs,
+)
 
 # --task -> the transformers Auto class a local model folder is loaded with.
 TASKS: dict[str, str] = {
@@ -35,7 +42,15 @@ HF_TASKS: dict[str, str] = {
     "image-classification": "image-classification",
     "automatic-speech-recognition": "speech-seq2seq",
     "image-text-to-text": "image-text-to-text",
+    "text-generation-with-past": "causal-lm",
+    "text2text-generation-with-past": "seq2seq-lm",
+    "automatic-speech-recognition-with-past": "speech-seq2seq",
+    "image-text-to-text-with-past": "image-text-to-text",
 }
+# The pipeline names whose export is what `generate` runs, as optimum's `-with-past` exports are: they imply
+# `--generation` (the components with their cache). `text-generation` too: a causal LM's single forward graph
+# cannot generate, and a user naming that task means to.
+GENERATION_TASKS = tuple(name for name in HF_TASKS if name == "text-generation" or name.endswith("-with-past"))
 TASK_CHOICES: tuple[str, ...] = ("auto", *TASKS, *(name for name in HF_TASKS if name not in TASKS))
 # The task of each built-in tiny model's family.
 _FAMILY_TASKS = {
@@ -48,6 +63,8 @@ _FAMILY_TASKS = {
 # config files (`folder_inputs`).
 _TEXT_TASKS = ("causal-lm", "seq2seq-lm", "feature-extraction", "sequence-classification", "masked-lm")
 DTYPES = ("float32", "float16", "bfloat16")
+# optimum-cli's spellings of the same dtypes (`--dtype fp16`), and torch's short names.
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 # Architecture suffix -> task, for `--task auto` on a folder.
 _SUFFIX_TASKS = {
     "ForCausalLM": "causal-lm",
@@ -59,14 +76,23 @@ _SUFFIX_TASKS = {
 }
 
 
+def dtype_name(value: str) -> str:
+    """`--dtype` as torch names it: `fp16`/`bf16`/`fp32` (optimum-cli's spellings) and any case are accepted."""
+    value = value.strip().lower()
+    return _DTYPE_ALIASES.get(value, value)
+
+
 def canonical_task(task: str) -> str:
     """Our task name for `task` (ours or a Hugging Face pipeline name)."""
     return task if task in TASKS or task == "auto" else HF_TASKS[task]
 
 
-def check_model_spec(spec: str, task: str) -> None:
-    """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, and a `--task` that
-    does not fit it."""
+def check_model_spec(spec: str, task: str, trust_remote_code: bool = False) -> None:
+    """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, a `--task` that
+    does not fit it, a folder whose config or tokenizer files would be refused when saved beside the export
+    (`hfexport.model_files`: a symlink out of the folder, not a regular file, too large), and one that needs
+    its own Python code without `--trust-remote-code`."""
+    from hfexport.model_files import HF_FILE_NAMES, check_folder_files, code_needed, read_folder_file
     from hfexport.tiny import TINY_MODELS
 
     task = canonical_task(task)
@@ -83,16 +109,23 @@ def check_model_spec(spec: str, task: str) -> None:
     weights = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")]
     if not weights:
         raise UsageError(f"--model {spec}: the folder has no weights (*.safetensors or pytorch_model*.bin)")
+    check_folder_files(path, HF_FILE_NAMES)  # InputError naming the file: exit 2
+    if not trust_remote_code:
+        files = {name: read_folder_file(path, name) for name in ("config.json", "tokenizer_config.json")}
+        needs = code_needed({name: data for name, data in files.items() if data is not None})
+        if needs is not None:
+            raise UsageError(f"--model {spec}: {needs}; hfexport runs none unless you pass --trust-remote-code")
 
 
-def _folder_task(path: Path, task: str) -> str:
+def _folder_task(path: Path, task: str, trust_remote_code: bool = False) -> str:
     """`task`, or for `auto` the one the folder's config (`architectures`) names."""
     if task != "auto":
         return task
     import transformers
     from transformers.models.auto import modeling_auto
 
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    # Never transformers' default (None), which asks on stdin whether to run the folder's code.
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     architecture = (getattr(config, "architectures", None) or [""])[0]
     if architecture.endswith("ForConditionalGeneration"):
         # Whisper and LLaVA are "ForConditionalGeneration" too: the Auto mappings say which kind it is.
@@ -122,9 +155,9 @@ def load_model(
         if dtype:
             model = model.to(getattr(torch, dtype))
         return model, sample_inputs(spec, dtype=dtype, batch_size=batch_size, sequence_length=sequence_length)
-    check_model_spec(spec, task)
+    check_model_spec(spec, task, trust_remote_code)
     path = Path(spec)
-    task = _folder_task(path, canonical_task(task))
+    task = _folder_task(path, canonical_task(task), trust_remote_code)
     import transformers
 
     options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
@@ -134,7 +167,8 @@ def load_model(
     inputs = sample_inputs(
         spec, task=task, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
     )
-    return model, inputs
+    _say_where_inputs_come_from(spec, task, inputs)
+    return model, drop_untaken(model, inputs)
 
 
 def load_empty_model(
@@ -154,8 +188,8 @@ def load_empty_model(
 
     if spec in TINY_MODELS:
         raise UsageError(f"--low-memory streams weights from a checkpoint folder; {spec} is built in: save it first")
-    check_model_spec(spec, task)
-    task = _folder_task(Path(spec), canonical_task(task))
+    check_model_spec(spec, task, trust_remote_code)
+    task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
     if task not in _TEXT_TASKS:
         raise UsageError(f"--model {spec} is a {task} model: sample inputs are built from a folder only for text tasks")
     model = empty_model(
@@ -164,7 +198,47 @@ def load_empty_model(
     inputs = sample_inputs(
         spec, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code, task=task
     )
-    return model, inputs, TASKS[task]
+    _say_where_inputs_come_from(spec, task, inputs)
+    return model, drop_untaken(model, inputs), TASKS[task]
+
+
+def inputs_source(spec: str, task: str = "auto") -> str:
+    """Where the sample inputs of `--model` come from, in words (the manifest records it)."""
+    from hfexport.tiny import TINY_MODELS
+
+    if spec in TINY_MODELS:
+        return "the built-in model's seeded sample"
+    task = _folder_task(Path(spec), canonical_task(task))
+    if task in NON_TEXT_TASKS:
+        return "the folder's config files (shapes), values drawn from a fixed seed"
+    if has_tokenizer(spec):
+        return "the folder's tokenizer on fixed texts"
+    return "the folder's config (no tokenizer: token ids drawn from vocab_size with a fixed seed)"
+
+
+def _say_where_inputs_come_from(spec: str, task: str, inputs: dict[str, Any]) -> None:
+    """One line on stderr when a text model's folder has no tokenizer: its inputs were built from the config."""
+    if task in NON_TEXT_TASKS or has_tokenizer(spec):
+        return
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+    print(f"note: {spec} has no tokenizer: sample inputs built from its config ({shapes})", file=sys.stderr)
+
+
+def drop_untaken(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inputs` without those the model's forward does not name (a tokenizer's `token_type_ids` for a decoder-only
+    model, which `generate` refuses); one line on stderr names what was dropped."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    named = {n for n, p in parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    dropped = [name for name in inputs if name not in named]
+    if dropped:
+        print(
+            f"note: dropped {', '.join(dropped)} from the sample inputs: {type(model).__name__}.forward does not "
+            "take it",
+            file=sys.stderr,
+        )
+    return {k: v for k, v in inputs.items() if k in named}
 
 
 def sample_inputs(
@@ -189,7 +263,7 @@ def sample_inputs(
         if dtype:
             inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         return inputs
-    task = _folder_task(Path(spec), canonical_task(task))
+    task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
     if task in NON_TEXT_TASKS:
         inputs = folder_sample_inputs(
             spec,
@@ -202,6 +276,15 @@ def sample_inputs(
         if dtype:
             inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         return inputs
+    if not has_tokenizer(spec):  # a checkpoint saved without its tokenizer: ids drawn from the config
+        return text_inputs(
+            spec,
+            task,
+            seed,
+            batch_size=batch_size,
+            sequence_length=sequence_length,
+            trust_remote_code=trust_remote_code,
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -233,7 +316,7 @@ def other_samples(
         default_batch, default_length = TINY_MODELS[spec].sample_shape
         batch, length = batch_size or default_batch, sequence_length or default_length
     else:
-        task = _folder_task(Path(spec), canonical_task(task))
+        task = _folder_task(Path(spec), canonical_task(task), trust_remote_code)
         if task in NON_TEXT_TASKS:  # `length` counts text tokens, as `sample_inputs` takes it
             batch = next(iter(inputs.values())).shape[0]
             length = sequence_length or DEFAULT_TEXT_LENGTH.get(task, 0)
@@ -254,6 +337,7 @@ def other_samples(
             trust_remote_code=trust_remote_code,
             task=task,
         )
+        feed = {k: v for k, v in feed.items() if k in inputs}  # what the sample kept (see drop_untaken)
         if {k: tuple(v.shape) for k, v in feed.items()} != sample_shapes:
             others[name] = feed
     return others
@@ -295,7 +379,11 @@ def export_config(args: argparse.Namespace) -> Any:
     try:
         config = AutoExportConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+        # Name the flag the value came from: --opset N is a config field too.
+        flag = "--config"
+        if getattr(args, "opset", None) is not None and "opset_version" in str(exc):
+            flag = f"--opset {args.opset}"
+        raise UsageError(f"{flag}: {exc}") from None
     if args.quantize:
         config.quantizer = _quantizer(args.quantize, args.format)
         config.quantizer.keep_float = split(getattr(args, "keep_float", None))

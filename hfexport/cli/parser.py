@@ -16,13 +16,16 @@ from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_li
 from hfexport.cli.export import check_file_target, check_writable, cmd_export
 from hfexport.cli.models import (
     DTYPES,
+    GENERATION_TASKS,
     LOW_MEMORY_RECIPES,
     QUANTIZE_RECIPES,
     TASK_CHOICES,
     check_model_spec,
     config_json,
+    dtype_name,
 )
 from hfexport.cli.noise import quiet_third_party
+from hfexport.cli.report import cmd_report
 from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
 from hfexport.cli.scan import cmd_scan
 from hfexport.cli.sweep import LOCAL_RAY, cmd_sweep
@@ -51,7 +54,9 @@ def _debug_option(parser: argparse.ArgumentParser) -> None:
 
 def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="built-in tiny model name or a local model folder")
-    parser.add_argument("--format", default="dynamo", choices=FORMATS, help="export format (default: dynamo)")
+    parser.add_argument(
+        "--format", default="dynamo", type=str.lower, choices=FORMATS, help="export format (default: dynamo)"
+    )
     parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--task",
@@ -61,7 +66,12 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
         help="the task (ours or a Hugging Face pipeline name: text-generation, fill-mask, ...); for a local folder "
         "it picks the Auto class (auto: from its config's architectures); a built-in model takes only its own",
     )
-    parser.add_argument("--dtype", choices=DTYPES, help="load the model in this dtype (default: the checkpoint's)")
+    parser.add_argument(
+        "--dtype",
+        type=dtype_name,
+        choices=DTYPES,
+        help="load the model in this dtype: float32|fp32, float16|fp16, bfloat16|bf16 (default: the checkpoint's)",
+    )
     parser.add_argument("--opset", type=int, help="ONNX opset version (--format onnx)")
     parser.add_argument(
         "--portable",
@@ -96,12 +106,13 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--enable", action="append", help="enable rules by id or prefix (comma-separated)")
     parser.add_argument("--disable", action="append", help="disable rules by id or prefix (comma-separated)")
-    parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance against eager (1e-4)")
+    parser.add_argument("--atol", type=float, help="with --validate: absolute tolerance against eager (1e-4)")
     parser.add_argument(
         "--rtol",
         type=float,
         default=None,
-        help="tolerance relative to each output's largest eager value (1e-3; 1e-2 for fp16-compressed OpenVINO)",
+        help="with --validate: tolerance relative to each output's largest eager value (1e-3 for float32 weights; "
+        "larger for float16/bfloat16 ones, docs/cli.md)",
     )
 
 
@@ -184,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-worst", type=int, default=2, metavar="N", help="with --quant: groups kept in float for the gain (2)"
     )
     audit.add_argument(
+        "--all", action="store_true", help="list every registered rule, not only those that ran in this export"
+    )
+    audit.add_argument(
         "--ablate",
         nargs="*",
         metavar="ID",
@@ -213,9 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--trust", action="store_true", help="allow a .pt2 (it deserialises with pickle)")
     check.set_defaults(func=cmd_check)
 
+    report = sub.add_parser("report", help="render a saved artifact's report: verdict, rules that fired, the rest")
+    report.add_argument("directory")
+    report.add_argument("--html", metavar="FILE", help="write it as a static HTML page")
+    report.add_argument("--markdown", metavar="FILE", help="write it as Markdown (without either: on stdout)")
+    report.set_defaults(func=cmd_report)
+
     sweep = sub.add_parser("sweep", help="export many tiny-config models; write the models x rules hit matrix")
     sweep.add_argument("--configs", required=True, help="a corpus entry (JSON) or a folder searched for them")
-    sweep.add_argument("--format", default="dynamo", choices=FORMATS)
+    sweep.add_argument("--format", default="dynamo", type=str.lower, choices=FORMATS)
     sweep.add_argument("--only", action="append", help="only these entries (file stems, comma-separated)")
     sweep.add_argument("--config", help="extra config fields as JSON (or @file.json) for every export")
     sweep.add_argument(
@@ -252,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt", type=int, default=128, help="prompt tokens (batch 1, random ids; default 128)")
     bench.add_argument("--new", type=int, default=128, help="new tokens generated greedily (default 128)")
     bench.add_argument("--repeats", type=int, default=3, help="timings are medians of this many runs (default 3)")
-    bench.add_argument("--dtype", choices=DTYPES, help="load the model in this dtype (default: the checkpoint's)")
+    bench.add_argument(
+        "--dtype", type=dtype_name, choices=DTYPES, help="load the model in this dtype (default: the checkpoint's)"
+    )
     bench.add_argument(
         "--bandwidth-mb", type=int, default=512, help="fp32 matrix torch.mv streams to measure bandwidth (512)"
     )
@@ -261,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", help="also write the rows and the ceiling as JSON to this file")
     bench.set_defaults(func=cmd_bench, backends=None, precisions=None)
-    for command in (export, audit, listing, show, scan, check, sweep, bench):
+    for command in (export, audit, listing, show, scan, check, report, sweep, bench):
         _debug_option(command)
     return parser
 
@@ -271,17 +293,19 @@ def _check_combinations(args: argparse.Namespace) -> None:
     if args.command in ("export", "audit", "sweep"):
         config_json(args.config)  # a JSON mistake is refused before any import of torch
     if args.command == "bench":
-        check_model_spec(args.model, "causal-lm")
+        check_model_spec(args.model, "causal-lm", args.trust_remote_code)
         bench_choices(args)
     if args.command in ("export", "audit"):
-        check_model_spec(args.model, args.task)
+        check_model_spec(args.model, args.task, args.trust_remote_code)
         for flag, value in (("--batch-size", args.batch_size), ("--sequence-length", args.sequence_length)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1, not {value}")
     if args.command == "export":
         check_writable(Path(args.output))
+        if args.task in GENERATION_TASKS:
+            args.generation = True  # optimum's `-with-past`: the components generate runs
     for flag in ("report_html", "report_markdown", "html", "markdown"):
-        if args.command in ("export", "audit") and getattr(args, flag, None):
+        if args.command in ("export", "audit", "report") and getattr(args, flag, None):
             output = Path(args.output) if args.command == "export" else None
             check_file_target(f"--{flag.replace('_', '-')}", Path(getattr(args, flag)), output)
     if args.command == "export" and args.device is not None:
@@ -338,6 +362,24 @@ def _check_combinations(args: argparse.Namespace) -> None:
         )
     if args.command == "export" and args.low_memory and args.keep_float:
         raise UsageError("--low-memory compresses every weight as it streams: drop --keep-float")
+    if args.command == "export":
+        tolerances = [flag for flag in ("atol", "rtol") if getattr(args, flag) is not None]
+        if tolerances and (not args.validate or args.generation):
+            flags = " and ".join(f"--{flag}" for flag in tolerances)
+            why = (
+                "--generation --validate compares greedy tokens, not values"
+                if args.validate
+                else "they set the tolerance of --validate"
+            )
+            raise UsageError(f"{flags}: {why}; " + ("drop them" if args.validate else "add --validate or drop them"))
+    if args.command in ("export", "audit") and args.dynamic:
+        for flag, value in (("--batch-size", args.batch_size), ("--sequence-length", args.sequence_length)):
+            if value == 1:
+                raise UsageError(
+                    f"{flag} 1 with dynamic shapes: torch.export makes an axis whose sample size is 1 static, so the "
+                    f"artifact would take only 1 there; trace at {flag} 2 (the artifact still takes any size) or add "
+                    "--no-dynamic for a static export"
+                )
     if args.command == "export" and args.check_layers is not None and not (args.low_memory and args.validate):
         raise UsageError("--check-layers sets the reduced depth --low-memory --validate checks: add both or drop it")
     if args.command == "export" and args.generation and args.new_tokens is not None and not args.validate:
@@ -359,14 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.INTERRUPTED)
     except (UsageError, ConfigError, InputError, MissingPackageError) as exc:
         # Refused before any tracing (a flag, config, input or package problem): the message says what to do.
-        if debug:
-            raise
-        return fail(ExitCode.USAGE, one_line(exc))
+        return fail(ExitCode.USAGE, one_line(exc), traceback_of=exc if debug else None)
     except HfExportError as exc:
-        if debug:
-            raise
-        return fail(ExitCode.EXPORT_FAILED, f"export failed: {one_line(exc)} (--debug shows the traceback)")
+        hint = "" if debug else " (--debug shows the traceback)"
+        return fail(
+            ExitCode.EXPORT_FAILED, f"export failed: {one_line(exc)}{hint}", traceback_of=exc if debug else None
+        )
     except Exception as exc:
-        if debug:
-            raise
-        return fail(ExitCode.EXPORT_FAILED, f"{type(exc).__name__}: {one_line(exc)} (--debug shows the traceback)")
+        # The exit code says what happened, whatever --debug shows: the traceback goes before the same one line.
+        hint = "" if debug else " (--debug shows the traceback)"
+        message = f"{type(exc).__name__}: {one_line(exc)}{hint}"
+        return fail(ExitCode.EXPORT_FAILED, message, traceback_of=exc if debug else None)

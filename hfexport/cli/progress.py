@@ -18,6 +18,9 @@ class Progress:
         self.console: Any = None
         self.status: Any = None
         self.current: tuple[str, float] | None = None
+        # The stages this export has entered: a lowering that runs a stage in two passes (ONNX's fixes before
+        # the optimizer and fusions after it) is one line, not two.
+        self.seen: set[str] = set()
         if live is None:
             live = sys.stderr.isatty()
         if live:
@@ -38,6 +41,11 @@ class Progress:
         return time.perf_counter()
 
     def stage(self, name: str) -> None:
+        if name == "patch":  # the first stage of every export (each component of a generation export)
+            self.seen = set()
+        if name in self.seen:
+            return
+        self.seen.add(name)
         self._finish_stage()
         self.current = (name, time.perf_counter())
         if self.console is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import shutil
 
 from hfexport.cli.exits import UsageError
@@ -27,14 +28,25 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _did_you_mean(rule_id: str, ids: list[str]) -> str:
+    """ "; did you mean ...?" with the closest registered ids: by the whole id, else by its last part (a rule
+    named without its stage, or under another stage)."""
+    close = difflib.get_close_matches(rule_id, ids, n=3, cutoff=0.6)
+    if not close:
+        by_name = {i.rsplit("/", 1)[-1]: i for i in ids}
+        close = [by_name[n] for n in difflib.get_close_matches(rule_id.rsplit("/", 1)[-1], list(by_name), n=3)]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def cmd_rules_show(args: argparse.Namespace) -> int:
     from hfexport.audit import expiry_status, rule_diff, rule_location, rule_sources, rule_target
     from hfexport.rewrites.engine import default_registry
 
+    registry = default_registry()
     try:
-        rule = default_registry().get(args.id)
+        rule = registry.get(args.id)
     except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0]) + _did_you_mean(args.id, registry.ids())) from None
     meta = rule.meta
     expired, expiry = expiry_status(meta)
     expiry_text = "never (no expiry set)"
@@ -49,6 +61,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         ("upstream", meta.upstream or "-"),
         ("expires", expiry_text),
         ("backends", ", ".join(meta.backends)),
+        *([("variants", "; ".join(", ".join(v) for v in rule.variants()))] if len(rule.variants()) > 1 else []),
+        *([("formerly", ", ".join(meta.aliases))] if meta.aliases else []),
         ("models", ", ".join(meta.models) or "-"),
         ("default", "on" if meta.enabled_by_default else "off (enable it with RuleSelection(enable=...))"),
         ("target", rule_target(rule) or "-"),
@@ -63,7 +77,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         print(f"{name + ':' if name else '':10s} {value}")
     print("examples:")
     for example in meta.examples:
-        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}")
+        where = f" [{', '.join(example.backends)}]" if example.backends else ""
+        print(f"  {type(example).__name__:8s} {example.description or '(no description)'}{where}")
     diff = rule_diff(rule)
     if diff:
         print("diff (patched source -> replacement):")

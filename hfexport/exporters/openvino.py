@@ -40,8 +40,8 @@ class OpenVINOExporter(LowMemoryExport, DynamoExporter):
         return result
 
     def used(self, result: Any, config: ExportConfigMixin, context: Any) -> dict[str, Any]:
-        saved = "float16" if getattr(config, "compress_to_fp16", False) else "as computed"
-        used = {"saved_weights": saved if getattr(config, "output_path", None) else "not saved"}
+        # What a save writes, by `output_path` or `hfexport.save` alike (both follow compress_to_fp16).
+        used = {"saved_weights": "float16" if getattr(config, "compress_to_fp16", False) else "as computed"}
         if getattr(config, "low_memory", False):
             used["weights"] = "streamed from the checkpoint when saved (the openvino.Model holds placeholders)"
         if getattr(config, "stateful", False):

@@ -13,7 +13,7 @@ from hfexport.configs import ExportConfigMixin
 from hfexport.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
 from hfexport.exporters.preflight import preflight
-from hfexport.generation_spec import IMAGE_COUNT_META
+from hfexport.generation_spec import IMAGE_COUNT_META, STATIC_AXES_META
 from hfexport.report import ExportReport
 from hfexport.rewrites.rule import RuleSelection
 
@@ -130,12 +130,14 @@ class CaptureExporter(HfExporter):
         quantization = None
         result = None
         image_count: dict[str, int] = {}
+        static_axes: dict[str, dict[str, int]] = {}
         start = time.perf_counter()
         try:
             with exclusive():
                 options = self.capture_options(model, sample_inputs, config, warnings)
                 program = capture(model, sample_inputs, options, context, warnings)
                 image_count = dict(program.graph_module.meta.get(IMAGE_COUNT_META) or {})
+                static_axes = dict(program.graph_module.meta.get(STATIC_AXES_META) or {})
                 if quantizer is None:
                     result = self.lower(program, unsaved, context)
                 else:
@@ -182,6 +184,8 @@ class CaptureExporter(HfExporter):
                     "dtype": _weights_dtype(model),
                     # Pixel inputs whose image count the graph holds for (`hfexport.load(...).run` checks it).
                     **({"image_count": image_count} if image_count else {}),
+                    # Other axes asked dynamic that the trace fixed (`frontends.torch_export.specialised_axes`).
+                    **({"static_axes": static_axes} if static_axes else {}),
                     **(self.used(result, config, context) if result is not None else {}),
                 },
             )

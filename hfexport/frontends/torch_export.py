@@ -26,7 +26,7 @@ from hfexport.cache_pytree import (
 )
 from hfexport.errors import InputError
 from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts, specialised_image_axes
-from hfexport.generation_spec import IMAGE_COUNT_META, LAYOUT_META, LayoutSpecialised
+from hfexport.generation_spec import IMAGE_COUNT_META, LAYOUT_META, STATIC_AXES_META, LayoutSpecialised
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext
 
@@ -199,6 +199,55 @@ def size_one_axis_warnings(inputs: Mapping[str, Any]) -> list[str]:
     return warnings
 
 
+def _asked_axes(spec: Any, ndim: int) -> list[int]:
+    """The axes of one tensor that `dynamic_shapes` asks dynamic (`Dim.AUTO` for all of them, or per axis)."""
+    from torch.export.dynamic_shapes import _DimHint, _DimHintType
+
+    def dynamic(dim: Any) -> bool:
+        static = isinstance(dim, _DimHint) and dim.type == _DimHintType.STATIC
+        return dim is not None and not isinstance(dim, int) and not static
+
+    if spec is torch.export.Dim.AUTO:
+        return list(range(ndim))
+    if isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec):
+        return [k % ndim for k, v in spec.items() if dynamic(v) and -ndim <= k < ndim]
+    if isinstance(spec, (list, tuple)) and len(spec) == ndim:
+        return [axis for axis, dim in enumerate(spec) if dynamic(dim)]
+    return []
+
+
+def specialised_axes(
+    program: torch.export.ExportedProgram,
+    inputs: Mapping[str, Any],
+    dynamic_shapes: Mapping[str, Any] | None,
+    images: Mapping[str, int] | None = None,
+) -> dict[str, dict[str, int]]:
+    """The tensor inputs' axes asked dynamic that the trace fixed at the sample's size: `{name: {axis: size}}`
+    (the axis as a string, as the report's JSON keeps it). Only samples of size >= 2 count (a size-1 axis is
+    torch's 0/1 specialisation, warned about before the trace); the image axes `images` are said apart."""
+    from hfexport.frontends.multimodal import _static_size
+
+    if dynamic_shapes is None:
+        return {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    user_inputs = set(program.graph_signature.user_inputs)
+    fixed: dict[str, dict[str, int]] = {}
+    for name, value in inputs.items():
+        node = placeholders.get(name)
+        if not isinstance(value, torch.Tensor) or node is None or name not in user_inputs:
+            continue
+        traced = node.meta.get("val")
+        if not isinstance(traced, torch.Tensor) or traced.ndim != value.ndim:
+            continue
+        for axis in _asked_axes(dynamic_shapes.get(name), value.ndim):
+            if value.shape[axis] < 2 or (axis == 0 and name in (images or {})):
+                continue
+            size = _static_size(traced.shape[axis])
+            if size is not None:
+                fixed.setdefault(name, {})[str(axis)] = size
+    return fixed
+
+
 def _flat_forward(forward: Any, names: list[str]) -> Any:
     """A forward whose explicit signature is the sample input names, in order.
 
@@ -334,7 +383,8 @@ def capture(
     model_name = type(model).__name__
     # The patch rules see the model as a layout-specialised one (`patch/fake-constant-layouts` applies then);
     # the trace is still of `model` itself, so its weights keep their names.
-    with engine.patched(LayoutSpecialised(model, layout) if layout else model, context) as session:
+    patched_model = LayoutSpecialised(model, layout) if layout else model
+    with engine.patched(patched_model, context, model_name=model_name) as session:
         if options.strict and session.gated_rule_ids:
             # TorchDynamo cannot trace the ContextVar that keeps these patches invisible to other threads.
             raise InputError(
@@ -375,6 +425,16 @@ def capture(
     derived = options.dynamic_shapes is None or options.derived_shapes
     auto = dynamic_shapes if derived and not layout and text else None
     images = specialised_image_axes(program, inputs, auto)
+    fixed = specialised_axes(program, inputs, dynamic_shapes if derived else None, images)
+    if fixed:
+        program.graph_module.meta[STATIC_AXES_META] = fixed
+        for name, axes in fixed.items():
+            listed = ", ".join(f"{axis} at {size}" for axis, size in axes.items())
+            warnings_out.append(
+                f"{name}: axis {listed} exported static, the sample's size, though asked dynamic: the model's code "
+                "fixed it during the trace (a Python loop over it, a branch on it; `hfexport scan` finds such "
+                "code); another size is refused"
+            )
     if images:
         program.graph_module.meta[IMAGE_COUNT_META] = images
         for name, count in images.items():

@@ -365,7 +365,7 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
 
     from hfexport.rewrites.kinds.executorch import edge_compile_config, edge_transform_passes
 
-    engine.apply("executorch", program, context)
+    rules = engine.apply("executorch", program, context)
 
     unbounded = unbounded_inputs(program)
     if unbounded:
@@ -381,9 +381,9 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
         # As executorch's CUDA examples do: the AOTInductor delegate takes ATen ops beyond the edge dialect.
         compile_config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
     # Plus the targets the stage's verifier-exception rules found (executorch/sym-size-functions-verifier).
-    compile_config = edge_compile_config(program, compile_config)
+    compile_config = edge_compile_config(rules.outputs, compile_config)
     # Plus the edge passes the stage's edge-pass rules asked for (executorch/cache-input-no-write-back).
-    passes = edge_transform_passes(program)
+    passes = edge_transform_passes(rules.outputs)
     with context.stage("edge"):
         edge = to_edge_transform_and_lower(
             program, transform_passes=passes or None, partitioner=_partitioners(config), compile_config=compile_config

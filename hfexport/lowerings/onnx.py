@@ -192,22 +192,10 @@ def stream_weights(model: Any, source: WeightSource, fold_transposes: bool = Tru
     return len(streamed)
 
 
-def _after_quantizer(rule: Any) -> bool:
-    return bool(getattr(rule, "after_quantizer", False))
-
-
-def _is_fix(rule: Any) -> bool:
-    return rule.meta.kind == "fix" and not _after_quantizer(rule)
-
-
-def _is_fusion(rule: Any) -> bool:
-    return rule.meta.kind == "optimization" and not _after_quantizer(rule)
-
-
 def rewrite_quantized(onnx_program: Any, context: RewriteContext) -> None:
-    """Stage `onnx`'s last pass, on the model the quantizer returned (or the lowered one, without a quantizer):
-    the rules with `after_quantizer`, which rewrite what a quantizer writes (e.g. NNCF's dequantized tables)."""
-    hits = engine.apply("onnx", onnx_program.model, context, where=_after_quantizer, step="onnx-quantized")
+    """Stage `onnx`'s last phase, "quantized", on the model the quantizer returned (or the lowered one, without a
+    quantizer): the rules that rewrite what a quantizer writes (e.g. NNCF's dequantized tables)."""
+    hits = engine.apply("onnx", onnx_program.model, context, phase="quantized", step="onnx-quantized").hits
     if any(hits.values()):
         from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -231,24 +219,19 @@ def lower(
     import onnxscript
     import torch.onnx
 
-    from hfexport.rewrites.kinds.onnx import TranslationTable
-
     opset = config.opset_version or newest_opset()
-    table = TranslationTable(context, opset)
-    engine.apply("aten", table, context)
-    try:
-        with context.stage("translate"):
-            onnx_program = torch.onnx.export(
-                program,
-                (),
-                dynamo=True,
-                custom_translation_table=table.functions or None,
-                opset_version=opset,
-                optimize=False,
-                verbose=False,
-            )
-    finally:
-        table.finish()
+    # The overrides' translations, each counting its dispatches during the translation below.
+    table = dict(engine.apply("aten", opset, context).outputs)
+    with context.stage("translate"):
+        onnx_program = torch.onnx.export(
+            program,
+            (),
+            dynamo=True,
+            custom_translation_table=table or None,
+            opset_version=opset,
+            optimize=False,
+            verbose=False,
+        )
     if weights is not None:
         with context.stage("weights"):
             stream_weights(onnx_program.model, weights, fold_transposes=config.optimize)
@@ -258,7 +241,7 @@ def lower(
             onnx_program.exported_program = None
             gc.collect()
 
-    engine.apply("onnx", onnx_program.model, context, where=_is_fix)
+    engine.apply("onnx", onnx_program.model, context, phase="fix")
 
     if config.optimize:
         with context.stage("optimize"):
@@ -266,7 +249,7 @@ def lower(
 
     # Fusions match the optimized graph (constants folded, no-op casts gone) and their contrib ops stay out
     # of the optimizer's way.
-    fusions = engine.apply("onnx", onnx_program.model, context, where=_is_fusion)
+    fusions = engine.apply("onnx", onnx_program.model, context, phase="fusion").hits
     if fusions:  # at least one fusion rule ran (fired or not), as before the selection decided this
         # What the fused nodes replaced but other patterns shared (e.g. the Unsqueeze of cos feeding both
         # the query and the key rotation), and constants only the old nodes read.

@@ -41,18 +41,6 @@ def name_inputs_and_outputs(model: Any, input_names: list[str], output_names: li
         port.get_tensor().set_names({name})
 
 
-def _on_program(rule: Any) -> bool:
-    from hfexport.rewrites.kinds.openvino import PROGRAM_RULES
-
-    return isinstance(rule, PROGRAM_RULES)
-
-
-def _on_model(rule: Any) -> bool:
-    from hfexport.rewrites.kinds.openvino import OpenVINOModelRule
-
-    return isinstance(rule, OpenVINOModelRule)
-
-
 def _conversion_failure(exc: BaseException) -> str:
     text = str(exc).strip()
     # OpenVINO's conversion report is long; its summary names the ops that failed.
@@ -77,14 +65,14 @@ def lower(
 
     # Names first: the program rules edit the graph, never the signature, but read it from the capture.
     names = signature_names(program)
-    engine.apply("openvino", program, context, where=_on_program)
+    engine.apply("openvino", program, context, phase="program")
     placed = None
     if weights is not None:
         with context.stage("weights"):
             placed = place_weights(program, weights)
     with context.stage("convert", message=_conversion_failure):
         ov_model = ov.convert_model(program)
-    engine.apply("openvino", ov_model, context, where=_on_model)
+    engine.apply("openvino", ov_model, context, phase="model")
     if placed is not None:
         with context.stage("weights"):
             mark_streamed(ov_model, placed)

@@ -17,7 +17,7 @@ from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, traced_inputs
 from hfexport.rewrites.rules.executorch._pt2e import (
-    _keeping_integer_constants,
+    keeping_integer_constants,
 )
 
 logger = logging.getLogger("hfexport")
@@ -80,7 +80,7 @@ class PT2EQuantizer(ExportQuantizer):
     ) -> torch.fx.GraphModule:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-        quantizer = _keeping_integer_constants(self.pt2e_quantizer)
+        quantizer = keeping_integer_constants(self.pt2e_quantizer)
         if self.keep_float:
             from hfexport.quantizers.scopes import fx_nodes_in
 

@@ -22,9 +22,19 @@ from hfexport.rewrites.declines import (
 )
 from hfexport.rewrites.kinds.patch import PatchSession
 from hfexport.rewrites.registry import RuleRegistry, default_registry, using_registry
-from hfexport.rewrites.rule import Rule, RuleSelection
+from hfexport.rewrites.rule import PHASES, Applied, Rule, RuleSelection
 
-__all__ = ["RewriteContext", "RuleOutcome", "RuleRegistry", "apply", "default_registry", "patched", "using_registry"]
+__all__ = [
+    "RewriteContext",
+    "RuleOutcome",
+    "RuleRegistry",
+    "StageResult",
+    "apply",
+    "apply_rule",
+    "default_registry",
+    "patched",
+    "using_registry",
+]
 
 
 @dataclass
@@ -132,8 +142,13 @@ class RewriteContext:
             if hook is not None:
                 hook(self.__dict__.get("current_stage") or "", value)
 
-    def hit(self, rule_id: str) -> None:
-        self.hits[rule_id] += 1
+    def hit(self, rule_id: str, count: int = 1) -> None:
+        """Count `count` hits of `rule_id`, also those that come after its stage ran (an ATen override's dispatches
+        during translation, a patch's calls during the trace): a rule that ran shows them at once."""
+        self.hits[rule_id] += count
+        outcome = self.outcomes.get(rule_id)
+        if outcome is not None and outcome.status in ("no-match", "fired"):
+            outcome.hits, outcome.status, outcome.reason = self.hits[rule_id], "fired", ""
 
     @contextmanager
     def stage(
@@ -166,12 +181,15 @@ class RewriteContext:
             self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
         return self.outcomes[rule.id]
 
-    def decline(self, rule_id: str, reason: str) -> None:
+    def decline(self, rule_id: str, reason: str, count: int = 1) -> None:
         reasons = self.declined.setdefault(rule_id, Counter())
         if reason in reasons or len(reasons) < MAX_DECLINE_REASONS:
-            reasons[reason] += 1
+            reasons[reason] += count
+            if rule_id in self.outcomes:
+                self.outcomes[rule_id].declined = dict(reasons)
 
     def finish(self, rule: Rule) -> None:
+        """Record that `rule` ran: its outcome from the hits and declines so far (later ones update it)."""
         outcome = self._outcome(rule)
         outcome.hits = self.hits[rule.id]
         outcome.declined = dict(self.declined.get(rule.id, {}))
@@ -184,38 +202,35 @@ class RewriteContext:
 
 
 @contextmanager
-def patched(model: Any, context: RewriteContext, registry: RuleRegistry | None = None) -> Iterator[Any]:
+def patched(
+    model: Any, context: RewriteContext, registry: RuleRegistry | None = None, model_name: str | None = None
+) -> Iterator[Any]:
     """Install the selected `patch` rules on `model` for the body only; always restored.
 
-    Yields the `PatchSession`; the caller enters `session.active()` around the trace itself so the
-    torch-function and module-function patches are visible to that code alone.
+    The installation is stage `patch` (entered, timed and reported by `context.stage` as every stage is); the body,
+    the trace, is timed by the caller. Yields the `PatchSession`; the caller enters `session.active()` around the
+    trace itself so the module-function patches are visible to that code alone. `model_name` names the model in an
+    error.
     """
 
     registry = registry or default_registry()
     rules = registry.selected("patch", context)
     session = PatchSession(context.hit, on_rule=lambda rule_id: setattr(context, "current_rule", rule_id))
-    context.current_stage = "patch"
-    # The stage time is install + restore; the trace in between is timed by the caller.
-    start = installed = time.perf_counter()
     try:
-        for rule in rules:
-            context.current_rule = rule.id
-            reason = session.install(rule, model)
-            if reason is not None:
-                context.skip(rule, "not-applicable", reason)
-        context.current_rule = None
-        installed = time.perf_counter()
+        with context.stage("patch", model=model_name):
+            for rule in rules:
+                context.current_rule = rule.id
+                reason = session.install(rule, model, context.backend)
+                if reason is not None:
+                    context.skip(rule, "not-applicable", reason)
         with declines_to(context.decline):
             yield session
     finally:
-        resumed = time.perf_counter()
         try:
             session.restore()
         finally:
             for rule in rules:
                 context.finish(rule)
-            spent = (installed - start) + (time.perf_counter() - resumed)
-            context.stage_seconds["patch"] = context.stage_seconds.get("patch", 0.0) + spent
 
 
 @contextmanager
@@ -242,46 +257,82 @@ def recording(
         session.restore()
 
 
+@dataclass
+class StageResult:
+    """What one phase of a stage did: hits per rule id (every rule that ran, 0 included), and what the rules handed
+    to the lowering, in rule order (an edge pass, a verifier exception, a translation: `Applied.outputs`)."""
+
+    hits: dict[str, int] = field(default_factory=dict)
+    outputs: list[Any] = field(default_factory=list)
+
+
 def apply(
     stage: str,
     target: Any,
     context: RewriteContext,
     registry: RuleRegistry | None = None,
-    where: Callable[[Rule], bool] | None = None,
+    *,
+    phase: str | None = None,
     step: str | None = None,
-) -> dict[str, int]:
-    """Run the selected rules of a transform stage on `target` (in place); return hits per rule id.
+) -> StageResult:
+    """Run the selected rules of one phase of a transform stage on `target` (in place).
 
-    `where` keeps only some of the stage's rules (a lowering that runs a stage in two passes, e.g. ONNX fixes
-    before the optimizer and fusions after it); `step` names the pass in timings (default: the stage).
+    `phase` is the phase of the stage the lowering is at (`rule.PHASES`; it may be left out for a stage that has
+    one); only the rules of that phase run. `step` names the pass in timings and errors (default: the stage).
     """
     registry = registry or default_registry()
-    applier = _appliers().get(stage)
-    if applier is None:
-        raise ValueError(f"stage {stage!r} has no applier; known: {sorted(_appliers())} (patch uses `patched`)")
-    hits: dict[str, int] = {}
+    phases = PHASES.get(stage, ())
+    if stage == "patch" or not phases:
+        raise ValueError(f"stage {stage!r} is not a transform stage; known: {sorted(PHASES)} (patch uses `patched`)")
+    if phase is None:
+        if len(phases) != 1:
+            raise ValueError(f"stage {stage!r} runs in phases {phases}: name the one to run")
+        phase = phases[0]
+    elif phase not in phases:
+        raise ValueError(f"stage {stage!r} has no phase {phase!r}; its phases: {phases}")
+    result = StageResult()
     with context.stage(step or stage), declines_to(context.decline):
         for rule in registry.selected(stage, context):
-            if where is not None and not where(rule):
+            if rule.phase != phase:
                 continue
             context.current_rule = rule.id
-            count = applier(rule, target)
-            if count:
-                context.hits[rule.id] += count
+            rule_id = rule.id
+            applied = apply_rule(rule, target, hit=lambda rule_id=rule_id: context.hit(rule_id))
+            if applied.not_applicable:
+                context.skip(rule, "not-applicable", applied.not_applicable)
+            if applied.hits:
+                context.hit(rule.id, applied.hits)
+            for reason, count in applied.declined.items():
+                context.decline(rule.id, reason, count)
             context.finish(rule)
-            hits[rule.id] = count
-    return hits
+            result.hits[rule.id] = applied.hits
+            result.outputs.extend(applied.outputs)
+    return result
+
+
+def apply_rule(rule: Rule, target: Any, hit: Callable[[], None] | None = None) -> Applied:
+    """Apply one rule of a transform stage to `target` (in place) with its kind's applier, outside any export (the
+    engine's `apply` counts and records what it returns): `hit()` is called for each hit that comes later, such as
+    an ATen override's dispatch during translation."""
+    for kind in type(rule).__mro__:
+        applier = _appliers().get(kind)
+        if applier is not None:
+            return applier(rule, target, hit)
+    known = sorted(kind.__name__ for kind in _appliers())
+    raise TypeError(f"{type(rule).__name__} is not a transform rule kind; known: {known}")
 
 
 @functools.cache
-def _appliers() -> dict[str, Callable[[Rule, Any], int]]:
+def _appliers() -> dict[type, Callable[[Rule, Any, Callable[[], None] | None], Applied]]:
     # Built once: the kinds are imported on the first transform stage, not at `import hfexport`.
     from hfexport.rewrites.kinds import executorch, fx, onnx, openvino
 
     return {
-        "fx": fx.apply_fx_rule,
-        "aten": onnx.apply_aten,
-        "onnx": onnx.apply_onnx,
-        "executorch": executorch.apply,
-        "openvino": openvino.apply_openvino_rule,
+        fx.NodeRule: fx.apply_node_rule,
+        fx.FxGraphRule: fx.apply_graph_rule,
+        onnx.AtenOverride: onnx.apply_aten,
+        onnx.OnnxRewriteRule: onnx.apply_onnx_rule,
+        executorch.ExecutorchVerifierExceptionRule: executorch.apply_verifier_exception_rule,
+        executorch.ExecutorchEdgePassRule: executorch.apply_edge_pass_rule,
+        openvino.OpenVINOModelRule: openvino.apply_model_rule,
     }

@@ -31,17 +31,22 @@ class RuleRegistry:
     def __init__(self) -> None:
         self._by_stage: dict[str, list[Rule]] = {stage: [] for stage in STAGES}
         self._by_id: dict[str, Rule] = {}
+        self._aliases: dict[str, str] = {}  # former id -> the id of the rule that took it over
 
     def register(self, rule: Rule) -> Rule:
         if not isinstance(rule, Rule):
             raise RuleDefinitionError(f"not a rule: {rule!r}")
-        if rule.id in self._by_id:
+        if rule.id in self._by_id or rule.id in self._aliases:
             raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
+        for alias in rule.meta.aliases:
+            if alias in self._by_id or alias in self._aliases:
+                raise RuleDefinitionError(f"rule {rule.id}: alias {alias!r} is already a rule id or alias")
         examples = rule.meta.examples
         if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
             raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
         self._by_stage[rule.stage].append(rule)
         self._by_id[rule.id] = rule
+        self._aliases.update(dict.fromkeys(rule.meta.aliases, rule.id))
         return rule
 
     def check_requirements(self) -> None:
@@ -57,27 +62,34 @@ class RuleRegistry:
         return list(self._by_stage[stage])
 
     def get(self, rule_id: str) -> Rule:
+        """The rule of `rule_id`, or of the rule that took over `rule_id` as a former id (an alias)."""
         try:
-            return self._by_id[rule_id]
+            return self._by_id[self._aliases.get(rule_id, rule_id)]
         except KeyError:
             raise KeyError(f"no rule {rule_id!r}; `hfexport rules list` shows the registered ids") from None
 
     def ids(self) -> list[str]:
         return list(self._by_id)
 
+    def aliases(self) -> dict[str, str]:
+        """Former rule ids and the id of the rule each one selects now."""
+        return dict(self._aliases)
+
     def validate_selection(self, selection: RuleSelection) -> None:
-        unknown = selection.unknown_patterns(self.ids())
+        unknown = selection.unknown_patterns([*self.ids(), *self._aliases])
         if unknown:
             raise ValueError(
                 f"rule selection names no registered rule: {unknown}; use an id or an id prefix such as "
                 "'fx/' or 'patch/sdpa' (`hfexport rules list` shows them)"
             )
 
-    def plan(self, selection: RuleSelection) -> dict[str, str | None]:
+    def plan(self, selection: RuleSelection, backend: str | None = None) -> dict[str, str | None]:
         """Rule id -> None when it runs, else why not; requirements are honoured in both directions.
 
         A selected rule pulls in the rules it `requires` (unless the selection disables one of them, which
-        drops the dependent too), so `--disable`/ablation never runs a rule without what it needs.
+        drops the dependent too), so `--disable`/ablation never runs a rule without what it needs. For an export to
+        `backend`, a requirement that is not for that backend is none (a rule of several backends may need another
+        rule on one of them only).
         """
         verdict: dict[str, str | None] = {
             i: None if selection.is_enabled(r.meta) else "disabled by the rule selection"
@@ -92,6 +104,8 @@ class RuleRegistry:
                 for required in rule.meta.requires:
                     if verdict[required] is None:
                         continue
+                    if backend is not None and not self._by_id[required].applies_to(backend):
+                        continue
                     if selection.disables(self._by_id[required].meta) or verdict[required].startswith("requires"):
                         verdict[rule_id] = f"requires {required}, which is not running ({verdict[required]})"
                     else:
@@ -101,7 +115,7 @@ class RuleRegistry:
 
     def selected(self, stage: str, context: Any) -> list[Rule]:
         """The rules of `stage` that run for this context; the others are recorded as skipped."""
-        plan = self.plan(context.selection)
+        plan = self.plan(context.selection, context.backend)
         chosen = []
         for rule in self._by_stage[stage]:
             if not rule.applies_to(context.backend):

@@ -7,40 +7,33 @@ rule fails at import, not halfway through an export.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from hfexport.rewrites.upstream import UPSTREAM_FORMS, UpstreamRef, parse_upstream
 
 if TYPE_CHECKING:
     from hfexport.rewrites.examples import Example
 
-# Pipeline order. Adding a stage: append it here, give it a rule class with `stage = "<name>"` and an
-# applier in engine.py, and list its rule package in registry.py.
+# Pipeline order. Adding a stage: append it here and to PHASES, give a rule kind its name in `stages` (and an
+# applier in engine.py), and list its rule package in registry.py.
 STAGES: tuple[str, ...] = ("patch", "fx", "aten", "onnx", "executorch", "openvino")
+# The phases of each stage, in the order a lowering reaches them; each rule kind runs in one of its stage's
+# phases (`Rule.phase`), and the lowering names the phase it is at: `engine.apply(stage, target, context, phase=)`.
+PHASES: dict[str, tuple[str, ...]] = {
+    "patch": ("trace",),  # installed on the live model around the trace
+    "fx": ("program",),  # the captured ExportedProgram
+    "aten": ("translation",),  # torch.onnx's translation table
+    # the ONNX IR: fixes right after translation, fusions after the optimizer, rewrites of what a quantizer wrote
+    "onnx": ("fix", "fusion", "quantized"),
+    "executorch": ("program",),  # the program before to_edge
+    "openvino": ("program", "model"),  # the program before convert_model, then the converted model
+}
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
 RuleKind = Literal["fix", "optimization"]
 
 _ID_RE = re.compile(r"^(?P<stage>[a-z]+)/[a-z0-9]+(?:[-.][a-z0-9]+)*$")
-
-# `upstream` starts with a reference a reader can follow, then an optional short note:
-# - an issue or pull request: https://github.com/<owner>/<repo>/issues/<n> or /pull/<n> (an issue comment anchor
-#   allowed), a GitLab issue or merge request, or a Chromium issue;
-# - a package version and where in it: `<package>==<version> <path> [note]`, e.g.
-#   `transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan`.
-# A link into a source tree (github.com/.../blob/...) is a code location: cite it in the package form, which
-# also says which release the rule was written against.
-_TRACKER_URL_RE = re.compile(
-    r"^https://(?:"
-    r"github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+(?:#issuecomment-\d+)?"
-    r"|gitlab\.com/[\w./-]+/-/(?:issues|merge_requests)/\d+"
-    r"|issues\.chromium\.org/issues/\d+"
-    r")$"
-)
-_PACKAGE_PIN_RE = re.compile(r"^(?P<package>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>\S+)$")
-UPSTREAM_FORMS = (
-    "an issue or PR URL (https://github.com/<owner>/<repo>/issues/<n> or /pull/<n>) or "
-    "'<package>==<version> <path>' (e.g. 'transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan'), "
-    "optionally followed by a short note"
-)
 
 
 class RuleDefinitionError(ValueError):
@@ -48,52 +41,19 @@ class RuleDefinitionError(ValueError):
 
 
 @dataclass(frozen=True)
-class UpstreamRef:
-    """The parsed `upstream` of a rule: where the bug (or the fused-into op) lives upstream.
+class ScanCause:
+    """A pattern of Python source that this rule fixes, as `hfexport scan` finds it: sites of `kind` (a scan
+    pattern, `hfexport.scan.KINDS`) whose scope's last name matches `function` (a regex; one with an escaped dot,
+    `Class\\.method`, matches the whole scope). `id` names the cause; `what` says what goes wrong, in a line.
 
-    `kind` "url": `url` is an issue or pull request. `kind` "package": `package`==`version`, at `path`
-    (a file, a module or an op family). `note` is the free text after the reference (it may name more links).
+    `hfexport.scan.causes()` is the table of every registered rule's causes; tests/test_scan.py asserts that each
+    site of a cause in the installed transformers is targeted by a rule of it or is a documented known gap.
     """
 
-    kind: Literal["url", "package"]
-    url: str = ""
-    package: str = ""
-    version: str = ""
-    path: str = ""
-    note: str = ""
-
-    @property
-    def reference(self) -> str:
-        """The reference without the note: the URL, or `package==version path`."""
-        return self.url if self.kind == "url" else f"{self.package}=={self.version} {self.path}"
-
-
-def parse_upstream(text: str) -> UpstreamRef:
-    """Parse an `upstream` string (see `UPSTREAM_FORMS`); raise ValueError saying what is wrong."""
-    from packaging.version import InvalidVersion, Version
-
-    words = text.split()
-    if not words:
-        raise ValueError(f"`upstream` is empty; it must be {UPSTREAM_FORMS}")
-    first = words[0]
-    if first.startswith(("http://", "https://")):
-        if not _TRACKER_URL_RE.match(first):
-            raise ValueError(
-                f"`upstream` URL {first!r} is not an issue or pull request; cite a code location as "
-                f"'<package>==<version> <path>'. It must be {UPSTREAM_FORMS}"
-            )
-        return UpstreamRef("url", url=first, note=" ".join(words[1:]))
-    pin = _PACKAGE_PIN_RE.match(first)
-    if pin is None:
-        raise ValueError(f"`upstream` must start with a URL or '<package>==<version>', not {first!r}: {UPSTREAM_FORMS}")
-    try:
-        Version(pin["version"])
-    except InvalidVersion:
-        raise ValueError(f"`upstream` pins {first!r}, whose version is not a version number") from None
-    if len(words) < 2:
-        raise ValueError(f"`upstream` {first!r} needs the path it refers to: '{first} <path> [note]'")
-    note = " ".join(words[2:])
-    return UpstreamRef("package", package=pin["package"], version=pin["version"], path=words[1], note=note)
+    id: str
+    kind: str
+    function: str
+    what: str
 
 
 @dataclass(frozen=True)
@@ -113,6 +73,18 @@ class RuleMeta:
     # Ids of rules this one is only correct or useful after (in this stage or an earlier one). The engine runs
     # them whenever this rule runs, and drops this rule when the selection disables one of them.
     requires: tuple[str, ...] = ()
+    # Where the need of a fix is shown when the example harness cannot show it (the need is a save, a second
+    # program, memory, or a crash of the process): the test that shows it, and why there. The harness's check
+    # that the fix is needed is skipped with this as its reason.
+    needed: str = ""
+    # A backend cannot run a plain model without this rule (e.g. OpenVINO's CPU plugin refuses a constant input
+    # of dynamic rank): the example harness keeps it on in every example export of the rule's backends.
+    baseline: bool = False
+    # The patterns of Python source this rule fixes (`hfexport scan` reports their sites with the rule).
+    scan: tuple[ScanCause, ...] = ()
+    # Former ids of this rule (rules merged into it, or renamed): a rule selection that names one selects this
+    # rule, so `--disable <former id>` keeps working.
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         match = _ID_RE.match(self.id)
@@ -134,10 +106,18 @@ class RuleMeta:
         unknown = set(self.backends) - set(BACKENDS)
         if unknown or not self.backends:
             raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {BACKENDS}")
-        object.__setattr__(self, "requires", tuple(self.requires))
+        for name in ("requires", "scan", "aliases", "examples"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for required in self.requires:
             if not _ID_RE.match(required) or required == self.id:
                 raise RuleDefinitionError(f"rule {self.id}: `requires` names {required!r}, not another rule id")
+        for alias in self.aliases:
+            alias_match = _ID_RE.match(alias)
+            if not alias_match or alias_match["stage"] != self.stage or alias == self.id:
+                raise RuleDefinitionError(f"rule {self.id}: alias {alias!r} must be another id of stage {self.stage!r}")
+        if self.needed and self.kind != "fix":
+            raise RuleDefinitionError(f"rule {self.id}: `needed` is for a fix (an optimization is judged by its graph)")
+        self._check_examples()
         if self.expires is not None:
             from packaging.requirements import InvalidRequirement, Requirement
 
@@ -151,6 +131,16 @@ class RuleMeta:
                 raise RuleDefinitionError(
                     f"rule {self.id}: `expires` {self.expires!r} needs a version bound, e.g. '{requirement.name}>1.2.3'"
                 )
+
+    def _check_examples(self) -> None:
+        for index, example in enumerate(self.examples):
+            what = f"rule {self.id}: example {index} ({example.description!r})"
+            backends = set(getattr(example, "backends", ()) or self.backends)
+            if not backends <= set(self.backends):
+                raise RuleDefinitionError(f"{what}: backends {sorted(backends)} not all in {self.backends}")
+            failing = {backend for backend, _ in getattr(example, "known_failure", ())}
+            if not failing <= backends:
+                raise RuleDefinitionError(f"{what}: known_failure names {sorted(failing - backends)}, not its backends")
 
     @property
     def stage(self) -> str:
@@ -172,7 +162,8 @@ class RuleSelection:
     """Which rules run: all default-on rules, plus `enable`, minus `disable` (ids or id prefixes).
 
     The most specific (longest) matching pattern decides; on a tie `disable` wins, so
-    `RuleSelection(enable=("fx/",), disable=("fx/drop-assert",))` keeps every FX rule but one.
+    `RuleSelection(enable=("fx/",), disable=("fx/drop-assert",))` keeps every FX rule but one. A pattern that names a
+    rule's former id (`RuleMeta.aliases`, e.g. a per-backend rule merged into its family's) selects that rule.
     """
 
     enable: tuple[str, ...] = ()
@@ -204,7 +195,7 @@ class RuleSelection:
     def reason_for(self, meta: RuleMeta) -> str:
         """Why `meta` does not run under this selection (the reason of the pattern that disabled it)."""
         notes = dict(self.reasons)
-        matching = [p for p in self.disable if _matches(p, meta.id)]
+        matching = [p for p in self.disable if _names(p, meta)]
         if matching:
             best = max(matching, key=len)
             if best in notes:
@@ -217,16 +208,16 @@ class RuleSelection:
             for pattern in patterns:
                 # Longer wins; at equal length disable (seen second) wins.
                 longer = len(pattern) > best_len or (len(pattern) == best_len and not on)
-                if _matches(pattern, meta.id) and longer:
+                if _names(pattern, meta) and longer:
                     best_len, verdict = len(pattern), on
         return verdict
 
     def disables(self, meta: RuleMeta) -> bool:
         """Whether a `disable` pattern decides against `meta` (not merely its default being off)."""
-        return not self.is_enabled(meta) and any(_matches(p, meta.id) for p in self.disable)
+        return not self.is_enabled(meta) and any(_names(p, meta) for p in self.disable)
 
     def unknown_patterns(self, rule_ids: list[str]) -> list[str]:
-        """Patterns that match no registered rule (almost always a typo)."""
+        """Patterns that match no registered rule id or alias (almost always a typo)."""
         return [p for p in (*self.enable, *self.disable) if not any(_matches(p, i) for i in rule_ids)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,6 +225,11 @@ class RuleSelection:
         if self.reasons:
             data["reasons"] = dict(self.reasons)
         return data
+
+
+def _names(pattern: str, meta: RuleMeta) -> bool:
+    """Whether `pattern` selects the rule of `meta`, by its id or by one of its former ids (`aliases`)."""
+    return any(_matches(pattern, rule_id) for rule_id in (meta.id, *meta.aliases))
 
 
 def _matches(pattern: str, rule_id: str) -> bool:
@@ -246,22 +242,92 @@ def _matches(pattern: str, rule_id: str) -> bool:
     return pattern.endswith(("/", "-")) or rule_id[len(pattern)] in "/-"
 
 
+class PerBackend:
+    """A part of a rule's body that differs per backend: `replacement=PerBackend(dynamo=scan, onnx=detached_scan)`.
+
+    One cause fixed one way per backend is one rule (one file, one `why`), not one rule per backend. Every backend
+    of the rule must have its value; backends that share a value are one variant of the rule (`Rule.variants()`).
+    """
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(BACKENDS)
+        if unknown or not values:
+            raise RuleDefinitionError(f"PerBackend names {sorted(unknown) or 'no backend'}; backends are {BACKENDS}")
+        self._values = dict(values)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(b for b in BACKENDS if b in self._values)
+
+    def get(self, backend: str) -> Any:
+        """The value for `backend` (KeyError for a backend the rule is not for)."""
+        return self._values[backend]
+
+    def __repr__(self) -> str:
+        return f"PerBackend({', '.join(f'{b}={v!r}' for b, v in self._values.items())})"
+
+
+def for_backend(value: Any, backend: str) -> Any:
+    """`value` itself, or a `PerBackend` value's value for `backend`."""
+    return value.get(backend) if isinstance(value, PerBackend) else value
+
+
+@dataclass
+class Applied:
+    """What applying one rule to its target did: the sites it changed (`hits`), why it left matched sites alone
+    (`declined`: reason -> count), what it hands to the lowering (`outputs`, e.g. an edge pass; the lowering reads
+    them from the stage's result), or why it does not apply to this target at all (`not_applicable`)."""
+
+    hits: int = 0
+    declined: Counter[str] = field(default_factory=Counter)
+    outputs: tuple[Any, ...] = ()
+    not_applicable: str = ""
+
+
 @dataclass
 class Rule:
-    """Base of every rule kind. Subclasses set `stage` and add their body fields."""
+    """Base of every rule kind. A kind names the `stages` its rules may be in (a rule's id names its stage) and
+    the phase of the stage they run in (`phase`, one of `PHASES[stage]`), and adds its body fields."""
 
     meta: RuleMeta
-    stage: str = field(init=False, default="")
+    stages: ClassVar[tuple[str, ...]] = ()
+    phase: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        if self.meta.stage != self.stage:
+        if self.meta.stage not in self.stages:
             raise RuleDefinitionError(
-                f"rule {self.meta.id}: id stage {self.meta.stage!r} does not match {type(self).__name__}"
+                f"rule {self.meta.id}: a {type(self).__name__} is a rule of stage {' or '.join(self.stages)}, "
+                f"not {self.meta.stage!r}"
             )
+        if self.phase not in PHASES[self.stage]:
+            raise RuleDefinitionError(
+                f"rule {self.meta.id}: phase {self.phase!r} is not a phase of stage {self.stage!r} {PHASES[self.stage]}"
+            )
+        for name, value in self._per_backend().items():
+            if set(value.backends) != set(self.meta.backends):
+                has, wants = value.backends, self.meta.backends
+                raise RuleDefinitionError(f"rule {self.meta.id}: `{name}` is given for {has}, the rule is for {wants}")
+
+    def _per_backend(self) -> dict[str, PerBackend]:
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), PerBackend)}
+
+    def variants(self) -> tuple[tuple[str, ...], ...]:
+        """The rule's backends grouped by the body they get (in `meta.backends` order): one group for a rule whose
+        body is the same on every backend, one per distinct value of its `PerBackend` fields otherwise."""
+        per_backend = self._per_backend().values()
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for backend in self.meta.backends:
+            key = tuple(id(value.get(backend)) for value in per_backend)
+            groups.setdefault(key, []).append(backend)
+        return tuple(tuple(group) for group in groups.values())
 
     @property
     def id(self) -> str:
         return self.meta.id
+
+    @property
+    def stage(self) -> str:
+        return self.meta.stage
 
     def applies_to(self, backend: str) -> bool:
         return backend in self.meta.backends

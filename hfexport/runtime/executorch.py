@@ -122,7 +122,8 @@ class ExecutorchProgram:
             input_names = input_names or manager_input_names(source, method)
         self.input_names = input_names
         self.program = Runtime.get().load_program(data)
-        self.method = self.program.load_method(method)
+        with _without_cpuinfo_log():
+            self.method = self.program.load_method(method)
         self.slots = _slots(self.method)
 
     def run(self, inputs: Mapping[str, Any]) -> list[Any]:
@@ -138,6 +139,40 @@ class ExecutorchProgram:
         return list(self.method.execute([value for _, value in named]))
 
     __call__ = run
+
+
+_CPUINFO_LOG = b"[cpuinfo_utils.cpp:"
+_cpuinfo_logged = False
+
+
+@contextlib.contextmanager
+def _without_cpuinfo_log() -> Any:
+    """The first XNNPACK method loaded in a process sizes ExecuTorch's threadpool, whose CPU probe (the
+    executorch 1.x wheel's `cpuinfo_utils.cpp`, logging at info level from C++) writes five lines to stderr
+    about ARM `midr` files an x86 machine does not have. They go to a temporary file for that one call; every
+    other line written to stderr meanwhile is written back after it."""
+    global _cpuinfo_logged
+    if _cpuinfo_logged:
+        yield
+        return
+    _cpuinfo_logged = True
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(_CPUINFO_LOG)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def run_program(source: str | Path | bytes | Any, inputs: Mapping[str, Any]) -> list[Any]:

@@ -329,7 +329,9 @@ def generate(
         def mask_for(name: str, query: int, written: int) -> torch.Tensor:
             if spec.components[name].mask_rank == 4 and valid is not None:
                 return _static_mask(valid, written, query)
-            return mask2d[:, -query:] if spec.mask_current_only else mask2d
+            # The current tokens' columns as their own tensor: a column slice is a strided view, which the
+            # ExecuTorch runtime refuses ("Input 1 ... should be contiguous"; Mamba's decode on XNNPACK).
+            return mask2d[:, -query:].contiguous() if spec.mask_current_only else mask2d
 
         if valid is not None:
             valid[:, :prompt] = mask2d

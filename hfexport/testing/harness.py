@@ -46,18 +46,6 @@ from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
 
-# Rules kept on in every example export of a backend, besides the rule under test and its `requires`: those
-# without which the backend cannot run a plain model at all.
-ALWAYS_ON: dict[str, tuple[str, ...]] = {
-    # A Python constant of the forward (transformers' `use_cache=False`) stays an input of the converted model,
-    # of dynamic rank, and the CPU plugin refuses to compile any model with one.
-    "openvino": ("openvino/drop-constant-inputs",),
-    # A dynamic export's size arithmetic calls torch.sym_min / sym_float / sym_ite... (a conv's output length,
-    # a capacity, a block count), which to_edge's verifier refuses although ExecuTorch runs them; the rule only
-    # lets them through (the graph is unchanged).
-    "executorch": ("executorch/sym-size-functions-verifier",),
-}
-
 # Upper bound of the dynamic axes of an ExecuTorch example export (every example's other_inputs fit).
 EXECUTORCH_BOUND = 64
 
@@ -81,10 +69,16 @@ def _with_requirements(ids: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def baseline_rules(backend: str) -> tuple[str, ...]:
+    """The rules kept on in every example export of `backend` (`RuleMeta.baseline`): without them the backend
+    cannot run a plain model at all."""
+    return tuple(r.id for r in engine.default_registry().rules() if r.meta.baseline and r.applies_to(backend))
+
+
 def selection_for(rule: Rule, backend: str, with_rule: bool = True, example: Example | None = None) -> RuleSelection:
-    """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and `ALWAYS_ON[backend]`:
-    every other rule off."""
-    keep = _with_requirements((*rule.meta.requires, *getattr(example, "needs", ()), *ALWAYS_ON.get(backend, ())))
+    """Only `rule` (when `with_rule`), the rules it requires, those `example.needs`, and the backend's baseline
+    rules: every other rule off."""
+    keep = _with_requirements((*rule.meta.requires, *getattr(example, "needs", ()), *baseline_rules(backend)))
     off = tuple(f"{stage}/" for stage in STAGES)
     if with_rule:
         return RuleSelection(enable=(rule.id, *keep), disable=off)
@@ -493,7 +487,7 @@ def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> Fix
     for example in rule.meta.examples:
         if not isinstance(example, Match):
             continue
-        for backend in backends:
+        for backend in (b for b in backends if b in example_backends(rule, example)):
             how = fails_without(rule, example, backend)
             if how is not None:
                 return FixProof(example, backend, how)
@@ -502,14 +496,18 @@ def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> Fix
 
 
 def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
-    """The backends an example is checked on: a Match on each of the rule's; a NoMatch on the first of them.
+    """The backends an example is checked on, among those it names (`example.backends`, default: the rule's): a
+    Match on each of them; a NoMatch on the first of them of each variant of the rule (`Rule.variants()`: backends
+    that share the rule's body).
 
-    One backend is enough for a NoMatch: a rule that fires zero times hands its stage's output on unchanged,
-    and the later stages are deterministic, so the same graph on one backend is the same on every one.
+    One backend per variant is enough for a NoMatch: a rule that fires zero times hands its stage's output on
+    unchanged, and the later stages are deterministic, so the same graph on one backend is the same on every one.
     """
-    if isinstance(example, NoMatch):
-        return rule.meta.backends[:1]
-    return rule.meta.backends
+    named = tuple(b for b in rule.meta.backends if not example.backends or b in example.backends)
+    if isinstance(example, Match):
+        return named
+    firsts = (next((b for b in variant if b in named), None) for variant in rule.variants())
+    return tuple(b for b in firsts if b is not None)
 
 
 def check_example(rule: Rule, example: Example, backends: tuple[str, ...] | None = None) -> int:
@@ -543,12 +541,10 @@ def _parse(text: str) -> tuple[Any, Any]:
 
 
 def _apply_text_rule(rule: Rule, model: Any) -> int:
-    from hfexport.rewrites.kinds.onnx import apply_onnx_rule
-
     registry = engine.default_registry()
     for required in rule.meta.requires:
-        apply_onnx_rule(registry.get(required), model)
-    return apply_onnx_rule(rule, model)
+        engine.apply_rule(registry.get(required), model)
+    return engine.apply_rule(rule, model).hits
 
 
 def _reference(proto: Any, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
@@ -618,10 +614,7 @@ def lower_to_executorch(program: torch.export.ExportedProgram) -> Any:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.kinds.executorch import edge_compile_config
     from hfexport.runtime.executorch import ExecutorchProgram
 
-    edge = to_edge_transform_and_lower(
-        program, partitioner=[XnnpackPartitioner()], compile_config=edge_compile_config(program)
-    )
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     return ExecutorchProgram(edge.to_executorch())

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from hfexport.rewrites import engine
+from hfexport.rewrites.declines import Declined
 from hfexport.rewrites.engine import RewriteContext, RuleRegistry
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.kinds.patch import (
     MethodPatch,
     ModuleFunctionPatch,
@@ -53,15 +54,37 @@ def test_registration_refuses_missing_examples_and_duplicates() -> None:
     pred, rewrite = (lambda n: False), (lambda gm, n: None)
     only_match = RuleMeta(id="fx/a", why="w", upstream="hfexport==0 tests", examples=(_examples()[0],))
     with pytest.raises(RuleDefinitionError, match="Match and one NoMatch"):
-        registry.register(FxNodeRule(only_match, predicate=pred, rewrite=rewrite))
-    registry.register(FxNodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
+        registry.register(NodeRule(only_match, predicate=pred, rewrite=rewrite))
+    registry.register(NodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
     with pytest.raises(RuleDefinitionError, match="duplicate"):
-        registry.register(FxNodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
+        registry.register(NodeRule(_meta("fx/a"), predicate=pred, rewrite=rewrite))
 
 
 def test_rule_kind_must_match_id_stage() -> None:
-    with pytest.raises(RuleDefinitionError, match="does not match"):
-        FxNodeRule(_meta("patch/a"), predicate=lambda n: False, rewrite=lambda gm, n: None)
+    with pytest.raises(RuleDefinitionError, match="a NodeRule is a rule of stage fx or executorch or openvino"):
+        NodeRule(_meta("patch/a"), predicate=lambda n: False, rewrite=lambda gm, n: None)
+    with pytest.raises(RuleDefinitionError, match="a MethodPatch is a rule of stage patch, not 'fx'"):
+        MethodPatch(_meta("fx/a"), target="x.y.Z.forward", replacement=lambda original, self: None)
+
+
+def test_every_kind_runs_in_a_phase_of_its_stage() -> None:
+    from hfexport.rewrites.rule import PHASES
+
+    for rule in engine.default_registry().rules():
+        assert rule.phase in PHASES[rule.stage], rule.id
+    node = NodeRule(_meta("openvino/a"), predicate=lambda n: False, rewrite=lambda gm, n: None)
+    assert (node.stage, node.phase) == ("openvino", "program")
+    phases = {r.id: r.phase for r in engine.default_registry().rules("onnx")}
+    assert phases["onnx/keep-near-noop-constants"] == "fix" and phases["onnx/rms-norm-fusion"] == "fusion"
+    assert phases["onnx/dequantized-gather-rows"] == "quantized"
+
+
+def test_a_stage_of_several_phases_needs_the_phase_named() -> None:
+    context = RewriteContext(backend="onnx")
+    with pytest.raises(ValueError, match="name the one to run"):
+        engine.apply("onnx", object(), context)
+    with pytest.raises(ValueError, match="has no phase 'model'"):
+        engine.apply("onnx", object(), context, phase="model")
 
 
 # -- selection -------------------------------------------------------------------------------------
@@ -100,7 +123,7 @@ def test_fx_hit_counts_are_exact() -> None:
         node.replace_all_uses_with(clamp)
         gm.graph.erase_node(node)
 
-    rule = FxNodeRule(
+    rule = NodeRule(
         _meta("fx/relu-to-clamp"),
         predicate=lambda n: n.target is torch.ops.aten.relu.default,
         rewrite=relu_to_clamp,
@@ -110,21 +133,45 @@ def test_fx_hit_counts_are_exact() -> None:
     x = torch.randn(4, 5)
     program = torch.export.export(ThreeRelus(), (x,))
     context = RewriteContext(backend="dynamo")
-    hits = engine.apply("fx", program, context, registry)
+    hits = engine.apply("fx", program, context, registry).hits
     assert hits == {"fx/relu-to-clamp": 3}
     assert context.outcomes["fx/relu-to-clamp"].status == "fired"
     torch.testing.assert_close(program.module()(x), ThreeRelus()(x))
     # disabled: zero hits and recorded as disabled
     context = RewriteContext(backend="dynamo", selection=RuleSelection(disable=("fx/relu-to-clamp",)))
     program = torch.export.export(ThreeRelus(), (x,))
-    assert engine.apply("fx", program, context, registry) == {}
+    assert engine.apply("fx", program, context, registry).hits == {}
     assert context.outcomes["fx/relu-to-clamp"].status == "disabled"
     # other backend: skipped with the reason
-    onnx_only = FxNodeRule(_meta("fx/onnx-only", backends=("onnx",)), predicate=lambda n: True, rewrite=None)
+    onnx_only = NodeRule(_meta("fx/onnx-only", backends=("onnx",)), predicate=lambda n: True, rewrite=None)
     registry.register(onnx_only)
     context = RewriteContext(backend="dynamo")
     engine.apply("fx", torch.export.export(ThreeRelus(), (x,)), context, registry)
     assert context.outcomes["fx/onnx-only"].status == "other-backend"
+
+
+def test_a_node_predicate_may_say_why_it_declines_a_site() -> None:
+    def relu_unless_nested(node: torch.fx.Node) -> bool | Declined:
+        if node.target is not torch.ops.aten.relu.default:
+            return False
+        if any(user.target is torch.ops.aten.relu.default for user in node.users):
+            return Declined("a relu under a relu")
+        return True
+
+    def to_clamp(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        node.target, node.args = torch.ops.aten.clamp_min.default, (node.args[0], 0.0)
+
+    class Nested(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(torch.relu(x)) + torch.relu(x * 2)
+
+    registry = RuleRegistry()
+    registry.register(NodeRule(_meta("fx/relu-once"), predicate=relu_unless_nested, rewrite=to_clamp))
+    x = torch.randn(3)
+    context = RewriteContext(backend="dynamo")
+    program = torch.export.export(Nested(), (x,))
+    assert engine.apply("fx", program, context, registry).hits == {"fx/relu-once": 2}
+    assert context.outcomes["fx/relu-once"].declined == {"a relu under a relu": 1}
 
 
 # -- reversible, scoped patches ----------------------------------------------------------------------
@@ -251,3 +298,73 @@ def test_module_function_patch_applies_only_to_models_using_that_module() -> Non
         assert toy_module.scale.__name__ == "scale" and not installed_gates()
     assert context.outcomes["patch/toy-scale"].status == "not-applicable"
     assert "uses no module of tests.rewrites.toy_module" in context.outcomes["patch/toy-scale"].reason
+
+
+# -- one rule per family: per-backend bodies, former ids -----------------------------------------------
+def test_a_rule_may_give_each_backend_its_own_replacement() -> None:
+    from hfexport.rewrites.rule import PerBackend
+
+    def on_dynamo(original, self, x):
+        return x * 10
+
+    def on_onnx(original, self, x):
+        return x * 20
+
+    meta = _meta("patch/toy-per-backend", backends=("dynamo", "onnx"))
+    rule = MethodPatch(
+        meta, target="tests.rewrites.toy_module.Doubler.forward", replacement=PerBackend(dynamo=on_dynamo, onnx=on_onnx)
+    )
+    assert rule.variants() == (("dynamo",), ("onnx",))
+    registry = RuleRegistry()
+    registry.register(rule)
+    x = torch.ones(2)
+    for backend, factor in (("dynamo", 10), ("onnx", 20)):
+        model = Doubler()
+        context = RewriteContext(backend=backend)
+        with engine.patched(model, context, registry):
+            assert torch.equal(model(x), x * factor)
+        assert context.hits["patch/toy-per-backend"] == 1
+    with pytest.raises(RuleDefinitionError, match="is given for"):
+        MethodPatch(
+            _meta("patch/toy-partial", backends=("dynamo", "onnx")),
+            target="x.Y.z",
+            replacement=PerBackend(dynamo=on_dynamo),
+        )
+    same = MethodPatch(
+        _meta("patch/toy-shared", backends=("dynamo", "onnx", "openvino")),
+        target="x.Y.z",
+        replacement=PerBackend(dynamo=on_dynamo, onnx=on_dynamo, openvino=on_onnx),
+    )
+    assert same.variants() == (("dynamo", "onnx"), ("openvino",))
+
+
+def test_a_merged_rule_answers_to_its_former_ids() -> None:
+    registry = engine.default_registry()
+    mamba = registry.get("patch/mamba-selective-scan-hop")
+    for former in ("patch/mamba-selective-scan-onnx", "patch/mamba-selective-scan-openvino"):
+        assert former in mamba.meta.aliases and registry.get(former) is mamba
+        selection = RuleSelection(disable=(former,))
+        registry.validate_selection(selection)  # a former id is no typo
+        assert not selection.is_enabled(mamba.meta) and selection.disables(mamba.meta)
+        assert registry.plan(selection)[mamba.id] == "disabled by the rule selection"
+    assert registry.get("patch/openvino-moe-batched-experts").id == "patch/moe-batched-experts"
+    assert registry.get("patch/executorch-jetmoe-rowwise-experts").id == "patch/jetmoe-rowwise-experts"
+    # The longest pattern still decides: the family's own id re-enables it over a former id's prefix.
+    assert RuleSelection(enable=("patch/mamba-selective-scan-hop",), disable=("patch/mamba",)).is_enabled(mamba.meta)
+    with pytest.raises(RuleDefinitionError, match="already a rule id or alias"):
+        registry_copy = RuleRegistry()
+        registry_copy.register(mamba)
+        registry_copy.register(
+            MethodPatch(
+                _meta("patch/toy-thief", aliases=("patch/mamba-selective-scan-onnx",)),
+                target="x.Y.z",
+                replacement=lambda original, self: None,
+            )
+        )
+
+
+def test_a_requirement_on_another_backend_does_not_drop_a_rule() -> None:
+    registry = engine.default_registry()
+    selection = RuleSelection(disable=("executorch/split-as-slices",))
+    assert registry.plan(selection, "openvino")["patch/moe-batched-experts"] is None
+    assert registry.plan(selection, "executorch")["patch/moe-batched-experts"].startswith("requires")

@@ -13,15 +13,15 @@ import torch
 pytest.importorskip("executorch")
 
 from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
-from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply
+from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply, apply_rule
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe as _qwen3_moe
+from hfexport.rewrites.rules._moe_batched import qwen3_moe as _qwen3_moe
 from hfexport.runtime.executorch import ExecutorchProgram
 from hfexport.testing.harness import check_example
 
-MOE_RULE = "patch/executorch-moe-batched-experts"
+MOE_RULE = "patch/moe-batched-experts"
 
 
 class Residual(torch.nn.Module):
@@ -48,8 +48,8 @@ def _sub_as_add_of_neg(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     gm.graph.erase_node(node)
 
 
-def _toy_rule(rewrite=_sub_as_add_of_neg) -> ExecutorchNodeRule:
-    return ExecutorchNodeRule(
+def _toy_rule(rewrite=_sub_as_add_of_neg) -> NodeRule:
+    return NodeRule(
         RuleMeta(
             id="executorch/toy-sub-as-add",
             why="test of the rule kind",
@@ -92,10 +92,10 @@ def test_the_engine_counts_executorch_stage_hits() -> None:
     module, inputs = _pair(Residual())
     program = torch.export.export(module, (), inputs)
     context = RewriteContext(backend="executorch")
-    assert apply("executorch", program, context, registry) == {rule.id: 1}
+    assert apply("executorch", program, context, registry).hits == {rule.id: 1}
     assert context.outcomes[rule.id].status == "fired" and "executorch" in context.stage_seconds
     other = RewriteContext(backend="onnx")
-    assert apply("executorch", program, other, registry) == {}
+    assert apply("executorch", program, other, registry).hits == {}
     assert other.outcomes[rule.id].status == "other-backend"
 
 
@@ -173,20 +173,21 @@ def test_the_sym_min_example_fails_to_lower_without_its_rule() -> None:
 
 
 def test_verifier_exceptions_reach_the_edge_compile_config_only_where_the_program_calls_them() -> None:
-    from hfexport.rewrites.kinds.executorch import apply_verifier_exception_rule, edge_compile_config
+    from hfexport.rewrites.kinds.executorch import edge_compile_config
     from hfexport.rewrites.rules.executorch.sym_size_functions_verifier import sym_size_functions_verifier as rule
 
     module, inputs = rule.meta.examples[0].build()
     dynamic = torch.export.export(module, (), inputs, dynamic_shapes={"scores": {1: torch.export.Dim.AUTO(max=32)}})
     before = dynamic.graph_module.code
-    assert apply_verifier_exception_rule(rule, dynamic) == 1
+    applied = apply_rule(rule, dynamic)
+    assert applied.hits == 1
     assert dynamic.graph_module.code == before, "the graph is left as it is"
-    config = edge_compile_config(dynamic)
+    config = edge_compile_config(applied.outputs)
     assert config._core_aten_ops_exception_list == [torch.sym_min]
     # A static export folds min(4, 6): nothing to except, the caller's config (None: the default) is kept.
-    static = torch.export.export(module, (), inputs)
-    assert apply_verifier_exception_rule(rule, static) == 0
-    assert edge_compile_config(static) is None
+    static = apply_rule(rule, torch.export.export(module, (), inputs))
+    assert static.hits == 0
+    assert edge_compile_config(static.outputs) is None
 
 
 def test_the_dynamic_empty_example_is_planned_at_the_sample_shape_without_its_rule() -> None:
@@ -237,7 +238,7 @@ def test_the_conv1d_example_fails_to_lower_without_its_rule() -> None:
 
 
 def test_node_rules_see_the_shapes_of_nodes_an_earlier_graph_rule_added() -> None:
-    from hfexport.rewrites.kinds.executorch import fill_missing_values
+    from hfexport.rewrites.kinds.fx import fill_missing_values
 
     module, inputs = _pair(Residual(), 6)
     program = torch.export.export(module, (), inputs, dynamic_shapes={"x": {1: torch.export.Dim.AUTO}, "y": None})
@@ -260,23 +261,19 @@ def _lowered_targets(rule, hits: int | None) -> list[str]:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
-
     module, inputs = rule.meta.examples[0].build()
     program = torch.export.export(module, (), inputs, dynamic_shapes={"x": {1: _LENGTH}})
     if hits is not None:
-        assert apply_executorch_rule(rule, program) == hits
+        assert apply_rule(rule, program).hits == hits
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     return [str(node.target) for node in edge.exported_program().graph.nodes if node.op == "call_function"]
 
 
 def _hits_with_batch_and_length_dynamic(rule) -> int:
-    from hfexport.rewrites.kinds.executorch import apply_executorch_rule
-
     module, inputs = rule.meta.examples[0].build()
     two_rows = {"x": torch.cat([inputs["x"], inputs["x"]])}
     shapes = {"x": {0: torch.export.Dim.AUTO(max=8), 1: _LENGTH}}
-    return apply_executorch_rule(rule, torch.export.export(module, (), two_rows, dynamic_shapes=shapes))
+    return apply_rule(rule, torch.export.export(module, (), two_rows, dynamic_shapes=shapes)).hits
 
 
 def test_views_with_one_dynamic_axis_join_the_xnnpack_partition() -> None:

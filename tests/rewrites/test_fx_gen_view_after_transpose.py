@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from hfexport.rewrites.engine import apply_rule
 from hfexport.rewrites.examples import Match, NoMatch, assert_same_outputs
-from hfexport.rewrites.kinds.fx import apply_fx_rule
 from hfexport.testing.harness import export_program
 
 # The rule package re-exports the rule under its module's name, so the module is imported by path.
@@ -41,7 +41,7 @@ def test_the_match_fails_in_torch_onnx_without_the_rule_and_exports_with_it() ->
     with pytest.raises(Exception, match="Cannot view a tensor"):
         _to_onnx(program)
     program = export_program(model, inputs, dynamic=True)
-    assert apply_fx_rule(rule, program) == 1
+    assert apply_rule(rule, program).hits == 1
     onnx_program = _to_onnx(program)
     with torch.no_grad():
         for feed in (inputs, example.other_inputs()):
@@ -52,7 +52,7 @@ def test_a_float_mask_from_the_inputs_needs_no_copy() -> None:
     model, inputs = module._InputMaskMerge(), module._qkv_mask()
     assert any(isinstance(e, NoMatch) for e in rule.meta.examples)
     program = export_program(model, inputs, dynamic=True)
-    assert apply_fx_rule(rule, program) == 0
+    assert apply_rule(rule, program).hits == 0
     onnx_program = _to_onnx(program)
     with torch.no_grad():
         assert_same_outputs(model(**inputs), _ort(onnx_program, inputs), 1e-5, 1e-5, rule.id)

@@ -32,8 +32,7 @@ def test_norm_fusions_fuse_what_onnxscript_fuses(name: str) -> None:
 
     from hfexport import OnnxConfig, OnnxExporter
     from hfexport.lowerings.onnx import onnx_feed
-    from hfexport.rewrites.engine import default_registry
-    from hfexport.rewrites.kinds.onnx import apply_onnx_rule
+    from hfexport.rewrites.engine import apply_rule, default_registry
     from hfexport.tiny import get_tiny_model
 
     tiny = get_tiny_model(name)
@@ -42,7 +41,7 @@ def test_norm_fusions_fuse_what_onnxscript_fuses(name: str) -> None:
     proto = ir.serde.serialize_model(unfused).SerializeToString()
     ours = ir.serde.deserialize_model(onnx.load_from_string(proto))
     registry = default_registry()
-    hits = {rule_id: apply_onnx_rule(registry.get(rule_id), ours) for rule_id in NORM_RULES}
+    hits = {rule_id: apply_rule(registry.get(rule_id), ours).hits for rule_id in NORM_RULES}
     upstream, _ = optimize_for_ort(ir.serde.deserialize_model(onnx.load_from_string(proto)))
     assert sum(hits.values()) > 0 and _fused(ours) == _fused(upstream), (hits, _fused(ours), _fused(upstream))
 

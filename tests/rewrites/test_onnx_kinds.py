@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("onnxscript")
 
-from hfexport.rewrites.engine import RewriteContext
+from hfexport.rewrites.engine import RewriteContext, RuleRegistry, apply, apply_rule, default_registry
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
-from hfexport.rewrites.kinds.onnx import RULE_ID_KEY, AtenOverride, OnnxRewriteRule, TranslationTable, apply_onnx_rule
+from hfexport.rewrites.kinds.onnx import RULE_ID_KEY, AtenOverride, OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.testing.harness import check_example
 
@@ -68,19 +68,35 @@ def test_ir_rule_stamps_the_nodes_it_produced() -> None:
 
     model = ir.serde.deserialize_model(onnx.parser.parse_model(_DOUBLE_NEG))
     rule = _ir_rule((Match(lambda: (_DOUBLE_NEG, _FEED)), NoMatch(lambda: (_SINGLE_NEG, _FEED))))
-    assert apply_onnx_rule(rule, model) == 1
+    assert apply_rule(rule, model).hits == 1
     assert [(n.op_type, n.metadata_props.get(RULE_ID_KEY)) for n in model.graph] == [
         ("Identity", "onnx/test-double-neg")
     ]
 
 
 def test_aten_override_of_a_missing_op_is_not_applicable() -> None:
-    from hfexport.rewrites.kinds.onnx import apply_aten
-
-    meta = RuleMeta(id="aten/test-missing", why="test", upstream="hfexport==0 tests", backends=("onnx",))
+    examples = (Match(lambda: (_DOUBLE_NEG, _FEED)), NoMatch(lambda: (_SINGLE_NEG, _FEED)))
+    meta = RuleMeta(
+        id="aten/test-missing", why="test", upstream="hfexport==0 tests", backends=("onnx",), examples=examples
+    )
     rule = AtenOverride(meta, target="aten.no_such_op.default", translation=lambda: print)
+    registry = RuleRegistry()
+    registry.register(rule)
     context = RewriteContext(backend="onnx")
-    table = TranslationTable(context, opset=18)
-    assert apply_aten(rule, table) == 0
-    assert not table.functions
+    result = apply("aten", 18, context, registry)
+    assert result.hits == {rule.id: 0} and not dict(result.outputs)
     assert context.outcomes[rule.id].status == "not-applicable"
+    assert "no_such_op" in context.outcomes[rule.id].reason
+
+
+def test_aten_overrides_make_the_translation_table_in_one_call_and_count_dispatches_later() -> None:
+    context = RewriteContext(backend="onnx")
+    result = apply("aten", 18, context, default_registry())
+    table = dict(result.outputs)
+    squeeze = default_registry().get("aten/squeeze-dim-noop").resolve_target()
+    assert squeeze in table and set(result.hits) >= {"aten/squeeze-dim-noop", "aten/is-all-true"}
+    assert context.outcomes["aten/is-all-true"].status == "no-match"
+    # A dispatch during the translation, after the stage, is a hit of its rule at once (the counting wrapper
+    # calls this).
+    context.hit("aten/is-all-true")
+    assert context.outcomes["aten/is-all-true"].status == "fired" and context.outcomes["aten/is-all-true"].hits == 1

@@ -18,18 +18,14 @@ pytest.importorskip("openvino")
 import openvino as ov
 
 from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter
-from hfexport.rewrites.engine import RewriteContext, apply, default_registry
+from hfexport.rewrites.engine import RewriteContext, apply, apply_rule, default_registry
 from hfexport.rewrites.examples import ExampleFailure, Match, NoMatch
-from hfexport.rewrites.kinds.openvino import (
-    PROGRAM_RULES,
-    OpenVINOFxNodeRule,
-    OpenVINOModelRule,
-    apply_openvino_rule,
-)
+from hfexport.rewrites.kinds.fx import NodeRule
+from hfexport.rewrites.kinds.openvino import OpenVINOModelRule
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
-from hfexport.rewrites.rules.openvino import _symbolic as symbolic
-from hfexport.rewrites.rules.patch import _moe_batched as moe_batched
-from hfexport.rewrites.rules.patch.openvino_moe_batched_experts import openvino_moe_batched_experts
+from hfexport.rewrites.rules import _moe_batched as moe_batched
+from hfexport.rewrites.rules import _symbolic as symbolic
+from hfexport.rewrites.rules.patch.moe_batched_experts import moe_batched_experts
 from hfexport.runtime.openvino import F32_HINT
 from hfexport.testing.harness import check_example, export_program
 
@@ -62,12 +58,12 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/copy-back-without-broadcast",
         "openvino/passthrough-outputs-own-tensor",
     }
-    assert "patch/openvino-moe-batched-experts" in {rule.id for rule in registry.rules("patch")}
-    for rule in [*registry.rules("openvino"), openvino_moe_batched_experts]:
+    assert "openvino" in moe_batched_experts.meta.backends
+    for rule in registry.rules("openvino"):
         assert rule.meta.backends == ("openvino",), rule.id
         assert rule.meta.upstream and rule.meta.why, rule.id
-    # the lowering runs the program rules before conversion and the model rules after, each in RULES order
-    assert [r.id for r in _rules_of(PROGRAM_RULES)] == [
+    # the lowering runs the program phase's rules before conversion and the model phase's after, in RULES order
+    assert [r.id for r in _rules_of("program")] == [
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
         "openvino/grouped-sdpa-without-repeat-kv",
@@ -77,7 +73,7 @@ def test_every_openvino_rule_is_backend_scoped_and_registered() -> None:
         "openvino/distinct-repeated-outputs",
         "openvino/quant-right-shift-as-floor-scale",
     ]
-    assert [r.id for r in _rules_of((OpenVINOModelRule,))] == [
+    assert [r.id for r in _rules_of("model")] == [
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
         "openvino/copy-back-without-broadcast",
@@ -90,7 +86,7 @@ def test_without_the_cat_rule_conversion_fails() -> None:
     program = export_program(module, feed)
     with pytest.raises(Exception, match=r"aten\.cat"):
         ov.convert_model(program)
-    assert apply_openvino_rule(concat.cat_drop_legacy_empty, program) == 1
+    assert apply_rule(concat.cat_drop_legacy_empty, program).hits == 1
     np.testing.assert_allclose(_compile_and_run(ov.convert_model(program), feed), module(**feed).numpy(), atol=1e-6)
 
 
@@ -101,8 +97,8 @@ def test_without_the_sdpa_rule_fully_masked_rows_are_nan() -> None:
     program = export_program(module, feed, dynamic=True)
     raw = _compile_and_run(ov.convert_model(program), feed)
     assert np.isnan(raw[0, :, :3]).all() and not np.isnan(raw[1]).any()
-    assert apply_openvino_rule(attention.sdpa_fully_masked_rows, program) == 1
-    assert apply_openvino_rule(attention.sdpa_fully_masked_rows, program) == 0, "a rewritten node is left alone"
+    assert apply_rule(attention.sdpa_fully_masked_rows, program).hits == 1
+    assert apply_rule(attention.sdpa_fully_masked_rows, program).hits == 0, "a rewritten node is left alone"
     np.testing.assert_allclose(_compile_and_run(ov.convert_model(program), feed), expected, atol=1e-5)
 
 
@@ -124,23 +120,22 @@ def test_without_the_constant_input_rule_compilation_fails() -> None:
 
 def test_without_the_moe_patch_conversion_fails_and_rules_can_be_disabled() -> None:
     model, feed = moe_batched.qwen3_moe(5)
+    # The rule's former OpenVINO-only id still disables it (an alias of patch/moe-batched-experts).
     config = OpenVINOConfig(rules=RuleSelection(disable=("patch/openvino-moe-batched-experts",)))
     exporter = OpenVINOExporter()
     with pytest.raises(HfExportError, match=r"aten\.histc") as failure:
         exporter.export(model, feed, config=config)
     assert failure.value.stage == "convert"
     outcomes = {o.id: o.status for o in exporter.report.rules}
-    assert outcomes["patch/openvino-moe-batched-experts"] == "disabled"
-    # No other rule stood in (ExecuTorch's batched experts are for ExecuTorch): grouped_mm ran as transformers
-    # has it, histc offsets and all.
-    assert outcomes["patch/executorch-moe-batched-experts"] == "other-backend"
+    # No other rule stood in: grouped_mm ran as transformers has it, histc offsets and all.
+    assert outcomes["patch/moe-batched-experts"] == "disabled"
 
 
-def _mul_to_add_rule(examples_: tuple) -> OpenVINOFxNodeRule:
+def _mul_to_add_rule(examples_: tuple) -> NodeRule:
     def rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
         node.target = torch.ops.aten.add.Tensor
 
-    return OpenVINOFxNodeRule(
+    return NodeRule(
         RuleMeta(
             id="openvino/test-wrong",
             why="test",
@@ -170,7 +165,7 @@ def test_the_checker_catches_a_rule_that_changes_numerics_or_fires_on_a_nomatch(
         check_example(rule, Match(lambda: (attention._Attention(), attention._attention_inputs(1, 3, 0))))
 
 
-def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
+def test_model_rules_are_counted_by_the_engine_in_the_model_phase() -> None:
     meta = RuleMeta(
         id="openvino/test-count",
         why="test",
@@ -180,13 +175,13 @@ def test_model_rules_are_counted_by_the_engine_and_skip_programs() -> None:
     )
     rule = OpenVINOModelRule(meta, transform=lambda model: len(model.get_parameters()))
     program = export_program(_Mul(), {"x": torch.randn(3)})
-    assert apply_openvino_rule(rule, program) == 0
     registry = _registry_of(rule)
     context = RewriteContext(backend="openvino")
-    assert apply("openvino", ov.convert_model(program), context, registry) == {"openvino/test-count": 1}
+    assert apply("openvino", program, context, registry, phase="program").hits == {}
+    assert apply("openvino", ov.convert_model(program), context, registry, phase="model").hits == {rule.id: 1}
     assert context.outcomes["openvino/test-count"].status == "fired" and "openvino" in context.stage_seconds
     other = RewriteContext(backend="onnx")
-    assert apply("openvino", ov.convert_model(program), other, registry) == {}
+    assert apply("openvino", ov.convert_model(program), other, registry, phase="model").hits == {}
     assert other.outcomes["openvino/test-count"].status == "other-backend"
 
 
@@ -201,8 +196,8 @@ def _registry_of(*rules: Any) -> Any:
 
 def test_without_the_symbolic_rules_conversion_fails() -> None:
     for module, feed in (
-        (symbolic._PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
-        (symbolic._TopKOfAtMost(), {"x": torch.randn(2, 3)}),
+        (symbolic.PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
+        (symbolic.TopKOfAtMost(), {"x": torch.randn(2, 3)}),
     ):
         program = export_program(module, feed, dynamic=True)
         with pytest.raises(Exception, match="No conversion rule found"):
@@ -210,19 +205,17 @@ def test_without_the_symbolic_rules_conversion_fails() -> None:
 
 
 def test_the_ceil_rule_declines_a_fraction_whose_integer_ceiling_differs() -> None:
-    from hfexport.rewrites.declines import declines_to
-
     # 0.1 is 3602879701896397 / 2**55: at 10 tokens the exact product is just above 1, the float one is 1.0.
     assert math.ceil(0.1 * 10) == 1 and -((-10 * 3602879701896397) // 2**55) == 2
     program = export_program(symbolic._CapacityOfTokens(0.1), {"x": torch.randn(7, 3)}, dynamic=True)
     rule = default_registry().get("openvino/sym-ceil-to-int")
-    declined: list[tuple[str, str]] = []
-    with declines_to(lambda rule_id, reason: declined.append((rule_id, reason))):
-        assert apply_openvino_rule(rule, program) == 0
-    assert any(rule_id == rule.id and "3602879701896397" in reason for rule_id, reason in declined), declined
+    applied = apply_rule(rule, program)
+    assert applied.hits == 0
+    # The predicate's reason is counted among the rule's declines (the audit shows it).
+    assert any("3602879701896397" in reason for reason in applied.declined), applied.declined
     # 0.75 is 3 / 4: exact, so it is rewritten; the float chain feeding the ceiling is gone with it.
     program = export_program(symbolic._CapacityOfTokens(0.75), {"x": torch.randn(7, 3)}, dynamic=True)
-    assert apply_openvino_rule(rule, program) == 1
+    assert apply_rule(rule, program).hits == 1
     targets = {n.target for n in program.graph.nodes}
     assert math.ceil not in targets and torch.sym_float not in targets
 
@@ -230,7 +223,7 @@ def test_the_ceil_rule_declines_a_fraction_whose_integer_ceiling_differs() -> No
 def test_without_the_floor_divide_rule_negative_sizes_truncate() -> None:
     # L + (-L) // 4 keeps 5 of 7 positions in torch; the CPU plugin's truncating division keeps 6.
     feed = {"x": torch.randn(2, 7)}
-    program = export_program(symbolic._ShortenByCeil(), feed, dynamic=True)
+    program = export_program(symbolic.ShortenByCeil(), feed, dynamic=True)
     ov_model = ov.convert_model(program)
     assert _compile_and_run(ov_model, feed).shape == (2, 6)
     assert symbolic.exact_floor_divides(ov_model) == 1
@@ -243,9 +236,9 @@ def test_without_the_outputs_rule_a_repeated_output_fails_conversion() -> None:
         ov.convert_model(program)
 
 
-def _rules_of(kinds: tuple[type, ...]) -> list[Any]:
-    """The registered openvino rules of these kinds, in their order."""
-    return [r for r in default_registry().rules("openvino") if isinstance(r, kinds)]
+def _rules_of(phase: str) -> list[Any]:
+    """The registered openvino rules of this phase, in their order."""
+    return [r for r in default_registry().rules("openvino") if r.phase == phase]
 
 
 def _agrees_with_eager(module: torch.nn.Module, ov_model: Any, feed: dict[str, torch.Tensor]) -> bool:
@@ -272,14 +265,14 @@ def test_the_symbolic_size_rules_require_the_exact_floor_divide(rule_id: str) ->
     # --disable of the requirement drops the dependent, in the lowering's program-rule registry too (whose
     # plan must see the model rule it requires).
     context = RewriteContext(backend="openvino", selection=RuleSelection(disable=(floor.id,)))
-    apply("openvino", program, context, where=lambda r: isinstance(r, PROGRAM_RULES))
+    apply("openvino", program, context, phase="program")
     assert context.outcomes[rule_id].status == "disabled", context.outcomes[rule_id]
     assert floor.id in context.outcomes[rule_id].reason and context.hits[rule_id] == 0
     # The dependent alone converts, but its floor divisions of negative sizes truncate: wrong sizes.
-    assert apply_openvino_rule(rule, program) == 1
+    assert apply_rule(rule, program).hits == 1
     ov_model = ov.convert_model(program)
     assert not _agrees_with_eager(module, ov_model, feed)
     # With its requirement (and no other rule) the example is right, on both sizes.
-    assert apply_openvino_rule(floor, ov_model) >= 1
+    assert apply_rule(floor, ov_model).hits >= 1
     assert _agrees_with_eager(module, ov_model, feed)
     assert _agrees_with_eager(module, ov_model, example.other_inputs())

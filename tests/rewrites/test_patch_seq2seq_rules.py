@@ -51,9 +51,9 @@ def test_the_rules_are_registered() -> None:
 def test_nllb_moe_experts_run_on_their_routed_tokens_only() -> None:
     """The routed form runs each expert on the tokens routed to it (not every expert on every token) and still
     equals the original, with a capacity that leaves tokens without an expert."""
-    from hfexport.rewrites.rules.patch._nllb_moe import _experts, routed_experts
+    from hfexport.rewrites.rules.patch._nllb_moe import experts_example, routed_experts
 
-    module, inputs = _experts(0.0, capacity_drop=True)
+    module, inputs = experts_example(0.0, capacity_drop=True)
     experts = module.experts
     rows: dict[int, int] = {}
     hooks = [

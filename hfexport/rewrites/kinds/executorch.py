@@ -1,56 +1,30 @@
-"""Rule kind of the ExecuTorch lowering (stage `executorch`): fixes of the ATen program before `to_edge`.
+"""Rule kinds of the ExecuTorch lowering (stage `executorch`) that hand something to `to_edge` instead of editing
+the program; the node rewrites of this stage are `NodeRule`s (`kinds/fx.py`).
 
-- `ExecutorchNodeRule`: a node predicate plus a rewrite of that one node of the captured program's graph,
-  run before `to_edge_transform_and_lower`, for ops that the edge dialect, XNNPACK or the portable kernels
-  cannot take as they are. One rewritten node is one hit.
 - `ExecutorchVerifierExceptionRule`: call targets that ExecuTorch lowers and runs but whose edge-dialect
-  verifier wrongly refuses them; where the program calls one, `to_edge` gets it in
-  `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's own knob for this), and the graph is
-  left as it is. One call is one hit.
+  verifier wrongly refuses them; where the program calls one, its applier hands the targets to the lowering
+  (`VerifierExceptions`), which adds them to `EdgeCompileConfig(_core_aten_ops_exception_list=...)` (executorch's
+  own knob for this). The graph is left as it is. One call is one hit.
 - `ExecutorchEdgePassRule`: where `count(program)` finds its case in the ATen program, graph passes for the
-  edge program (`to_edge_transform_and_lower(transform_passes=...)`, before partitioning) that the lowering
-  applies; the ATen graph is left as it is. What `count` counts is one hit each.
+  edge program (`to_edge_transform_and_lower(transform_passes=...)`, before partitioning); its applier hands
+  them to the lowering (`EdgePasses`). The ATen graph is left as it is. What `count` counts is one hit each.
 
-Building the registry never imports executorch; examples are checked by `hfexport.testing.harness`.
+The lowering reads what the rules handed over from the stage's result (`engine.apply(...).outputs`):
+`edge_compile_config(outputs)` and `edge_transform_passes(outputs)`. Building the registry never imports
+executorch; examples are checked by `hfexport.testing.harness`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import fx
 
-from hfexport.rewrites.kinds.fx import fill_missing_values
-from hfexport.rewrites.rule import Rule
-
-
-@dataclass
-class ExecutorchNodeRule(Rule):
-    """Rewrite each node of the program graph for which `predicate(node)` holds with `rewrite(gm, node)`."""
-
-    predicate: Callable[[fx.Node], bool] | None = None
-    rewrite: Callable[[fx.GraphModule, fx.Node], None] | None = None
-    stage: str = field(init=False, default="executorch")
-
-
-def apply_executorch_rule(rule: ExecutorchNodeRule, program: torch.export.ExportedProgram) -> int:
-    """Apply one rule to `program`'s graph in place; return how many nodes it rewrote."""
-    gm = program.graph_module
-    fill_missing_values(gm)
-    hits = 0
-    for node in list(gm.graph.nodes):
-        if node.graph is gm.graph and rule.predicate(node):
-            rule.rewrite(gm, node)
-            hits += 1
-    if hits:
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
-    return hits
+from hfexport.rewrites.rule import Applied, Rule
 
 
 @dataclass
@@ -58,42 +32,48 @@ class ExecutorchVerifierExceptionRule(Rule):
     """Let `to_edge`'s verifier accept calls of `targets` (the graph is not changed)."""
 
     targets: tuple[Any, ...] = ()
-    stage: str = field(init=False, default="executorch")
+    stages: ClassVar[tuple[str, ...]] = ("executorch",)
+    phase: str = field(init=False, default="program")
 
 
-# Where the lowering finds the targets the fired exception rules collected (the program's own graph module).
-_EXCEPTIONS_KEY = "hfexport_edge_verifier_exceptions"
+@dataclass(frozen=True)
+class VerifierExceptions:
+    """What a verifier-exception rule hands to the lowering: the call targets the program has and `to_edge` must let
+    through."""
+
+    targets: tuple[Any, ...]
 
 
 def _graph_modules(program: torch.export.ExportedProgram) -> list[fx.GraphModule]:
     return [m for m in program.graph_module.modules() if isinstance(m, fx.GraphModule)]
 
 
-def apply_verifier_exception_rule(rule: ExecutorchVerifierExceptionRule, program: torch.export.ExportedProgram) -> int:
-    """Count `program`'s calls of `rule.targets`; record the targets called for `edge_compile_config`."""
+def apply_verifier_exception_rule(rule: Rule, program: Any, hit: Callable[[], None] | None = None) -> Applied:
+    """Count `program`'s calls of `rule.targets`; hand the targets called to the lowering."""
+    assert isinstance(rule, ExecutorchVerifierExceptionRule)
     called = [
         node.target
         for gm in _graph_modules(program)
         for node in gm.graph.nodes
         if node.op == "call_function" and node.target in rule.targets
     ]
-    if called:
-        exceptions = program.graph_module.meta.setdefault(_EXCEPTIONS_KEY, [])
-        exceptions.extend(t for t in dict.fromkeys(called) if t not in exceptions)
-    return len(called)
+    if not called:
+        return Applied()
+    return Applied(len(called), outputs=(VerifierExceptions(tuple(dict.fromkeys(called))),))
 
 
-def edge_compile_config(program: torch.export.ExportedProgram, config: Any = None) -> Any:
-    """`config` (an `EdgeCompileConfig`, default the default one) plus the verifier exceptions that fired on
-    `program`; `config` itself when none did."""
-    from executorch.exir import EdgeCompileConfig
-
-    exceptions = program.graph_module.meta.get(_EXCEPTIONS_KEY)
+def edge_compile_config(outputs: Iterable[Any], config: Any = None) -> Any:
+    """`config` (an `EdgeCompileConfig`, default the default one) plus the verifier exceptions among a stage's
+    `outputs`; `config` itself when there are none."""
+    exceptions = [t for output in outputs if isinstance(output, VerifierExceptions) for t in output.targets]
     if not exceptions:
         return config
+    from executorch.exir import EdgeCompileConfig
+
     config = config if config is not None else EdgeCompileConfig()
     known = list(config._core_aten_ops_exception_list)
-    return dataclasses.replace(config, _core_aten_ops_exception_list=known + [t for t in exceptions if t not in known])
+    added = [t for t in dict.fromkeys(exceptions) if t not in known]
+    return dataclasses.replace(config, _core_aten_ops_exception_list=known + added)
 
 
 @dataclass
@@ -102,19 +82,29 @@ class ExecutorchEdgePassRule(Rule):
 
     count: Callable[[torch.export.ExportedProgram], int] | None = None
     edge_passes: Callable[[], list[Any]] | None = None
-    stage: str = field(init=False, default="executorch")
+    stages: ClassVar[tuple[str, ...]] = ("executorch",)
+    phase: str = field(init=False, default="program")
 
 
-# Where the lowering finds the edge passes the fired edge-pass rules ask for: [passes factory] in rule order.
-_EDGE_PASSES_KEY = "hfexport_edge_passes"
+@dataclass(frozen=True)
+class EdgePasses:
+    """What an edge-pass rule hands to the lowering: the factory of its passes for the edge program."""
+
+    factory: Callable[[], list[Any]]
 
 
-def apply_edge_pass_rule(rule: ExecutorchEdgePassRule, program: torch.export.ExportedProgram) -> int:
-    """Count `rule`'s case in `program`; where it is found, record the rule's passes."""
+def apply_edge_pass_rule(rule: Rule, program: Any, hit: Callable[[], None] | None = None) -> Applied:
+    """Count `rule`'s case in `program`; where it is found, hand the rule's passes to the lowering."""
+    assert isinstance(rule, ExecutorchEdgePassRule)
     hits = rule.count(program)
-    if hits:
-        program.graph_module.meta.setdefault(_EDGE_PASSES_KEY, []).append(rule.edge_passes)
-    return hits
+    if not hits:
+        return Applied()
+    return Applied(hits, outputs=(EdgePasses(rule.edge_passes),))
+
+
+def edge_transform_passes(outputs: Iterable[Any]) -> list[Any]:
+    """The edge-program passes among a stage's `outputs`, in rule order."""
+    return [p for output in outputs if isinstance(output, EdgePasses) and output.factory for p in output.factory()]
 
 
 def bypass_nodes(gm: fx.GraphModule, value_of: Callable[[fx.Node], fx.Node | None]) -> Any:
@@ -133,18 +123,3 @@ def bypass_nodes(gm: fx.GraphModule, value_of: Callable[[fx.Node], fx.Node | Non
         gm.graph.lint()
         gm.recompile()
     return PassResult(gm, changed)
-
-
-def edge_transform_passes(program: torch.export.ExportedProgram) -> list[Any]:
-    """The edge-program passes the fired edge-pass rules recorded on `program`, in rule order."""
-    return [p for factory in program.graph_module.meta.get(_EDGE_PASSES_KEY, []) if factory for p in factory()]
-
-
-def apply(rule: Rule, target: Any) -> int:
-    """The engine's applier of stage `executorch`."""
-    if isinstance(rule, ExecutorchVerifierExceptionRule):
-        return apply_verifier_exception_rule(rule, target)
-    if isinstance(rule, ExecutorchEdgePassRule):
-        return apply_edge_pass_rule(rule, target)
-    assert isinstance(rule, ExecutorchNodeRule)
-    return apply_executorch_rule(rule, target)

@@ -1,11 +1,13 @@
 """Rule kinds of the ONNX lowering: ATen translation overrides (stage `aten`) and ONNX IR rewrites (`onnx`).
 
-- `AtenOverride`: an onnxscript function that translates one `torch.ops.aten.<op>.<overload>`. The engine
-  builds `torch.onnx.export(custom_translation_table=...)` from the selected overrides and counts every
-  dispatch to one (a call of the function during translation is one hit).
+- `AtenOverride`: an onnxscript function that translates one `torch.ops.aten.<op>.<overload>`. Its applier
+  hands `(op, function)` to the lowering, the function wrapped to count every dispatch to it (a call during
+  translation is one hit): `dict(engine.apply("aten", opset, context).outputs)` is torch.onnx's
+  `custom_translation_table`.
 - `OnnxRewriteRule`: an onnxscript rewriter rule (`pattern` / `check` / `rewrite`, e.g. a
-  `RewriteRuleClassBase` subclass) applied to the `onnx_ir` model; the engine counts replacements per rule
-  and stamps the rule id on the nodes it produced (`metadata_props["hfexport.rule"]`).
+  `RewriteRuleClassBase` subclass) applied to the `onnx_ir` model in one of the stage's phases (`phase`: "fix",
+  right after translation; "fusion", after the optimizer; "quantized", on what the export's quantizer wrote); the
+  applier counts replacements and stamps the rule id on the nodes it produced (`metadata_props["hfexport.rule"]`).
 
 Both bodies are factories, called only when the stage runs: the rule registry is built for every export,
 and building it must not import onnx or onnxscript.
@@ -14,14 +16,15 @@ and building it must not import onnx or onnxscript.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from hfexport.rewrites.declines import note_declined, recording_declines
-from hfexport.rewrites.rule import Rule
+from hfexport.rewrites.declines import clean_reason, explaining
+from hfexport.rewrites.rule import Applied, Rule
 
 RULE_ID_KEY = "hfexport.rule"
 
@@ -39,7 +42,8 @@ class AtenOverride(Rule):
     # Which dispatches count as hits, given the translation's arguments: an override that keeps the default
     # translation for most calls (a real squeeze) is reported only where it changes the result.
     counts: Callable[..., bool] | None = None
-    stage: str = field(init=False, default="aten")
+    stages: ClassVar[tuple[str, ...]] = ("aten",)
+    phase: str = field(init=False, default="translation")
 
     def resolve_target(self) -> torch._ops.OpOverload | None:
         namespace, op, overload = ([*self.target.split("."), "", "", ""])[:3]
@@ -53,25 +57,16 @@ class OnnxRewriteRule(Rule):
     """Rewrite the ONNX IR model with the onnxscript rewriter rule that `rewrite_rule()` returns."""
 
     rewrite_rule: Callable[[], Any] | None = None
-    # Runs on the quantized model, after the export's quantizer (a rewrite of what the quantizer writes), instead
-    # of with the fixes or the fusions of the lowering; an export without a quantizer runs it after lowering.
-    after_quantizer: bool = False
-    stage: str = field(init=False, default="onnx")
+    # "fix": right after translation, before the optimizer (the default of a fix); "fusion": after the optimizer
+    # (the default of an optimization); "quantized": on the model the export's quantizer returned (a rewrite of what
+    # the quantizer writes; an export without a quantizer runs it after lowering).
+    phase: str = ""
+    stages: ClassVar[tuple[str, ...]] = ("onnx",)
 
-
-@dataclass
-class TranslationTable:
-    """The `custom_translation_table` being built for one export, and the overrides in it."""
-
-    context: Any  # the export's RewriteContext: hits and skips are recorded on it
-    opset: int
-    functions: dict[Any, Callable[..., Any]] = field(default_factory=dict)
-    rules: list[AtenOverride] = field(default_factory=list)
-
-    def finish(self) -> None:
-        """Record the dispatch counts after translation (the stage itself only built the table)."""
-        for rule in self.rules:
-            self.context.finish(rule)
+    def __post_init__(self) -> None:
+        if not self.phase:
+            self.phase = "fusion" if self.meta.kind == "optimization" else "fix"
+        super().__post_init__()
 
 
 def _counting(
@@ -87,27 +82,23 @@ def _counting(
     return counted
 
 
-def apply_aten(rule: Rule, target: TranslationTable) -> int:
-    """The engine's applier of stage `aten`: put the override, wrapped to count dispatches, in the table."""
+def apply_aten(rule: Rule, opset: int, hit: Callable[[], None] | None = None) -> Applied:
+    """Hand `(op, translation)` to the lowering for an export at `opset`, the translation wrapped to call `hit()` at
+    every dispatch it counts; not applicable where the op or the opset is not the override's."""
     assert isinstance(rule, AtenOverride)
     op = rule.resolve_target()
     if op is None:
-        target.context.skip(rule, "not-applicable", f"{rule.target} is not an op of the installed torch")
-        return 0
-    if rule.max_opset is not None and target.opset > rule.max_opset:
-        target.context.skip(rule, "not-applicable", f"only for opset <= {rule.max_opset}, exporting {target.opset}")
-        return 0
-    if rule.min_opset is not None and target.opset < rule.min_opset:
-        target.context.skip(rule, "not-applicable", f"only for opset >= {rule.min_opset}, exporting {target.opset}")
-        return 0
-    rule_id = rule.id
-    target.functions[op] = _counting(rule.translation(), lambda: target.context.hit(rule_id), rule.counts)
-    target.rules.append(rule)
-    return 0
+        return Applied(not_applicable=f"{rule.target} is not an op of the installed torch")
+    if rule.max_opset is not None and opset > rule.max_opset:
+        return Applied(not_applicable=f"only for opset <= {rule.max_opset}, exporting {opset}")
+    if rule.min_opset is not None and opset < rule.min_opset:
+        return Applied(not_applicable=f"only for opset >= {rule.min_opset}, exporting {opset}")
+    return Applied(outputs=((op, _counting(rule.translation(), hit or (lambda: None), rule.counts)),))
 
 
-def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
-    """Apply one IR rule to `model` (an `onnx_ir.Model`) in place; return the number of replacements."""
+def apply_onnx_rule(rule: Rule, model: Any, hit: Callable[[], None] | None = None) -> Applied:
+    """Apply one IR rule to `model` (an `onnx_ir.Model`) in place: the replacements are its hits."""
+    assert isinstance(rule, OnnxRewriteRule)
     from onnxscript.rewriter import pattern
 
     before = {id(node) for node in model.graph.all_nodes()}
@@ -116,19 +107,20 @@ def apply_onnx_rule(rule: OnnxRewriteRule, model: Any) -> int:
     # commutative ops, whose operand order torch.onnx does not fix).
     rule_set = built if isinstance(built, pattern.RewriteRuleSet) else pattern.RewriteRuleSet([built])
     count = rule_set.apply_to_model(model)
-    if recording_declines(costly=True):
+    declined: Counter[str] = Counter()
+    if explaining():
         # With a tracer onnxscript's rewriter only matches (changes nothing): a second, dry pass over the
         # rewritten model reports why the rule's checks refused the sites it left alone.
-        rule_set.apply_to_model(model, tracer=_decline_tracer(rule.id))
+        rule_set.apply_to_model(model, tracer=_decline_tracer(rule.id, declined))
     if count:
         for node in model.graph.all_nodes():
             if id(node) not in before:
                 node.metadata_props[RULE_ID_KEY] = rule.id
-    return count
+    return Applied(count, declined)
 
 
-def _decline_tracer(rule_id: str) -> Any:
-    """An onnxscript matching tracer that keeps the reason of each match the rule's checks refused.
+def _decline_tracer(rule_id: str, declined: Counter[str]) -> Any:
+    """An onnxscript matching tracer that counts in `declined` the reason of each match the rule's checks refused.
 
     onnxscript's rewriter reports a `check` that returns a failed `MatchResult` (`result.fail("why")`) only
     to a tracer, and a tracer turns `apply_to_model` into a dry run: hence the second pass above.
@@ -142,12 +134,6 @@ def _decline_tracer(rule_id: str) -> Any:
             # A node this rule produced is no declined site: the dry pass runs after the rewrite.
             if status in refused and node.metadata_props.get(RULE_ID_KEY) != rule_id:
                 reason = match_result.reason if match_result is not None else ""
-                note_declined(rule_id, reason or f"{status.name.lower().replace('_', ' ')}")
+                declined[clean_reason(reason or status.name.lower().replace("_", " "))] += 1
 
     return DeclineTracer()
-
-
-def apply_onnx(rule: Rule, target: Any) -> int:
-    """The engine's applier of stage `onnx`."""
-    assert isinstance(rule, OnnxRewriteRule)
-    return apply_onnx_rule(rule, target)

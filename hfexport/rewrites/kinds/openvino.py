@@ -1,13 +1,10 @@
-"""Rule kinds of the OpenVINO lowering (stage `openvino`) and its applier.
+"""Rule kind of the converted OpenVINO model (stage `openvino`, phase `model`) and its applier.
 
-The stage runs twice per export, on two targets:
-
-- before conversion, on the captured `ExportedProgram`: `OpenVINOFxNodeRule`, the
-  FX rule forms of `graph.py` (single node, or `pattern` / `replacement`) for graph shapes that
-  `openvino.convert_model` mistranslates or refuses. They are FX rules that run only in this lowering, so
-  the program other backends see is never touched.
-- after conversion, on the `openvino.Model`: `OpenVINOModelRule`, a function that fixes the converted model
-  in place and returns how many sites it changed.
+The stage has two phases, on two targets: phase `program`, on the captured `ExportedProgram` before
+`openvino.convert_model` (`NodeRule`s, `kinds/fx.py`, for graph shapes the converter mistranslates or refuses;
+they run only in this lowering, so the program other backends see is never touched), and phase `model`, on the
+converted `openvino.Model`: `OpenVINOModelRule`, a function that fixes the model in place and returns how many
+sites it changed.
 
 Examples are checked by `hfexport.testing.harness`, through `OpenVINOExporter` and OpenVINO CPU.
 """
@@ -16,19 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
-
-from hfexport.rewrites.kinds.fx import FxNodeRule, apply_fx_rule
-from hfexport.rewrites.rule import Rule
-
-
-@dataclass
-class OpenVINOFxNodeRule(FxNodeRule):
-    """A single-node FX fix applied to the program just before `openvino.convert_model`."""
-
-    stage: str = field(init=False, default="openvino")
+from hfexport.rewrites.rule import Applied, Rule
 
 
 @dataclass
@@ -36,21 +23,11 @@ class OpenVINOModelRule(Rule):
     """A fix of the converted `openvino.Model`: `transform(model)` edits it in place, returns the sites changed."""
 
     transform: Callable[[Any], int] | None = None
-    stage: str = field(init=False, default="openvino")
+    stages: ClassVar[tuple[str, ...]] = ("openvino",)
+    phase: str = field(init=False, default="model")
 
 
-PROGRAM_RULES = (OpenVINOFxNodeRule,)
-
-
-def apply_openvino_rule(rule: Rule, target: Any) -> int:
-    """Apply one rule to its target (an `ExportedProgram` or a `GraphModule`, or an `openvino.Model`)."""
-    if isinstance(rule, PROGRAM_RULES):
-        gm = target.graph_module if hasattr(target, "graph_module") else target
-        if not isinstance(gm, torch.fx.GraphModule):
-            return 0
-        return apply_fx_rule(rule, gm)
-    if isinstance(rule, OpenVINOModelRule):
-        if isinstance(target, (torch.export.ExportedProgram, torch.fx.GraphModule)):
-            return 0
-        return rule.transform(target)
-    raise TypeError(f"not an openvino rule: {rule!r}")
+def apply_model_rule(rule: Rule, model: Any, hit: Callable[[], None] | None = None) -> Applied:
+    """Apply an `OpenVINOModelRule` to an `openvino.Model` in place."""
+    assert isinstance(rule, OpenVINOModelRule)
+    return Applied(rule.transform(model))

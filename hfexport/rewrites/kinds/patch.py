@@ -10,7 +10,8 @@ Two forms, each scoped so that nothing outside the export ever sees a patch (DES
   the context that installed it (a `ContextVar`); every other thread keeps the original behaviour.
 
 Every replacement receives the original callable first and may return `NOT_APPLICABLE` to decline a
-call; only calls it accepts are counted as hits. Counting is done here, never in rule bodies.
+call; only calls it accepts are counted as hits. Counting is done here, never in rule bodies. A rule may give one
+replacement per backend (`PerBackend`); the export installs the one of its backend.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from hfexport.rewrites.rule import Rule
+from hfexport.rewrites.rule import PerBackend, Rule, for_backend
 
 
 class _NotApplicable:
@@ -69,12 +70,14 @@ class MethodPatch(Rule):
     """
 
     target: str | Callable[[torch.nn.Module], bool] = ""
-    replacement: Callable[..., Any] | None = None
+    # One callable, or one per backend (`PerBackend`): the export installs its backend's.
+    replacement: Callable[..., Any] | PerBackend | None = None
     method: str | None = None
     # Also installed while `decompose_for_generation` records generate's calls (`engine.recording`): for a patch
     # that moves state eager keeps on modules into the cache generate carries, so the recorded samples hold it.
     records: bool = False
-    stage: str = field(init=False, default="patch")
+    stages: ClassVar[tuple[str, ...]] = ("patch",)
+    phase: str = field(init=False, default="trace")
 
 
 @dataclass
@@ -87,7 +90,8 @@ class ModuleFunctionPatch(Rule):
     """
 
     target: str | tuple[str, ...] = ""
-    replacement: Callable[..., Any] | None = None
+    # One callable, or one per backend (`PerBackend`): the export installs its backend's.
+    replacement: Callable[..., Any] | PerBackend | None = None
     # The target names a builtin (`len`) as the module's callers see it: the gate is set as a module global that
     # shadows the builtin while installed, and is deleted again on release.
     shadows_builtin: bool = False
@@ -97,7 +101,8 @@ class ModuleFunctionPatch(Rule):
     # Also installed while `decompose_for_generation` records generate's calls (`engine.recording`): for a patch
     # that changes the cache generate builds, so the recorded samples hold the cache the program takes.
     records: bool = False
-    stage: str = field(init=False, default="patch")
+    stages: ClassVar[tuple[str, ...]] = ("patch",)
+    phase: str = field(init=False, default="trace")
 
 
 # A TorchFunctionMode-based kind was removed: no rule used it (issue #18, unused kinds go).
@@ -208,17 +213,22 @@ class PatchSession:
         self._undo.append(fn)
 
     # -- installing rules: each returns None when installed, or why the rule does not apply -------
-    def install(self, rule: PatchRule, model: torch.nn.Module) -> str | None:
+    def install(self, rule: PatchRule, model: torch.nn.Module, backend: str | None = None) -> str | None:
+        """Install `rule` on `model` for an export to `backend` (whose replacement a `PerBackend` one gives; None:
+        the rule's first backend)."""
+        replacement = for_backend(rule.replacement, backend or rule.meta.backends[0])
         if isinstance(rule, MethodPatch):
-            return self._install_method(rule, model)
+            return self._install_method(rule, model, replacement)
         if isinstance(rule, ModuleFunctionPatch):
-            return self._install_module_function(rule, model)
+            return self._install_module_function(rule, model, replacement)
         raise TypeError(f"not a patch rule: {rule!r}")
 
-    def _install_method(self, rule: MethodPatch, model: torch.nn.Module) -> str | None:
+    def _install_method(self, rule: MethodPatch, model: torch.nn.Module, replacement: Callable[..., Any]) -> str | None:
         if callable(rule.target):
             predicate, method = rule.target, rule.method
-            described = f"modules matching {getattr(rule.target, '__name__', 'predicate')}"
+            # Said in words, not by the predicate's (private) name: the report is read by users.
+            models = ", ".join(rule.meta.models)
+            described = "module this rule is for" + (f" ({models})" if models else "")
         else:
             resolved = resolve(rule.target)
             if isinstance(resolved, str):
@@ -241,7 +251,8 @@ class PatchSession:
             return f"the model has no {described}"
         for module in matched:
             original = getattr(module, method)
-            self.setattr(module, method, types.MethodType(self._method_wrapper(rule, original), module))
+            wrapper = self._method_wrapper(rule.id, replacement, original)
+            self.setattr(module, method, types.MethodType(wrapper, module))
         return None
 
     def _running(self, rule_id: str, replacement: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -261,8 +272,10 @@ class PatchSession:
 
         return running
 
-    def _method_wrapper(self, rule: MethodPatch, original: Callable[..., Any]) -> Callable[..., Any]:
-        replacement, on_hit, rule_id = self._running(rule.id, rule.replacement), self._on_hit, rule.id
+    def _method_wrapper(
+        self, rule_id: str, replacement: Callable[..., Any], original: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        replacement, on_hit = self._running(rule_id, replacement), self._on_hit
         owner = threading.get_ident()
 
         def patched(module_self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -278,7 +291,9 @@ class PatchSession:
 
         return patched
 
-    def _install_module_function(self, rule: ModuleFunctionPatch, model: torch.nn.Module) -> str | None:
+    def _install_module_function(
+        self, rule: ModuleFunctionPatch, model: torch.nn.Module, replacement: Callable[..., Any]
+    ) -> str | None:
         targets = (rule.target,) if isinstance(rule.target, str) else rule.target
         used_modules = {type(m).__module__ for m in model.modules()}
         reasons = []
@@ -305,10 +320,10 @@ class PatchSession:
                 if home not in used_modules:
                     reasons.append(f"the model uses no module of {home}")
                     continue
-            self._gate(owner, name, rule)
-        return None if len(reasons) < len(targets) else "; ".join(reasons)
+            self._gate(owner, name, rule.id, replacement)
+        return None if len(reasons) < len(targets) else _joined(reasons)
 
-    def _gate(self, owner: Any, name: str, rule: ModuleFunctionPatch) -> None:
+    def _gate(self, owner: Any, name: str, rule_id: str, replacement: Callable[..., Any]) -> None:
         key = (id(owner), name)
         with _GATES_LOCK:
             gate = _GATES.get(key)
@@ -319,8 +334,8 @@ class PatchSession:
                 setattr(owner, name, _make_gate(key, gate.original))
                 _GATES[key] = gate
             gate.users += 1
-        replacement = self._running(rule.id, rule.replacement)
-        self._module_handlers.setdefault(key, []).append((rule.id, replacement, self._on_hit))
+        running = self._running(rule_id, replacement)
+        self._module_handlers.setdefault(key, []).append((rule_id, running, self._on_hit))
         self._undo.append(lambda: _release_gate(key))
 
     @property
@@ -371,3 +386,12 @@ def installed_gates() -> list[str]:
     """Module functions currently gated (for leak checks in tests and the audit)."""
     with _GATES_LOCK:
         return [f"{getattr(g.owner, '__name__', g.owner)}.{g.name}" for g in _GATES.values()]
+
+
+def _joined(reasons: list[str]) -> str:
+    """One reason for every target a module-function rule skipped: the modules the model does not use in one
+    list ("the model uses no module of a, b"), not one sentence each."""
+    prefix = "the model uses no module of "
+    modules = [r.removeprefix(prefix) for r in reasons if r.startswith(prefix)]
+    others = [r for r in dict.fromkeys(reasons) if not r.startswith(prefix)]
+    return "; ".join([*([prefix + ", ".join(dict.fromkeys(modules))] if modules else []), *others])

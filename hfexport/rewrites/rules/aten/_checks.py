@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 
-def _is_all_true_translation() -> Callable[..., Any]:
+def is_all_true_translation() -> Callable[..., Any]:
     from onnxscript import opset18 as op
 
     def aten_is_all_true(self: Any) -> Any:
@@ -37,23 +37,23 @@ class _CheckSelects(torch.nn.Module):
         return torch.where(ok, features * 2, features - 1)
 
 
-def _selects_true() -> tuple[torch.nn.Module, dict[str, Any]]:
-    return _CheckSelects(), _checked()[1]
+def selects_true() -> tuple[torch.nn.Module, dict[str, Any]]:
+    return _CheckSelects(), checked()[1]
 
 
-def _selects_false() -> dict[str, Any]:
+def selects_false() -> dict[str, Any]:
     """Other sizes, one negative token: the check is false (a NaN feature would make it false too)."""
-    inputs = _checked_odd()
+    inputs = checked_odd()
     inputs["tokens"][1, 4] = -1.0
     return inputs
 
 
-class _Unchecked(torch.nn.Module):
+class Unchecked(torch.nn.Module):
     def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return features * 2 + tokens.unsqueeze(-1)
 
 
-def _checked() -> tuple[torch.nn.Module, dict[str, Any]]:
+def checked() -> tuple[torch.nn.Module, dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     return _CheckedScale(), {
         "tokens": torch.arange(6.0).reshape(2, 3),
@@ -61,12 +61,12 @@ def _checked() -> tuple[torch.nn.Module, dict[str, Any]]:
     }
 
 
-def _checked_odd() -> dict[str, Any]:
+def checked_odd() -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1)
     return {"tokens": torch.arange(14.0).reshape(2, 7), "features": torch.randn(2, 7, 3, generator=generator)}
 
 
-def _squeeze_is_noop(self: Any, dim: int) -> bool:
+def squeeze_is_noop(self: Any, dim: int) -> bool:
     """Whether torch.squeeze(dim) leaves `self` as it is: a dimension that is not 1 (and a 0-d tensor).
 
     A symbolic size counts as not 1: torch decides squeeze while tracing (`guard_or_false(size == 1)`), so a
@@ -85,29 +85,29 @@ def _squeeze_is_noop(self: Any, dim: int) -> bool:
     return isinstance(getattr(size, "value", None), str)
 
 
-def _squeeze_dim_translation() -> Callable[..., Any]:
+def squeeze_dim_translation() -> Callable[..., Any]:
     from onnxscript import opset18 as op
 
     def aten_squeeze_dim(self: Any, dim: int) -> Any:
-        if _squeeze_is_noop(self, dim):
+        if squeeze_is_noop(self, dim):
             return op.Identity(self)  # ONNX Squeeze would reject an axis whose size is not 1
         return op.Squeeze(self, [dim])
 
     return aten_squeeze_dim
 
 
-class _SqueezeTokens(torch.nn.Module):
+class SqueezeTokens(torch.nn.Module):
     """Pixtral-style: `features.squeeze(0)` on [tokens, hidden] features, a no-op when tokens != 1."""
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features.reshape(-1, features.shape[-1]).squeeze(0) * 3
 
 
-class _SqueezeBatch(torch.nn.Module):
+class SqueezeBatch(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features.squeeze(0) * 3
 
 
-class _SqueezeAll(torch.nn.Module):
+class SqueezeAll(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features.squeeze() * 3

@@ -10,7 +10,7 @@ import torch
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.onnx import AtenOverride
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._moe_batched import gpt_oss, qwen3_moe
+from hfexport.rewrites.rules._moe_batched import gpt_oss, qwen3_moe
 
 _INT64 = 7  # onnx TensorProto.INT64
 
@@ -78,8 +78,8 @@ grouped_mm_fallback = AtenOverride(
         "`transformers::grouped_mm_fallback` (a Python loop over offs.tolist()); the ExportedProgram keeps it, "
         "as the seed documents, and torch.onnx has no translation for it ('No ONNX function found'). This "
         "translates it into Split / MatMul per expert / Concat, zeros for rows past the last group. ExecuTorch and "
-        "OpenVINO run these experts routed per expert instead (patch/executorch-moe-batched-experts, "
-        "patch/openvino-moe-batched-experts): their lowerings refuse the forward's aten.histc, not only this op",
+        "OpenVINO run these experts routed per expert instead (patch/moe-batched-experts): their lowerings refuse "
+        "the forward's aten.histc, not only this op",
         upstream="transformers==5.24.0 integrations/moe.py _grouped_mm_fallback (custom op used when "
         "_can_use_grouped_mm refuses non-bf16 weights under tracing; cf. https://github.com/pytorch/pytorch/issues/172440)",
         backends=("onnx",),

@@ -6,12 +6,12 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import AtenOverride
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.aten._checks import (
-    _checked,
-    _checked_odd,
-    _is_all_true_translation,
-    _selects_false,
-    _selects_true,
-    _Unchecked,
+    Unchecked,
+    checked,
+    checked_odd,
+    is_all_true_translation,
+    selects_false,
+    selects_true,
 )
 
 is_all_true = AtenOverride(
@@ -25,15 +25,15 @@ is_all_true = AtenOverride(
         backends=("onnx",),
         models=("llava",),
         examples=(
-            Match(_checked, "a tensor check before the output; then other, odd sizes", other_inputs=_checked_odd),
+            Match(checked, "a tensor check before the output; then other, odd sizes", other_inputs=checked_odd),
             Match(
-                _selects_true,
+                selects_true,
                 "the check's value selects the output: true; then other sizes where it is false",
-                other_inputs=_selects_false,
+                other_inputs=selects_false,
             ),
-            NoMatch(lambda: (_Unchecked(), _checked()[1]), "the same computation without a check"),
+            NoMatch(lambda: (Unchecked(), checked()[1]), "the same computation without a check"),
         ),
     ),
     target="aten._is_all_true.default",
-    translation=_is_all_true_translation,
+    translation=is_all_true_translation,
 )

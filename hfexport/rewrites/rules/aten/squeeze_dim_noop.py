@@ -6,11 +6,11 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import AtenOverride
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.aten._checks import (
-    _squeeze_dim_translation,
-    _squeeze_is_noop,
-    _SqueezeAll,
-    _SqueezeBatch,
-    _SqueezeTokens,
+    SqueezeAll,
+    SqueezeBatch,
+    SqueezeTokens,
+    squeeze_dim_translation,
+    squeeze_is_noop,
     torch,
 )
 
@@ -28,17 +28,17 @@ squeeze_dim_noop = AtenOverride(
         backends=("onnx",),
         models=("mistral3", "lighton_ocr"),
         examples=(
-            Match(lambda: (_SqueezeTokens(), {"features": torch.randn(1, 7, 5)}), "squeeze(0) of [7, 5]: a no-op"),
+            Match(lambda: (SqueezeTokens(), {"features": torch.randn(1, 7, 5)}), "squeeze(0) of [7, 5]: a no-op"),
             Match(
-                lambda: (_SqueezeTokens(), {"features": torch.randn(1, 7, 5)}),
+                lambda: (SqueezeTokens(), {"features": torch.randn(1, 7, 5)}),
                 "squeeze(0) of [tokens, 5] with a dynamic token count (the size is a symbol, not an int)",
                 other_inputs=lambda: {"features": torch.randn(1, 4, 3)},
             ),
-            NoMatch(lambda: (_SqueezeAll(), {"features": torch.randn(1, 3)}), "squeeze() of every size-1 axis"),
-            NoMatch(lambda: (_SqueezeBatch(), {"features": torch.randn(1, 3)}), "squeeze(0) of a size-1 axis"),
+            NoMatch(lambda: (SqueezeAll(), {"features": torch.randn(1, 3)}), "squeeze() of every size-1 axis"),
+            NoMatch(lambda: (SqueezeBatch(), {"features": torch.randn(1, 3)}), "squeeze(0) of a size-1 axis"),
         ),
     ),
     target="aten.squeeze.dim",
-    translation=_squeeze_dim_translation,
-    counts=_squeeze_is_noop,
+    translation=squeeze_dim_translation,
+    counts=squeeze_is_noop,
 )

@@ -3,8 +3,9 @@
 rules so that both import them downward.
 
 - `decomposed_op`: a `quantized_decomposed` operator overload, or None where PT2E was never imported.
-- `restore_integer_constants` / `_keeping_integer_constants`: integer constants of a graph that ExecuTorch's
+- `restore_integer_constants` / `keeping_integer_constants`: integer constants of a graph that ExecuTorch's
   `XNNPACKQuantizer` turned into float, given back before annotation.
+- `QuantizedProgram`: the examples' module around a converted PT2E program.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def restore_integer_constants(model: torch.fx.GraphModule) -> int:
 _INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _keeping_integer_constants(quantizer: Any) -> Any:
+def keeping_integer_constants(quantizer: Any) -> Any:
     """`quantizer` seen through a delegate whose `transform_for_annotation` also restores integer constants."""
     from torchao.quantization.pt2e.quantizer import Quantizer
 
@@ -74,3 +75,18 @@ def _keeping_integer_constants(quantizer: Any) -> Any:
             quantizer.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
 
     return KeepingIntegerConstants()
+
+
+class QuantizedProgram(torch.nn.Module):
+    """An example model: a converted PT2E GraphModule; `eval()` leaves it alone (it refuses `train()` / `eval()`)."""
+
+    def __init__(self, graph_module: torch.nn.Module) -> None:
+        super().__init__()
+        self.quantized = graph_module
+
+    def train(self, mode: bool = True) -> QuantizedProgram:
+        self.training = mode
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quantized(x=x)

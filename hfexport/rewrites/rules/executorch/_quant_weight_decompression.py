@@ -29,7 +29,7 @@ aten = torch.ops.aten
 _LINEAR = aten.linear.default
 # What `get_source_partitions` (and so ConvertToLinearPass) reads to find the nn.Linear a node came from.
 _SOURCE_TAGS = frozenset({"source_fn_stack", "nn_module_stack", "torch_fn"})
-_RIGHT_SHIFTS = (aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Tensor)
+RIGHT_SHIFTS = (aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Tensor)
 
 
 # -- int4 unpacking: the shift passes the verifier ---------------------------------------------------------------
@@ -49,14 +49,14 @@ class _Nibbles(torch.nn.Module):
         return x + nibbles.reshape(16, 32).to(torch.float32)
 
 
-def _nibbles() -> Built:
+def nibbles_example() -> Built:
     return _Nibbles(), {"x": torch.zeros(16, 32)}
 
 
 # -- linear on a computed weight: no nn.Linear tag ---------------------------------------------------------------
 
 
-def _is_computed_weight_linear(node: fx.Node) -> bool:
+def is_computed_weight_linear(node: fx.Node) -> bool:
     """`linear(x, w, ...)` with w computed in the graph (not a parameter, buffer or constant), still tagged with the
     module it came from; any input rank (each decomposition of it is rebuilt wrongly, see the module's doc)."""
     if node.op != "call_function" or node.target is not _LINEAR or not (_SOURCE_TAGS & node.meta.keys()):
@@ -70,7 +70,7 @@ def _is_computed_weight_linear(node: fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and isinstance(weight_value, torch.Tensor) and weight_value.ndim == 2
 
 
-def _untag_linear(gm: fx.GraphModule, node: fx.Node) -> None:
+def untag_linear(gm: fx.GraphModule, node: fx.Node) -> None:
     """The same `linear` without its source-module tags. Its decomposition is unchanged (expand + bmm, or view +
     addmm), and XNNPACK runs the `bmm` as the batch matmul it is, and the `addmm` as the portable kernel,
     instead of rebuilding a linear from them."""
@@ -87,7 +87,7 @@ def _decompress(linear: torch.nn.Module, args: Any) -> None:
     linear.weight = weight.to(torch.float32)
 
 
-class _TransposedLinear(torch.nn.Module):
+class TransposedLinear(torch.nn.Module):
     """An `nn.Linear` on a transposed input ([seq, batch, features] -> [batch, seq, features], not contiguous, as
     the attention output before `o_proj`). `compressed`: its weight is int8 in a buffer and decompressed before
     each call; `rows`: a 2-D input, not transposed."""
@@ -111,5 +111,5 @@ class _TransposedLinear(torch.nn.Module):
         return self.linear(x if self.rows else x.transpose(0, 1))
 
 
-def _inputs(*shape: int, seed: int = 0) -> dict[str, Any]:
+def inputs(*shape: int, seed: int = 0) -> dict[str, Any]:
     return {"x": torch.randn(*shape, 24, generator=torch.Generator().manual_seed(seed))}

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -89,7 +89,7 @@ def _built(right: bool = True, out_int32: bool = False) -> Built:
     return _Buckets(right=right, out_int32=out_int32), _coords(3, 6)
 
 
-bucketize_as_comparison_count = ExecutorchNodeRule(
+bucketize_as_comparison_count = NodeRule(
     RuleMeta(
         id="executorch/bucketize-as-comparison-count",
         why="SmolVLM's vision embeddings (Idefics3's too) bucket the patch coordinates with torch.bucketize; "

@@ -9,9 +9,9 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch.dynamic_trailing_unsqueeze_as_view import _sizes
+from hfexport.rewrites.rules.executorch._view_sizes import view_sizes
 
 _CONV1D = torch.ops.aten.conv1d.default
 _CONVOLUTION = torch.ops.aten.convolution.default
@@ -71,7 +71,7 @@ def _as_conv2d(gm: fx.GraphModule, node: fx.Node) -> None:
     x, w, b, stride, padding, dilation, groups = _conv_args(node)
     out = node.meta["val"]
     with gm.graph.inserting_before(node):
-        sizes = _sizes(gm, x)
+        sizes = view_sizes(gm, x)
         x4 = gm.graph.call_function(_VIEW, (x, [sizes[0], sizes[1], 1, sizes[2]]))
         x4.meta["val"] = x.meta["val"].unsqueeze(2)
         w4 = gm.graph.call_function(_UNSQUEEZE, (w, 2))
@@ -81,7 +81,7 @@ def _as_conv2d(gm: fx.GraphModule, node: fx.Node) -> None:
         )
         y4.meta = {k: v for k, v in node.meta.items() if k != "val"}
         y4.meta["val"] = out.unsqueeze(2)
-        out_sizes = _sizes(gm, y4)
+        out_sizes = view_sizes(gm, y4)
         y = gm.graph.call_function(_VIEW, (y4, [out_sizes[0], out_sizes[1], out_sizes[3]]))
     y.meta = dict(node.meta)
     node.replace_all_uses_with(y)
@@ -109,7 +109,7 @@ def _built(stride: int = 1) -> Built:
     return _DepthwiseSeparable(stride), _hidden(2, 7)
 
 
-dynamic_conv1d_as_conv2d = ExecutorchNodeRule(
+dynamic_conv1d_as_conv2d = NodeRule(
     RuleMeta(
         id="executorch/dynamic-conv1d-as-conv2d",
         why="XNNPACK runs a 1-D convolution as a 2-D one behind an unsqueeze and a squeeze that its partitioner "

@@ -9,9 +9,9 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch.dynamic_trailing_unsqueeze_as_view import _sizes
+from hfexport.rewrites.rules.executorch._view_sizes import view_sizes
 
 _EMPTY = torch.ops.aten.empty.memory_format
 _NEW_EMPTY = torch.ops.aten.new_empty.default
@@ -37,7 +37,7 @@ def _zeros_instead(gm: fx.GraphModule, node: fx.Node) -> None:
         elif node.target is _NEW_EMPTY:
             sizes = node.args[1]
         else:
-            sizes = _sizes(gm, node.args[0])
+            sizes = view_sizes(gm, node.args[0])
         full = gm.graph.call_function(
             _FULL,
             (list(sizes), 0),
@@ -77,7 +77,7 @@ def _built(like: bool = False) -> Built:
     return _SplitKeys(like), _parts(2, 5)
 
 
-dynamic_empty_as_zeros = ExecutorchNodeRule(
+dynamic_empty_as_zeros = NodeRule(
     RuleMeta(
         id="executorch/dynamic-empty-as-zeros",
         why="to_edge's dim-order pass turns `empty` into executorch's `_empty_dim_order`, whose schema takes "

@@ -9,8 +9,9 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._view_sizes import view_sizes
 
 _UNSQUEEZE = torch.ops.aten.unsqueeze.default
 _STACK = torch.ops.aten.stack.default
@@ -36,21 +37,8 @@ def _trailing_unsqueeze_of_dynamic(node: fx.Node) -> bool:
     return isinstance(dim, int) and dim in (-1, value.ndim - 1)
 
 
-def _sizes(gm: fx.GraphModule, tensor: fx.Node) -> list[Any]:
-    """`tensor`'s sizes as view arguments: ints for static axes, `sym_size` nodes for dynamic ones."""
-    sizes: list[Any] = []
-    for axis, size in enumerate(tensor.meta["val"].shape):
-        if free_symbols(size):
-            node = gm.graph.call_function(_SYM_SIZE, (tensor, axis))
-            node.meta["val"] = size
-            sizes.append(node)
-        else:
-            sizes.append(int(size))
-    return sizes
-
-
 def _with_trailing_one(gm: fx.GraphModule, tensor: fx.Node) -> fx.Node:
-    view = gm.graph.call_function(_VIEW, (tensor, [*_sizes(gm, tensor), 1]))
+    view = gm.graph.call_function(_VIEW, (tensor, [*view_sizes(gm, tensor), 1]))
     view.meta = {k: v for k, v in tensor.meta.items() if k != "val"}
     view.meta["val"] = tensor.meta["val"].unsqueeze(-1)
     return view
@@ -100,7 +88,7 @@ def _built(dim: int = -1, unsqueeze: bool = False) -> Built:
     return _InterleavedRotary(dim, unsqueeze), _states(2, 6)
 
 
-dynamic_trailing_unsqueeze_as_view = ExecutorchNodeRule(
+dynamic_trailing_unsqueeze_as_view = NodeRule(
     RuleMeta(
         id="executorch/dynamic-trailing-unsqueeze-as-view",
         why="XNNPACK's partitioner takes a trailing unsqueeze (also the unsqueezes `stack(..., dim=-1)` "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules._grouped_attention import (
     GQA_MODELS,
@@ -28,7 +28,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
     stack_query_groups(gm, node, query_takes_scale=True, contiguous_output=True)
 
 
-grouped_sdpa_without_repeat_kv = ExecutorchNodeRule(
+grouped_sdpa_without_repeat_kv = NodeRule(
     RuleMeta(
         id="executorch/grouped-sdpa-without-repeat-kv",
         why="repeat_kv (and SDPA's enable_gqa) widen the keys and values to the query's heads before attention; "

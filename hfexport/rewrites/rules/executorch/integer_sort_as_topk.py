@@ -9,7 +9,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _SORT = torch.ops.aten.sort.default
@@ -89,7 +89,7 @@ def _built(**kwargs: Any) -> Built:
     return _GroupByKey(**kwargs), _rows(12)
 
 
-integer_sort_as_topk = ExecutorchNodeRule(
+integer_sort_as_topk = NodeRule(
     RuleMeta(
         id="executorch/integer-sort-as-topk",
         why="The ExecuTorch portable kernels (and XNNPACK) have no `sort`: a program that sorts (JetMoe's router "

@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._hunyuan_vl import hunyuan_vl_merge
 
 aten = torch.ops.aten
 
@@ -51,13 +52,7 @@ class _SizeCheck(torch.nn.Module):
         return features * 2
 
 
-def _hunyuan_merge() -> Built:
-    from hfexport.rewrites.rules.patch.hunyuan_vl_placeholder_check import _merge
-
-    return _merge()
-
-
-is_all_true_as_any = ExecutorchNodeRule(
+is_all_true_as_any = NodeRule(
     RuleMeta(
         id="executorch/is-all-true-as-any",
         why="transformers' torch_compilable_check on a tensor condition (the placeholder checks of 129 modeling "
@@ -71,7 +66,7 @@ is_all_true_as_any = ExecutorchNodeRule(
         examples=(
             # The placeholder check only traces with HunYuan-VL's patch (transformers' own code branches on it).
             Match(
-                _hunyuan_merge,
+                hunyuan_vl_merge,
                 "HunYuan-VL's merge: two rows with three image tokens each",
                 needs=("patch/hunyuan-vl-placeholder-check",),
             ),

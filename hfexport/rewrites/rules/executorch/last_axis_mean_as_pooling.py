@@ -9,9 +9,9 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch.one_dynamic_axis_view_inferred import inferred_sizes
+from hfexport.rewrites.rules.executorch._view_sizes import inferred_sizes
 
 _MEAN = torch.ops.aten.mean.dim
 _VIEW = torch.ops.aten.view.default
@@ -82,7 +82,7 @@ def _built(batch: int = 1, length: int = 6, dim: int = -1, keepdim: bool = True)
     return _RmsNorm(dim, keepdim).eval(), _states(batch, length)
 
 
-last_axis_mean_as_pooling = ExecutorchNodeRule(
+last_axis_mean_as_pooling = NodeRule(
     RuleMeta(
         id="executorch/last-axis-mean-as-pooling",
         why="XNNPACK takes `mean.dim` only on a 4-D tensor over its two inner axes (its global average pooling), so "

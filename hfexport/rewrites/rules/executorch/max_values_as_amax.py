@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _MAX_DIM = torch.ops.aten.max.dim
@@ -88,7 +88,7 @@ def _built_3d() -> Built:
     return _SinkSoftmax(), {"logits": _logits(2, 6)["logits"][:, 0]}
 
 
-max_values_as_amax = ExecutorchNodeRule(
+max_values_as_amax = NodeRule(
     RuleMeta(
         id="executorch/max-values-as-amax",
         why="XNNPACK's partitioner takes the values-only `max(x, dim)` of a 4-D tensor without checking `dim`, and "

@@ -9,21 +9,15 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.executorch._view_sizes import inferred_sizes
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
 
 
 def _dynamic_axes(value: Any) -> list[int]:
     return [axis for axis, size in enumerate(value.shape) if free_symbols(size)]
-
-
-def inferred_sizes(value: Any) -> list[int] | None:
-    """`value`'s sizes as view arguments XNNPACK takes: ints, and -1 on its one dynamic axis; None with more than one
-    dynamic axis, or with a static size of 0 (where -1 could not be inferred: numel 0 fits any size there)."""
-    sizes = [-1 if free_symbols(size) else int(size) for size in value.shape]
-    return None if sizes.count(-1) > 1 or 0 in sizes else sizes
 
 
 def _one_dynamic_axis_view(node: fx.Node) -> bool:
@@ -75,7 +69,7 @@ def _built(batch: int = 1, length: int = 6, explicit: bool = False) -> Built:
     return _Heads(explicit).eval(), _states(batch, length)
 
 
-one_dynamic_axis_view_inferred = ExecutorchNodeRule(
+one_dynamic_axis_view_inferred = NodeRule(
     RuleMeta(
         id="executorch/one-dynamic-axis-view-inferred",
         why="XNNPACK's partitioner refuses a view whose size arguments are symbolic ('Symbolic reshape is not "

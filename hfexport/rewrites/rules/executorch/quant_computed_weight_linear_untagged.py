@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._quant_weight_decompression import (
-    _inputs,
-    _is_computed_weight_linear,
-    _TransposedLinear,
-    _untag_linear,
+    TransposedLinear,
+    inputs,
+    is_computed_weight_linear,
+    untag_linear,
 )
 
-quant_computed_weight_linear_untagged = ExecutorchNodeRule(
+quant_computed_weight_linear_untagged = NodeRule(
     RuleMeta(
         id="executorch/quant-computed-weight-linear-untagged",
         why="a linear on a weight computed in the graph (NNCF's int8/int4 weight decompression) over a "
@@ -27,29 +27,29 @@ quant_computed_weight_linear_untagged = ExecutorchNodeRule(
         models=("nncf-weight-compression",),
         examples=(
             Match(
-                lambda: (_TransposedLinear(), _inputs(5, 2)),
+                lambda: (TransposedLinear(), inputs(5, 2)),
                 "int8 weights decompressed in an nn.Linear, transposed [5, 2, 24] input; then [9, 3, 24]",
                 atol=1e-4,
-                other_inputs=lambda: _inputs(9, 3, seed=2),
+                other_inputs=lambda: inputs(9, 3, seed=2),
             ),
             Match(
-                lambda: (_TransposedLinear(rows=True), _inputs(7)),
+                lambda: (TransposedLinear(rows=True), inputs(7)),
                 "int8 weights on a 2-D input (addmm, wrong values without the rule); then 16 rows",
                 atol=1e-4,
-                other_inputs=lambda: _inputs(16, seed=3),
+                other_inputs=lambda: inputs(16, seed=3),
             ),
             Match(
-                lambda: (_TransposedLinear(rows=True), _inputs(5, 3)),
+                lambda: (TransposedLinear(rows=True), inputs(5, 3)),
                 "int8 weights on a contiguous 3-D input, as every projection but o_proj; then [2, 9, 24]",
                 atol=1e-4,
-                other_inputs=lambda: _inputs(2, 9, seed=4),
+                other_inputs=lambda: inputs(2, 9, seed=4),
             ),
             NoMatch(
-                lambda: (_TransposedLinear(compressed=False), _inputs(5, 2)),
+                lambda: (TransposedLinear(compressed=False), inputs(5, 2)),
                 "the same linear on its own parameter: XNNPACK delegates it",
             ),
         ),
     ),
-    predicate=_is_computed_weight_linear,
-    rewrite=_untag_linear,
+    predicate=is_computed_weight_linear,
+    rewrite=untag_linear,
 )

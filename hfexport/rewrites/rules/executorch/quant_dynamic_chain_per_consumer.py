@@ -26,10 +26,9 @@ from torch import fx
 
 from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
-from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
+from hfexport.rewrites.rules.executorch._pt2e import QuantizedProgram, decomposed_op
 
 
 def _chain(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
@@ -86,12 +85,12 @@ def _chain_per_consumer(gm: fx.GraphModule, node: fx.Node) -> None:
 # -- examples --------------------------------------------------------------------------------------------------------
 
 
-class _QuantizedLM(_Quantized):
+class _QuantizedLM(QuantizedProgram):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.quantized(input_ids=input_ids, use_cache=False).logits
 
 
-class _QuantizedPair(_Quantized):
+class _QuantizedPair(QuantizedProgram):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.quantized(x=x, y=y)
 
@@ -112,7 +111,7 @@ class _Projections(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x))) + self.c(y)
 
 
-def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: type[_Quantized]) -> Built:
+def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: type[QuantizedProgram]) -> Built:
     """`module` as `PT2EQuantizer(XNNPACKQuantizer(...is_dynamic=True))` leaves it: int8 per-channel weights,
     activations quantized at run time."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -121,7 +120,7 @@ def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: ty
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hfexport.rewrites.rules.executorch._pt2e import _keeping_integer_constants
+    from hfexport.rewrites.rules.executorch._pt2e import keeping_integer_constants
 
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
     with torch.no_grad():
@@ -131,7 +130,7 @@ def _dynamic_quantized(module: torch.nn.Module, inputs: dict[str, Any], wrap: ty
             for k, v in inputs.items()
         }
         graph_module = torch.export.export(module.eval(), (), inputs, dynamic_shapes=dynamic, strict=False).module()
-        prepared = prepare_pt2e(graph_module, _keeping_integer_constants(quantizer))
+        prepared = prepare_pt2e(graph_module, keeping_integer_constants(quantizer))
         prepared(**inputs)
         converted = convert_pt2e(prepared)
     return wrap(converted), {k: v for k, v in inputs.items() if k != "use_cache"}
@@ -159,7 +158,7 @@ def _projections(shared: bool) -> Built:
     return _dynamic_quantized(_Projections(shared), inputs, wrap=_QuantizedPair)
 
 
-quant_dynamic_chain_per_consumer = ExecutorchNodeRule(
+quant_dynamic_chain_per_consumer = NodeRule(
     RuleMeta(
         id="executorch/quant-dynamic-chain-per-consumer",
         why="A dynamically quantized activation read by several linears (q/k/v after the input norm, gate/up after "

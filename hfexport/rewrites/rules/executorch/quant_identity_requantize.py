@@ -24,7 +24,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
 
@@ -125,17 +125,17 @@ def _quantized(module: torch.nn.Module) -> Built:
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hfexport.rewrites.rules.executorch.quant_slice_keeps_qparams import _Quantized
+    from hfexport.rewrites.rules.executorch._pt2e import QuantizedProgram
 
     inputs = {"x": torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))}
     with torch.no_grad():
         graph_module = torch.export.export(module.eval(), (), inputs, strict=False).module()
         prepared = prepare_pt2e(graph_module, XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
         prepared(**inputs)
-        return _Quantized(convert_pt2e(prepared)), inputs
+        return QuantizedProgram(convert_pt2e(prepared)), inputs
 
 
-quant_identity_requantize = ExecutorchNodeRule(
+quant_identity_requantize = NodeRule(
     RuleMeta(
         id="executorch/quant-identity-requantize",
         why="XNNPACK (in executorch 1.4.1) frees the lookup table it fuses a quantized dequantize -> quantize pair "
@@ -148,6 +148,8 @@ quant_identity_requantize = ExecutorchNodeRule(
         "vendors it since pytorch/executorch#21400, for 1.5.0)",
         expires="executorch>=1.5.0",
         backends=("executorch",),
+        needed="tests/rewrites/test_quant_rules.py runs it in a child process: without the rule XNNPACK frees a "
+        "buffer twice and aborts the process",
         models=("llama", "qwen3_moe"),
         examples=(
             Match(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.executorch import ExecutorchVerifierExceptionRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._quant_weight_decompression import _RIGHT_SHIFTS, _nibbles
-from hfexport.rewrites.rules.openvino.quant_right_shift_as_floor_scale import _unpack
+from hfexport.rewrites.rules._nncf_int4 import unpack_example
+from hfexport.rewrites.rules.executorch._quant_weight_decompression import RIGHT_SHIFTS, nibbles_example
 
 quant_right_shift_verifier = ExecutorchVerifierExceptionRule(
     RuleMeta(
@@ -18,9 +18,9 @@ quant_right_shift_verifier = ExecutorchVerifierExceptionRule(
         backends=("executorch",),
         models=("nncf-int4",),
         examples=(
-            Match(_unpack, "every byte value >> 4 (NNCF's unpacking), >> 1 and >> 7, exact", atol=0.0, rtol=0.0),
-            NoMatch(_nibbles, "the same nibbles by floor division: no shift"),
+            Match(unpack_example, "every byte value >> 4 (NNCF's unpacking), >> 1 and >> 7, exact", atol=0.0, rtol=0.0),
+            NoMatch(nibbles_example, "the same nibbles by floor division: no shift"),
         ),
     ),
-    targets=_RIGHT_SHIFTS,
+    targets=RIGHT_SHIFTS,
 )

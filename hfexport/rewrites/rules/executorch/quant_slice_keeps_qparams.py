@@ -14,9 +14,9 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.executorch._pt2e import decomposed_op
+from hfexport.rewrites.rules.executorch._pt2e import QuantizedProgram, decomposed_op
 
 aten = torch.ops.aten
 _SLICES = (aten.slice.Tensor, aten.slice_copy.Tensor)
@@ -105,25 +105,10 @@ def _quantized() -> Built:
         graph_module = torch.export.export(module, (), inputs, strict=False).module()
         prepared = prepare_pt2e(graph_module, XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
         prepared(**inputs)
-        return _Quantized(convert_pt2e(prepared)), inputs
+        return QuantizedProgram(convert_pt2e(prepared)), inputs
 
 
-class _Quantized(torch.nn.Module):
-    """Holds a converted PT2E GraphModule; `eval()` leaves it alone (it refuses `train()` / `eval()`)."""
-
-    def __init__(self, graph_module: torch.nn.Module) -> None:
-        super().__init__()
-        self.quantized = graph_module
-
-    def train(self, mode: bool = True) -> _Quantized:
-        self.training = mode
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quantized(x=x)
-
-
-quant_slice_keeps_qparams = ExecutorchNodeRule(
+quant_slice_keeps_qparams = NodeRule(
     RuleMeta(
         id="executorch/quant-slice-keeps-qparams",
         why="XNNPACK fails to load a PT2E-quantized program whose slices change quantization parameters (rotary "

@@ -10,8 +10,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
-from hfexport.rewrites.kinds.fx import fill_missing_values
+from hfexport.rewrites.kinds.fx import NodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
 
 _SCATTER_REDUCE = torch.ops.aten.scatter_reduce.two
@@ -116,7 +115,7 @@ def _built(**kwargs: Any) -> Built:
     return _SegmentMinMax(**kwargs), _segments(2, 7)
 
 
-scatter_min_max_as_masked_reduction = ExecutorchNodeRule(
+scatter_min_max_as_masked_reduction = NodeRule(
     RuleMeta(
         id="executorch/scatter-min-max-as-masked-reduction",
         why="The ExecuTorch portable kernels have no `scatter_reduce`: tapas' segment minimum "

@@ -14,7 +14,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -85,7 +85,7 @@ def _built(attention: bool, length: int) -> Built:
     return _AttentionThenView(attention), _hidden(2, length)
 
 
-sdpa_output_contiguous_before_view = ExecutorchNodeRule(
+sdpa_output_contiguous_before_view = NodeRule(
     RuleMeta(
         id="executorch/sdpa-output-contiguous-before-view",
         why="torch.export records SDPA's output with the fused CPU kernel's strides, so transformers' "

@@ -10,7 +10,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _SPLITS = (
@@ -99,7 +99,7 @@ def _built(unbind: bool = False) -> Built:
     return _SplitHeads(unbind), _hidden(2, 5)
 
 
-split_as_slices = ExecutorchNodeRule(
+split_as_slices = NodeRule(
     RuleMeta(
         id="executorch/split-as-slices",
         why="to_edge's argument validator reads a `Tensor[]` return (split_with_sizes, unbind) as if its first "

@@ -17,8 +17,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.executorch import ExecutorchNodeRule
-from hfexport.rewrites.kinds.fx import fill_missing_values
+from hfexport.rewrites.kinds.fx import NodeRule, fill_missing_values
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules._aten_graph import SDPA, same_size, sdpa_argument
 
@@ -100,7 +99,7 @@ def _built(masked: bool = False, scale: float | None = None) -> Built:
     return _PatchAttention(masked, scale), _tokens(2, 7, masked=masked)
 
 
-unmasked_sdpa_as_custom_sdpa = ExecutorchNodeRule(
+unmasked_sdpa_as_custom_sdpa = NodeRule(
     RuleMeta(
         id="executorch/unmasked-sdpa-as-custom-sdpa",
         why="to_edge decomposes SDPA into bmm -> softmax -> bmm, so memory planning keeps batch x heads x tokens "
@@ -113,6 +112,9 @@ unmasked_sdpa_as_custom_sdpa = ExecutorchNodeRule(
         upstream="executorch==1.4.1 exir memory planning of the SDPA decomposition; "
         "executorch extension/llm/custom_ops (custom_sdpa, op_sdpa.cpp cpu_flash_attention)",
         backends=("executorch",),
+        needed="the need is memory, not numbers: tests/rewrites/test_executorch_unmasked_sdpa_as_custom_sdpa.py "
+        "plans the example attention with and without the rule (YOLOS: 148 GB of score buffers without it, refused "
+        "at load)",
         models=("yolos",),
         examples=(
             Match(

@@ -32,7 +32,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -156,7 +156,7 @@ def _qkv_mask(batch: int = 2, length: int = 5) -> dict[str, Any]:
     return {**_qkv(batch, length), "mask": mask}
 
 
-gen_view_after_transpose = FxNodeRule(
+gen_view_after_transpose = NodeRule(
     meta=RuleMeta(
         id="fx/gen-view-after-transpose",
         why="an sdpa output's transpose is contiguous at trace time (the fused CPU kernel's memory order), so "

@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -139,7 +139,7 @@ def _scores(batch: int = 2, length: int = 7, seed: int = 0, padded: bool = True)
     return {"scores": torch.randn(batch, 2, length, length, generator=generator), "attention_mask": mask}
 
 
-mod_index_as_aten_index = FxNodeRule(
+mod_index_as_aten_index = NodeRule(
     RuleMeta(
         id="fx/mod-index-as-aten-index",
         why="torch.export.save refuses the flat_apply node that non-strict export records for torch._dynamo's "
@@ -153,6 +153,8 @@ mod_index_as_aten_index = FxNodeRule(
         "export/custom_ops.py _call_custom_autograd_function_in_pre_dispatch, _dynamo/"
         "_trace_wrapped_higher_order_op.py ModIndex)",
         backends=("dynamo",),
+        needed="the need is saving: tests/rewrites/test_fx_mod_index_as_aten_index.py shows torch.export.save "
+        "refusing each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
         models=("t5gemma2", "moonshine_streaming"),
         examples=(
             Match(

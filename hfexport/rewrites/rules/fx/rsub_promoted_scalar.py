@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -87,7 +87,7 @@ def _mask(batch: int = 2, length: int = 5, seed: int = 0, dtype: torch.dtype = t
     return {"scores": torch.randn(batch, 2, length, length, generator=generator), "attention_mask": mask}
 
 
-rsub_promoted_scalar = FxNodeRule(
+rsub_promoted_scalar = NodeRule(
     RuleMeta(
         id="fx/rsub-promoted-scalar",
         why="ProphetNet's `(1.0 - attention_mask) * finfo.min` on an int64 mask is aten.rsub.Scalar with a float "

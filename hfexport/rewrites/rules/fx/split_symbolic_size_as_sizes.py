@@ -28,7 +28,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -145,7 +145,7 @@ def _x(batch: int = 2, length: int = 5, width: int = 4, seed: int = 0, dtype: to
     return {"x": torch.randn(batch, length, width, generator=generator).to(dtype)}
 
 
-split_symbolic_size_as_sizes = FxNodeRule(
+split_symbolic_size_as_sizes = NodeRule(
     RuleMeta(
         id="fx/split-symbolic-size-as-sizes",
         why="torch.onnx translates aten.split.Tensor with a symbolic split size (also what its decomposition makes of "

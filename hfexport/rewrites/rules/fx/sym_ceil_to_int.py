@@ -17,25 +17,19 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.fx import FxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
+from hfexport.rewrites.rules._symbolic import (
     CAPACITY_EXAMPLES,
-    _BlocksOfLength,
-    ceil_matcher,
+    BlocksOfLength,
     ceil_to_int,
+    ceil_to_rewrite,
     torch,
 )
 
-_ID = "fx/sym-ceil-to-int"
-
-
-_matches = ceil_matcher(_ID)
-
-
-sym_ceil_to_int = FxNodeRule(
+sym_ceil_to_int = NodeRule(
     RuleMeta(
-        id=_ID,
+        id="fx/sym-ceil-to-int",
         why="torch.export.save refuses a math.ceil node on a symbolic size ('Failed serializing node ceil in "
         "graph: %ceil ...', AssertionError 'op <built-in function ceil> is not in _SYM_OPS'): a dynamic Dynamo "
         "export of NLLB-MoE (expert capacity ceil(fraction * tokens), seq2seq/nllb-moe) cannot be saved. The "
@@ -44,17 +38,19 @@ sym_ceil_to_int = FxNodeRule(
         upstream="torch==2.13.0 _export/serde/serialize.py _SYM_OPS (math.trunc, operator.floordiv, "
         "torch.sym_float... but no math.ceil; serialize_sym_op_inputs asserts the op is in it)",
         backends=("dynamo",),
+        needed="the need is saving: tests/rewrites/test_fx_sym_ceil_to_int.py shows torch.export.save refusing "
+        "each Match example without the rule (the harness runs a Dynamo program in memory, unsaved)",
         models=("nllb-moe",),
         examples=(
             *CAPACITY_EXAMPLES,
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
                 "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",
                 other_inputs=lambda: {"x": torch.randn(3, 12, 3)},
             ),
             NoMatch(dense_decoder, "a Llama forward (no ceiling of sizes)"),
         ),
     ),
-    predicate=_matches,
+    predicate=ceil_to_rewrite,
     rewrite=ceil_to_int,
 )

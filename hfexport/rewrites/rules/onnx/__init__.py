@@ -1,8 +1,9 @@
 """ONNX IR post-fixes and ONNX Runtime fusions (stage `onnx`), in the order they run.
 
-Fixes come first (they make the graph valid for ORT); fusions, which match the fixed graph, come after.
-Fusions (`kind="optimization"`) run after the onnxscript optimizer, and only when `OnnxConfig.fusions`
-is set.
+Each rule runs in its phase of the stage (`OnnxRewriteRule.phase`), in this order within the phase: fixes
+(phase "fix", right after translation: they make the graph valid for ORT), fusions (phase "fusion",
+`kind="optimization"`: after the onnxscript optimizer, and only when `OnnxConfig.fusions` is set), and the rewrites
+of what a quantizer wrote (phase "quantized", on the model the quantizer returned).
 """
 
 from hfexport.rewrites.rule import Rule, load_rules
@@ -28,7 +29,7 @@ RULES: list[Rule] = load_rules(
         # Grouped-query attention without repeat_kv first, so the rewrite below reads the key/value heads.
         "onnx/attention-drop-repeat-kv",
         "onnx/attention-as-matmul",
-        # After the quantizer (`after_quantizer`): rewrites of what a weight quantizer wrote.
+        # Phase "quantized": rewrites of what a weight quantizer wrote.
         "onnx/dequantized-gather-rows",
         # NNCF's int4 weights in groups at opset >= 21 (DequantizeLinear + MatMul) as its opset-20 MatMulNBits.
         "onnx/blocked-dequantize-matmul-nbits",

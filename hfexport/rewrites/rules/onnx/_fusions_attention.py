@@ -52,7 +52,7 @@ def _repeated(value: Any) -> Any:
     return x
 
 
-def _gqa_rule() -> Any:
+def gqa_rule() -> Any:
     from onnxscript.rewriter import pattern
 
     class AttentionWithoutRepeat(pattern.RewriteRuleClassBase):
@@ -97,7 +97,7 @@ def _same_size(a: Any, b: Any) -> bool:
     return isinstance(getattr(a, "value", None), str) and a == b
 
 
-def _attention_matmul_rule() -> Any:
+def attention_matmul_rule() -> Any:
     import math
 
     import numpy as np
@@ -221,15 +221,15 @@ def _inputs() -> dict[str, Any]:
     }
 
 
-def _grouped() -> Any:
+def grouped_example() -> Any:
     return _GroupedAttention(), _inputs()
 
 
-def _tiled() -> Any:
+def tiled_example() -> Any:
     return _GroupedAttention(repeat=False), _inputs()
 
 
-def _grouped_no_repeat() -> Any:
+def grouped_no_repeat() -> Any:
     return _GqaSdpa(), _inputs()
 
 
@@ -249,7 +249,7 @@ class _GqaSdpaMask(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def _key_padding() -> Any:
+def key_padding() -> Any:
     """A [batch, 1, 1, kv] key-padding mask (one mask row for every query) over 4 query positions: batch 1
     left-padded, batch 2 fully masked (its output is zeros, as in torch's sdpa)."""
     generator = torch.Generator().manual_seed(2)
@@ -264,7 +264,7 @@ def _key_padding() -> Any:
     }
 
 
-def _broadcast_row_mask() -> Any:
+def broadcast_row_mask() -> Any:
     """A [1, kv] mask (one row for every query and batch) over 4 query positions."""
     generator = torch.Generator().manual_seed(3)
     mask = torch.ones(1, 10, dtype=torch.bool)
@@ -286,7 +286,7 @@ agraph (float[2, 6, Q, 8] q, float[2, 2, 10, 8] k, float[2, 2, 10, 8] v, bool[2,
 """
 
 
-def _symbolic_mask_rows() -> Any:
+def symbolic_mask_rows() -> Any:
     """Attention-25 whose mask rows `M` are a symbol other than the query's `Q`: fed one row (a broadcast)."""
     import numpy as np
 

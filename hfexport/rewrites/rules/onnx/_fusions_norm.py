@@ -74,14 +74,14 @@ def _fail_x(result: Any, x: Any, exponent: Any, axes: Any, epsilon: Any) -> Any:
     return None
 
 
-def _rms_norm_rule() -> Any:
+def rms_norm_rule() -> Any:
     """onnxscript's ORT fusion of the whole RMSNorm (both weight-multiply orders, optional upcast casts)."""
     from onnxscript.rewriter.ort_fusions.rms_normalization import rms_normalization_ruleset
 
     return rms_normalization_ruleset
 
 
-def _rms_norm_core_rule() -> Any:
+def rms_norm_core_rule() -> Any:
     import numpy as np
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
@@ -171,23 +171,23 @@ def _x(*shape: int, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     return {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)}
 
 
-def _block() -> Any:
+def block() -> Any:
     return _Block(37, 1e-6), _x(2, 5, 37)
 
 
-def _rms_fp16() -> Any:
+def rms_fp16() -> Any:
     return _RmsNorm(37, 1e-5, dtype=torch.float16), _x(2, 5, 37, dtype=torch.float16)
 
 
-def _rms_weight_last() -> Any:
+def rms_weight_last() -> Any:
     return _RmsNorm(33, 1e-5, weight_first=False), _x(3, 33)
 
 
-def _unscaled() -> Any:
+def unscaled() -> Any:
     return _Unscaled(1e-6), _x(2, 5, 37)
 
 
-def _unscaled_fp16() -> Any:
+def unscaled_fp16() -> Any:
     return _Unscaled(1e-5), _x(2, 5, 37, dtype=torch.float16)
 
 
@@ -216,9 +216,9 @@ def _rms_text(axis: int = -1, exponent: float = 2.0) -> Any:
     return _RMS_TEXT.format(axis=axis, exponent=exponent), {}
 
 
-def _mean_over_sequence() -> Any:
+def mean_over_sequence() -> Any:
     return _rms_text(axis=1)
 
 
-def _cube() -> Any:
+def cube() -> Any:
     return _rms_text(exponent=3.0)

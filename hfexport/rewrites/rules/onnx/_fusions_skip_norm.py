@@ -71,7 +71,7 @@ def _fail_norm(result: Any, x: Any, axis: Any, stash_type: Any, *vectors: Any) -
     return None
 
 
-def _skip_rms_rule() -> Any:
+def skip_rms_rule() -> Any:
     from onnxscript.rewriter import pattern
 
     class SkipRmsNorm(pattern.RewriteRuleClassBase):
@@ -108,7 +108,7 @@ def _skip_rms_rule() -> Any:
     )
 
 
-def _skip_layer_norm_rule() -> Any:
+def skip_layer_norm_rule() -> Any:
     from onnxscript.rewriter import pattern
 
     class SkipLayerNorm(pattern.RewriteRuleClassBase):
@@ -188,31 +188,31 @@ def _x(*shape: int, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     return {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dtype)}
 
 
-def _rms_layer() -> Any:
+def rms_layer() -> Any:
     return _PreNormLayer(24, layer_norm=False), _x(2, 5, 24)
 
 
-def _rms_layer_2d() -> Any:
+def rms_layer_2d() -> Any:
     return _PreNormLayer(17, layer_norm=False), _x(7, 17)
 
 
-def _rms_broadcast() -> Any:
+def rms_broadcast() -> Any:
     return _BroadcastSkip(24, layer_norm=False), _x(2, 5, 24)
 
 
-def _ln_layer() -> Any:
+def ln_layer() -> Any:
     return _PreNormLayer(24, layer_norm=True), _x(2, 5, 24)
 
 
-def _ln_layer_2d() -> Any:
+def ln_layer_2d() -> Any:
     return _PreNormLayer(17, layer_norm=True), _x(7, 17)
 
 
-def _ln_layer_fp16() -> Any:
+def ln_layer_fp16() -> Any:
     return _PreNormLayer(24, layer_norm=True).half(), _x(2, 5, 24, dtype=torch.float16)
 
 
-def _ln_broadcast() -> Any:
+def ln_broadcast() -> Any:
     return _BroadcastSkip(24, layer_norm=True), _x(2, 5, 24)
 
 
@@ -227,6 +227,6 @@ class _NormOverSequence(torch.nn.Module):
         return self.norm(x + y)
 
 
-def _ln_two_axes() -> Any:
+def ln_two_axes() -> Any:
     inputs = _x(2, 5, 24)
     return _NormOverSequence(), {**inputs, "y": inputs["x"].flip(0)}

@@ -6,11 +6,11 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.onnx._fusions_attention import (
-    _attention_matmul_rule,
-    _broadcast_row_mask,
-    _grouped_no_repeat,
-    _key_padding,
-    _symbolic_mask_rows,
+    attention_matmul_rule,
+    broadcast_row_mask,
+    grouped_no_repeat,
+    key_padding,
+    symbolic_mask_rows,
 )
 
 attention_as_matmul = OnnxRewriteRule(
@@ -28,12 +28,12 @@ attention_as_matmul = OnnxRewriteRule(
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",
         examples=(
-            Match(_grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
-            Match(_key_padding, "a [b, 1, 1, kv] key-padding mask over 4 queries, one batch fully masked", opset=25),
-            Match(_broadcast_row_mask, "a [1, kv] mask shared by 4 queries and both batches", opset=25),
-            Match(_symbolic_mask_rows, "mask rows a symbol other than the query's, fed one row: widened first"),
-            NoMatch(_grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
+            Match(grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
+            Match(key_padding, "a [b, 1, 1, kv] key-padding mask over 4 queries, one batch fully masked", opset=25),
+            Match(broadcast_row_mask, "a [1, kv] mask shared by 4 queries and both batches", opset=25),
+            Match(symbolic_mask_rows, "mask rows a symbol other than the query's, fed one row: widened first"),
+            NoMatch(grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
         ),
     ),
-    rewrite_rule=_attention_matmul_rule,
+    rewrite_rule=attention_matmul_rule,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.onnx._fusions_attention import _gqa_rule, _grouped, _tiled
+from hfexport.rewrites.rules.onnx._fusions_attention import gqa_rule, grouped_example, tiled_example
 
 attention_drop_repeat_kv = OnnxRewriteRule(
     meta=RuleMeta(
@@ -21,9 +21,9 @@ attention_drop_repeat_kv = OnnxRewriteRule(
         models=("llama", "mistral", "qwen2", "qwen3", "gemma"),
         kind="optimization",
         examples=(
-            Match(_grouped, "6 query / 2 key-value heads, boolean mask with a left-padded row", opset=24),
-            NoMatch(_tiled, "key/value heads tiled with repeat(), not grouped", opset=24),
+            Match(grouped_example, "6 query / 2 key-value heads, boolean mask with a left-padded row", opset=24),
+            NoMatch(tiled_example, "key/value heads tiled with repeat(), not grouped", opset=24),
         ),
     ),
-    rewrite_rule=_gqa_rule,
+    rewrite_rule=gqa_rule,
 )

@@ -249,5 +249,5 @@ blocked_dequantize_matmul_nbits = OnnxRewriteRule(
         ),
     ),
     rewrite_rule=_rule,
-    after_quantizer=True,
+    phase="quantized",
 )

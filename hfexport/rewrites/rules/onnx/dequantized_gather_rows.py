@@ -146,5 +146,5 @@ dequantized_gather_rows = OnnxRewriteRule(
         ),
     ),
     rewrite_rule=_rule,
-    after_quantizer=True,
+    phase="quantized",
 )

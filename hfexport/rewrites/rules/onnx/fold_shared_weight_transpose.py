@@ -137,6 +137,8 @@ fold_shared_weight_transpose = OnnxRewriteRule(
         upstream="nncf==3.4.0 nncf/onnx/graph/nncf_graph_builder.py GraphConverter (weight_attrs name is "
         "node.input[port], while get_tensor_edge_name follows Transpose to the initializer)",
         backends=("onnx",),
+        needed="tests/rewrites/test_quant_rules.py shows it: without the rule NNCFOnnxQuantizer fails on a tied head; "
+        "without a quantizer nothing needs it",
         models=("llama", "qwen3", "nncf-onnx", "ort-quantization"),
         kind="fix",
         enabled_by_default=False,

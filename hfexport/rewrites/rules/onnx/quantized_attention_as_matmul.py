@@ -10,7 +10,7 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.onnx._fusions_attention import _attention_matmul_rule, _grouped_no_repeat, _key_padding
+from hfexport.rewrites.rules.onnx._fusions_attention import attention_matmul_rule, grouped_no_repeat, key_padding
 
 quantized_attention_as_matmul = OnnxRewriteRule(
     meta=RuleMeta(
@@ -29,11 +29,11 @@ quantized_attention_as_matmul = OnnxRewriteRule(
         # Opt-in: OnnxRuntimeQuantizer enables it in place of the rule it disables.
         enabled_by_default=False,
         examples=(
-            Match(_grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
-            Match(_key_padding, "a [b, 1, 1, kv] key-padding mask over 4 queries, one batch fully masked", opset=25),
-            NoMatch(_grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
+            Match(grouped_no_repeat, "6 query / 2 key-value heads, boolean mask, one fully masked row", opset=25),
+            Match(key_padding, "a [b, 1, 1, kv] key-padding mask over 4 queries, one batch fully masked", opset=25),
+            NoMatch(grouped_no_repeat, "opset 24: ONNX Runtime's Attention kernel runs it", opset=24),
         ),
     ),
-    rewrite_rule=_attention_matmul_rule,
-    after_quantizer=True,
+    rewrite_rule=attention_matmul_rule,
+    phase="quantized",
 )

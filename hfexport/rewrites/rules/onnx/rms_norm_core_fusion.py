@@ -6,12 +6,12 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.onnx._fusions_norm import (
-    _block,
-    _cube,
-    _mean_over_sequence,
-    _rms_norm_core_rule,
-    _unscaled,
-    _unscaled_fp16,
+    block,
+    cube,
+    mean_over_sequence,
+    rms_norm_core_rule,
+    unscaled,
+    unscaled_fp16,
 )
 
 rms_norm_core_fusion = OnnxRewriteRule(
@@ -30,13 +30,13 @@ rms_norm_core_fusion = OnnxRewriteRule(
         kind="optimization",
         requires=("onnx/rms-norm-fusion",),
         examples=(
-            Match(_unscaled, "norm(x) + x: no weight multiply, hidden 37", atol=1e-5),
+            Match(unscaled, "norm(x) + x: no weight multiply, hidden 37", atol=1e-5),
             # ORT's float32 rsqrt may differ from torch's in the last bit: one float16 ulp of the sum (4e-3 below 8).
-            Match(_unscaled_fp16, "the same in float16, normalised in float32", atol=4e-3),
-            NoMatch(_block, "a weighted RMSNorm: onnx/rms-norm-fusion fused it whole"),
-            NoMatch(_mean_over_sequence, "mean over the sequence axis"),
-            NoMatch(_cube, "mean of cubes"),
+            Match(unscaled_fp16, "the same in float16, normalised in float32", atol=4e-3),
+            NoMatch(block, "a weighted RMSNorm: onnx/rms-norm-fusion fused it whole"),
+            NoMatch(mean_over_sequence, "mean over the sequence axis"),
+            NoMatch(cube, "mean of cubes"),
         ),
     ),
-    rewrite_rule=_rms_norm_core_rule,
+    rewrite_rule=rms_norm_core_rule,
 )

@@ -6,12 +6,12 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.onnx._fusions_norm import (
-    _block,
-    _cube,
-    _mean_over_sequence,
-    _rms_fp16,
-    _rms_norm_rule,
-    _rms_weight_last,
+    block,
+    cube,
+    mean_over_sequence,
+    rms_fp16,
+    rms_norm_rule,
+    rms_weight_last,
 )
 
 rms_norm_fusion = OnnxRewriteRule(
@@ -29,13 +29,13 @@ rms_norm_fusion = OnnxRewriteRule(
         models=("llama", "mistral", "qwen2", "qwen3"),
         kind="optimization",
         examples=(
-            Match(_block, "Linear -> RMSNorm (hidden 37, eps 1e-6) -> Linear, float32", atol=1e-5),
+            Match(block, "Linear -> RMSNorm (hidden 37, eps 1e-6) -> Linear, float32", atol=1e-5),
             # ORT's float32 rsqrt may differ from torch's in the last bit: one float16 ulp (2e-3 below 4).
-            Match(_rms_fp16, "float16 input, float32 normalisation, float16 weight (hidden 37)", atol=2e-3),
-            Match(_rms_weight_last, "norm(x) * weight, hidden 33", atol=1e-5),
-            NoMatch(_mean_over_sequence, "mean over the sequence axis"),
-            NoMatch(_cube, "mean of cubes"),
+            Match(rms_fp16, "float16 input, float32 normalisation, float16 weight (hidden 37)", atol=2e-3),
+            Match(rms_weight_last, "norm(x) * weight, hidden 33", atol=1e-5),
+            NoMatch(mean_over_sequence, "mean over the sequence axis"),
+            NoMatch(cube, "mean of cubes"),
         ),
     ),
-    rewrite_rule=_rms_norm_rule,
+    rewrite_rule=rms_norm_rule,
 )

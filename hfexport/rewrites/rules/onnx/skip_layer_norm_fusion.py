@@ -6,12 +6,12 @@ from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules.onnx._fusions_skip_norm import (
-    _ln_broadcast,
-    _ln_layer,
-    _ln_layer_2d,
-    _ln_layer_fp16,
-    _ln_two_axes,
-    _skip_layer_norm_rule,
+    ln_broadcast,
+    ln_layer,
+    ln_layer_2d,
+    ln_layer_fp16,
+    ln_two_axes,
+    skip_layer_norm_rule,
 )
 
 skip_layer_norm_fusion = OnnxRewriteRule(
@@ -28,12 +28,12 @@ skip_layer_norm_fusion = OnnxRewriteRule(
         models=("bert", "roberta", "gpt2", "phi"),
         kind="optimization",
         examples=(
-            Match(_ln_layer, "pre-norm layer, LayerNorm, [2, 5, 24], the sum reused", atol=1e-5),
-            Match(_ln_layer_2d, "pre-norm layer, LayerNorm, 2-D [7, 17] (hfexport's own pattern)", atol=1e-5),
-            NoMatch(_ln_layer_fp16, "float16: onnxscript's fusion would take it, the float32 guard does not"),
-            NoMatch(_ln_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
-            NoMatch(_ln_two_axes, "LayerNorm over the last two axes"),
+            Match(ln_layer, "pre-norm layer, LayerNorm, [2, 5, 24], the sum reused", atol=1e-5),
+            Match(ln_layer_2d, "pre-norm layer, LayerNorm, 2-D [7, 17] (hfexport's own pattern)", atol=1e-5),
+            NoMatch(ln_layer_fp16, "float16: onnxscript's fusion would take it, the float32 guard does not"),
+            NoMatch(ln_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
+            NoMatch(ln_two_axes, "LayerNorm over the last two axes"),
         ),
     ),
-    rewrite_rule=_skip_layer_norm_rule,
+    rewrite_rule=skip_layer_norm_rule,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.onnx._fusions_skip_norm import _rms_broadcast, _rms_layer, _rms_layer_2d, _skip_rms_rule
+from hfexport.rewrites.rules.onnx._fusions_skip_norm import rms_broadcast, rms_layer, rms_layer_2d, skip_rms_rule
 
 skip_rms_norm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
@@ -23,10 +23,10 @@ skip_rms_norm_fusion = OnnxRewriteRule(
         kind="optimization",
         requires=("onnx/rms-norm-fusion",),
         examples=(
-            Match(_rms_layer, "pre-norm layer, RMSNorm, [2, 5, 24], the sum reused", atol=1e-5),
-            Match(_rms_layer_2d, "pre-norm layer, RMSNorm, 2-D [7, 17] (hfexport's own pattern)", atol=1e-5),
-            NoMatch(_rms_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
+            Match(rms_layer, "pre-norm layer, RMSNorm, [2, 5, 24], the sum reused", atol=1e-5),
+            Match(rms_layer_2d, "pre-norm layer, RMSNorm, 2-D [7, 17] (hfexport's own pattern)", atol=1e-5),
+            NoMatch(rms_broadcast, "the addends broadcast ([2, 5, 24] + [24])"),
         ),
     ),
-    rewrite_rule=_skip_rms_rule,
+    rewrite_rule=skip_rms_rule,
 )

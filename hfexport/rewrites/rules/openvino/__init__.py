@@ -1,8 +1,8 @@
 """OpenVINO backend fixes (stage `openvino`), in the order they run.
 
-Program rules (FX, `OpenVINOFxNodeRule`) run on the captured program before
-`openvino.convert_model`; model rules (`OpenVINOModelRule`) run on the converted `openvino.Model`, before
-its inputs and outputs are named. Each list keeps its own order.
+Node rules (`NodeRule`, phase "program") run on the captured program before `openvino.convert_model`; model
+rules (`OpenVINOModelRule`, phase "model") run on the converted `openvino.Model`, before its inputs and outputs
+are named. Each phase keeps the order of this list.
 """
 
 from hfexport.rewrites.rule import Rule, load_rules
@@ -10,7 +10,7 @@ from hfexport.rewrites.rule import Rule, load_rules
 RULES: list[Rule] = load_rules(
     __name__,
     [
-        # on the program
+        # phase program: on the captured program
         "openvino/cat-drop-legacy-empty",
         "openvino/sdpa-fully-masked-rows",
         # after the zeroing of fully masked rows, which it leaves where it is (after the heads' transpose)
@@ -20,7 +20,7 @@ RULES: list[Rule] = load_rules(
         "openvino/sym-ceil-to-int",
         "openvino/distinct-repeated-outputs",
         "openvino/quant-right-shift-as-floor-scale",
-        # on the converted model
+        # phase model: on the converted model
         "openvino/drop-constant-inputs",
         "openvino/exact-int-floor-divide",
         "openvino/copy-back-without-broadcast",

@@ -9,7 +9,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 
@@ -87,7 +87,7 @@ def _llama_with_cache() -> tuple[torch.nn.Module, dict[str, Any]]:
     return model, {"input_ids": inputs["input_ids"]}
 
 
-cat_drop_legacy_empty = OpenVINOFxNodeRule(
+cat_drop_legacy_empty = NodeRule(
     RuleMeta(
         id="openvino/cat-drop-legacy-empty",
         why="openvino.convert_model fails with 'Axis -2 out of the tensor rank range' on aten.cat of a 1-D "

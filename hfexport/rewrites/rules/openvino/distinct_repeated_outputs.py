@@ -11,7 +11,7 @@ from torch._guards import detect_fake_mode
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 aten = torch.ops.aten
@@ -92,7 +92,7 @@ class _ReturnsOnce(torch.nn.Module):
         return x * 2, x * 2
 
 
-distinct_repeated_outputs = OpenVINOFxNodeRule(
+distinct_repeated_outputs = NodeRule(
     RuleMeta(
         id="openvino/distinct-repeated-outputs",
         why='openvino.convert_model fails with "Tensor name is not a number: slice" (or sym, add...) when the '

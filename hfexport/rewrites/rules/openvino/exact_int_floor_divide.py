@@ -5,12 +5,12 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.openvino import OpenVINOModelRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
-    _FloatDivide,
-    _IntFloorDivide,
-    _ShortenByCeil,
-    _signed_ints,
+from hfexport.rewrites.rules._symbolic import (
+    FloatDivide,
+    IntFloorDivide,
+    ShortenByCeil,
     exact_floor_divides,
+    signed_ints,
     torch,
 )
 
@@ -28,17 +28,17 @@ exact_int_floor_divide = OpenVINOModelRule(
         models=("bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba"),
         examples=(
             Match(
-                lambda: (_ShortenByCeil(), {"x": torch.randn(2, 7)}),
+                lambda: (ShortenByCeil(), {"x": torch.randn(2, 7)}),
                 "L + (-L) // 4 on a size; then another length",
                 other_inputs=lambda: {"x": torch.randn(3, 13)},
             ),
             Match(
-                lambda: (_IntFloorDivide(), _signed_ints(0, 16)),
+                lambda: (IntFloorDivide(), signed_ints(0, 16)),
                 "integer floor_divide with operands of both signs",
-                other_inputs=lambda: _signed_ints(1, 33),
+                other_inputs=lambda: signed_ints(1, 33),
             ),
             NoMatch(
-                lambda: (_FloatDivide(), {"x": torch.randn(2, 3), "y": torch.randn(2, 3)}),
+                lambda: (FloatDivide(), {"x": torch.randn(2, 3), "y": torch.randn(2, 3)}),
                 "float division and floor_divide",
             ),
         ),

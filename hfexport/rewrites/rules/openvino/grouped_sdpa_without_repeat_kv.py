@@ -12,7 +12,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import left_padded_llama
 from hfexport.rewrites.examples import Match
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 from hfexport.rewrites.rules._grouped_attention import (
     GQA_MODELS,
@@ -29,7 +29,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> None:
     stack_query_groups(gm, node, query_takes_scale=True, contiguous_output=False)
 
 
-grouped_sdpa_without_repeat_kv = OpenVINOFxNodeRule(
+grouped_sdpa_without_repeat_kv = NodeRule(
     RuleMeta(
         id="openvino/grouped-sdpa-without-repeat-kv",
         why="openvino.convert_model translates repeat_kv (and refuses SDPA's enable_gqa) as written: per layer and "

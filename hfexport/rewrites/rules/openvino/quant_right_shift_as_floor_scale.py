@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from hfexport.rewrites.examples import Built, Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.examples import Match, NoMatch
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._nncf_int4 import unpack_example
 
 aten = torch.ops.aten
 _SHIFT = aten.bitwise_right_shift.Tensor_Scalar
@@ -65,23 +66,6 @@ def _shift_as_floor_scale(gm: fx.GraphModule, node: fx.Node) -> None:
 # -- examples --------------------------------------------------------------------------------------------------------
 
 
-class _Unpack(torch.nn.Module):
-    """Right shifts of every value of a byte buffer (NNCF's int4 unpacking, plus the other shift amounts), as
-    floats: one output per shift amount, compared with eager exactly."""
-
-    def __init__(self, dtype: torch.dtype = torch.uint8, shifts: tuple[int, ...] = (4, 1, 7)) -> None:
-        super().__init__()
-        low = 0 if dtype == torch.uint8 else -128
-        self.register_buffer("packed", torch.arange(low, low + 256).to(dtype).reshape(16, 16))
-        self.shifts = shifts
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        low = torch.bitwise_and(self.packed, 15)
-        nibbles = [torch.stack([low, torch.bitwise_right_shift(self.packed, 4)], -1).reshape(16, 32)]
-        others = [torch.bitwise_right_shift(self.packed, k) for k in self.shifts if k != 4]
-        return tuple(x + t.to(torch.float32) for t in nibbles) + tuple(x[:, :16] + t.to(torch.float32) for t in others)
-
-
 class _WideShift(torch.nn.Module):
     """A right shift of int32 values: float32 is not exact above 2**24, so the rule leaves it alone."""
 
@@ -89,11 +73,7 @@ class _WideShift(torch.nn.Module):
         return torch.bitwise_right_shift(x, 4)
 
 
-def _unpack(dtype: torch.dtype = torch.uint8) -> Built:
-    return _Unpack(dtype), {"x": torch.zeros(16, 32)}
-
-
-quant_right_shift_as_floor_scale = OpenVINOFxNodeRule(
+quant_right_shift_as_floor_scale = NodeRule(
     RuleMeta(
         id="openvino/quant-right-shift-as-floor-scale",
         why="NNCF's int4 weights are unpacked with aten.bitwise_right_shift, which openvino.convert_model cannot "
@@ -106,9 +86,14 @@ quant_right_shift_as_floor_scale = OpenVINOFxNodeRule(
         backends=("openvino",),
         models=("nncf-int4",),
         examples=(
-            Match(_unpack, "uint8: every byte value >> 4 (NNCF's unpacking), >> 1 and >> 7, exact", atol=0.0, rtol=0.0),
             Match(
-                lambda: _unpack(torch.int8),
+                unpack_example,
+                "uint8: every byte value >> 4 (NNCF's unpacking), >> 1 and >> 7, exact",
+                atol=0.0,
+                rtol=0.0,
+            ),
+            Match(
+                lambda: unpack_example(torch.int8),
                 "int8: every value, arithmetic shifts of negatives, exact",
                 atol=0.0,
                 rtol=0.0,

@@ -10,7 +10,7 @@ from torch import fx
 
 from hfexport.rewrites.example_models import left_padded_llama
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -96,7 +96,7 @@ def _attention_inputs(batch: int, length: int, padded: int, seed: int = 0) -> di
     }
 
 
-sdpa_fully_masked_rows = OpenVINOFxNodeRule(
+sdpa_fully_masked_rows = NodeRule(
     RuleMeta(
         id="openvino/sdpa-fully-masked-rows",
         why="the OpenVINO CPU plugin returns NaN for an attention query row whose mask is all False (or -inf), "

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
+from hfexport.rewrites.rules._symbolic import (
     CAPACITY_EXAMPLES,
-    _BlocksOfLength,
-    ceil_matcher,
+    BlocksOfLength,
     ceil_to_int,
+    ceil_to_rewrite,
     torch,
 )
 
-_ID = "openvino/sym-ceil-to-int"
-
-
-_matches = ceil_matcher(_ID)
-
-
-sym_ceil_to_int = OpenVINOFxNodeRule(
+sym_ceil_to_int = NodeRule(
     RuleMeta(
-        id=_ID,
+        id="openvino/sym-ceil-to-int",
         why="openvino.convert_model has no translator for math.ceil on symbolic sizes nor for torch.sym_float "
         "('No conversion rule found for operations: ceil, sym_float'): a dynamic export of NLLB-MoE (its expert "
         "capacity ceil(fraction * tokens)) or of a model that counts blocks as ceil(length / window) fails. The "
@@ -36,12 +30,12 @@ sym_ceil_to_int = OpenVINOFxNodeRule(
         models=("nllb-moe", "moshi", "big_bird", "longt5"),
         examples=(
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 7, 3)}),
                 "ceil(L / 4) blocks for a length of 7; then 12 (a multiple) and batch 3",
                 other_inputs=lambda: {"x": torch.randn(3, 12, 3)},
             ),
             Match(
-                lambda: (_BlocksOfLength(), {"x": torch.randn(2, 9, 3)}),
+                lambda: (BlocksOfLength(), {"x": torch.randn(2, 9, 3)}),
                 "another sample length; then 1",
                 other_inputs=lambda: {"x": torch.randn(2, 1, 3)},
             ),
@@ -49,6 +43,6 @@ sym_ceil_to_int = OpenVINOFxNodeRule(
             NoMatch(dense_decoder, "a Llama forward (no ceiling of sizes)"),
         ),
     ),
-    predicate=_matches,
+    predicate=ceil_to_rewrite,
     rewrite=ceil_to_int,
 )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
-    _min_max_to_floordiv,
-    _MinMaxOfSizes,
-    _on_ints,
-    _TopKOfAtMost,
+from hfexport.rewrites.rules._symbolic import (
+    MinMaxOfSizes,
+    TopKOfAtMost,
+    min_max_to_floordiv,
+    on_ints,
     torch,
 )
 
@@ -18,7 +18,7 @@ from hfexport.rewrites.rules.openvino._symbolic import (
 # model computes them in float: wrong sizes at run time), as in every OpenVINO export.
 _NEEDS = ("openvino/exact-int-floor-divide",)
 
-sym_min_max_to_floordiv = OpenVINOFxNodeRule(
+sym_min_max_to_floordiv = NodeRule(
     RuleMeta(
         id="openvino/sym-min-max-to-floordiv",
         why="openvino.convert_model has no translator for torch.sym_min / torch.sym_max on symbolic sizes "
@@ -34,25 +34,25 @@ sym_min_max_to_floordiv = OpenVINOFxNodeRule(
         models=("axk2",),
         examples=(
             Match(
-                lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 3)}),
+                lambda: (TopKOfAtMost(), {"x": torch.randn(2, 3)}),
                 "min(4, L) with L = 3 < 4; then L = 9 > 4",
                 other_inputs=lambda: {"x": torch.randn(3, 9)},
                 needs=_NEEDS,
             ),
             Match(
-                lambda: (_MinMaxOfSizes(), {"x": torch.randn(5, 2), "y": torch.randn(3, 2)}),
+                lambda: (MinMaxOfSizes(), {"x": torch.randn(5, 2), "y": torch.randn(3, 2)}),
                 "min and max of two sizes, first larger; then second larger",
                 other_inputs=lambda: {"x": torch.randn(2, 2), "y": torch.randn(6, 2)},
                 needs=_NEEDS,
             ),
             NoMatch(
-                lambda: (_TopKOfAtMost(), {"x": torch.randn(2, 9)}),
+                lambda: (TopKOfAtMost(), {"x": torch.randn(2, 9)}),
                 "static shapes: min(4, 9) is folded",
                 reason="no symbolic min or max is left in a static program",
             ),
             NoMatch(dense_decoder, "a Llama forward"),
         ),
     ),
-    predicate=lambda node: _on_ints(node, (torch.sym_min, torch.sym_max)),
-    rewrite=_min_max_to_floordiv,
+    predicate=lambda node: on_ints(node, (torch.sym_min, torch.sym_max)),
+    rewrite=min_max_to_floordiv,
 )

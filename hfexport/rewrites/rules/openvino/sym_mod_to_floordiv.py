@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from hfexport.rewrites.example_models import dense_decoder
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.kinds.openvino import OpenVINOFxNodeRule
+from hfexport.rewrites.kinds.fx import NodeRule
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.openvino._symbolic import (
-    _mod_to_floordiv,
-    _ModOfSum,
-    _on_ints,
-    _PadToMultiple,
+from hfexport.rewrites.rules._symbolic import (
+    ModOfSum,
+    PadToMultiple,
+    mod_to_floordiv,
+    on_ints,
     operator,
     torch,
 )
 
-sym_mod_to_floordiv = OpenVINOFxNodeRule(
+sym_mod_to_floordiv = NodeRule(
     RuleMeta(
         id="openvino/sym-mod-to-floordiv",
         why="openvino.convert_model has no translator for operator.mod on symbolic sizes ('No conversion rule "
@@ -30,23 +30,23 @@ sym_mod_to_floordiv = OpenVINOFxNodeRule(
         models=("bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba"),
         examples=(
             Match(
-                lambda: (_PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
+                lambda: (PadToMultiple(), {"x": torch.randn(2, 7, 3)}),
                 "(-L) % 4 pads a length of 7; then 9 and 12 (no padding)",
                 other_inputs=lambda: {"x": torch.randn(3, 9, 3)},
             ),
             Match(
-                lambda: (_PadToMultiple(), {"x": torch.randn(2, 13, 3)}),
+                lambda: (PadToMultiple(), {"x": torch.randn(2, 13, 3)}),
                 "another sample length; then a multiple of 4",
                 other_inputs=lambda: {"x": torch.randn(1, 12, 3)},
             ),
             Match(
-                lambda: (_ModOfSum(), {"x": torch.randn(2, 9), "y": torch.randn(5)}),
+                lambda: (ModOfSum(), {"x": torch.randn(2, 9), "y": torch.randn(5)}),
                 "(L + 3) % B with a symbolic divisor",
                 other_inputs=lambda: {"x": torch.randn(3, 11), "y": torch.randn(6)},
             ),
             NoMatch(dense_decoder, "a Llama forward (no modulo on sizes)"),
         ),
     ),
-    predicate=lambda node: _on_ints(node, (operator.mod,)),
-    rewrite=_mod_to_floordiv,
+    predicate=lambda node: on_ints(node, (operator.mod,)),
+    rewrite=mod_to_floordiv,
 )

@@ -13,9 +13,6 @@ RULES: list[Rule] = load_rules(
         "patch/gated-delta-chunk-scan-hop",
         "patch/kimi-delta-chunk-scan-hop",
         "patch/cpmant-mask-arange",
-        "patch/mamba-selective-scan-onnx",
-        "patch/kimi-delta-chunk-scan-onnx",
-        "patch/gated-delta-chunk-scan-onnx",
         "patch/fake-constant-layouts",
         "patch/mrope-index-tensor",
         "patch/vision-window-index-eager",
@@ -49,10 +46,7 @@ RULES: list[Rule] = load_rules(
         "patch/squeezed-frames-pad-always",
         "patch/tensor-len-symbolic",
         # Backend-scoped patches.
-        "patch/executorch-moe-batched-experts",
-        "patch/executorch-jetmoe-rowwise-experts",
-        "patch/openvino-moe-batched-experts",
-        "patch/mamba-selective-scan-openvino",
-        "patch/rglru-recurrence-openvino",
+        "patch/moe-batched-experts",
+        "patch/jetmoe-rowwise-experts",
     ],
 )

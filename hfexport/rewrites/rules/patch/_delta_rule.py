@@ -32,7 +32,7 @@ def detached_scan_input(value: torch.Tensor) -> torch.Tensor:
 
     torch.onnx's type-promotion pass re-runs the program on fake tensors with grad enabled, and a scan whose inputs
     require grad takes its autograd path, whose fake kernel fails ('SymInt' object has no attribute 'unsqueeze');
-    see patch/mamba-selective-scan-onnx. A detached view still windows its base's storage, whose size the scan's
-    nested trace cannot fakify, so views are copied. Neither changes a value.
+    see the ONNX variant of patch/mamba-selective-scan-hop. A detached view still windows its base's storage, whose
+    size the scan's nested trace cannot fakify, so views are copied. Neither changes a value.
     """
     return value.detach().clone() if value._is_view() else value.detach()

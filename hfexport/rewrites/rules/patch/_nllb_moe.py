@@ -67,21 +67,21 @@ def _config(**overrides: Any) -> Any:
     return NllbMoeConfig(**config)
 
 
-def _router_inputs(tokens: int, seed: int = 0) -> dict[str, Any]:
+def router_inputs(tokens: int, seed: int = 0) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     padding = torch.zeros(tokens, dtype=torch.long)
     padding[:2] = 1  # two padded tokens (NLLB-MoE's padding mask is 1 at padding)
     return {"hidden_states": torch.randn(tokens, 16, generator=generator), "padding_mask": padding}
 
 
-def _router() -> Any:
+def router_example() -> Any:
     from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeTop2Router
 
     torch.manual_seed(0)
-    return NllbMoeTop2Router(_config(router_ignore_padding_tokens=False)).eval(), _router_inputs(7)
+    return NllbMoeTop2Router(_config(router_ignore_padding_tokens=False)).eval(), router_inputs(7)
 
 
-def _expert_inputs(tokens: int, capacity_drop: bool = False, seed: int = 0) -> dict[str, Any]:
+def expert_inputs(tokens: int, capacity_drop: bool = False, seed: int = 0) -> dict[str, Any]:
     """What NllbMoeSparseMLP hands its experts: the router's top-1 mask and combine weights."""
     from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeTop2Router
 
@@ -106,12 +106,12 @@ class _Experts(torch.nn.Module):
         return self.experts(hidden_states, router_mask, router_probs)
 
 
-def _experts(dropout: float, capacity_drop: bool = False) -> Any:
+def experts_example(dropout: float, capacity_drop: bool = False) -> Any:
     torch.manual_seed(0)
-    return _Experts(dropout).eval(), _expert_inputs(7, capacity_drop)
+    return _Experts(dropout).eval(), expert_inputs(7, capacity_drop)
 
 
-def _dense_ffn() -> Any:
+def dense_ffn() -> Any:
     """NLLB-MoE's dense feed-forward layer (the non-sparse layers'): neither a router nor experts."""
     from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeDenseActDense
 

@@ -32,7 +32,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import ModuleFunctionPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch.deepseek_v4_overlap_windows import _NEEDS, _deepseek_v4, _longer
+from hfexport.rewrites.rules.patch._deepseek_v4 import EXAMPLE_NEEDS, deepseek_v4_example, longer_inputs
 
 _MODULE = "transformers.models.deepseek_v4.modeling_deepseek_v4"
 
@@ -77,12 +77,12 @@ class _WithBuffers(torch.nn.Module):
 
 
 def _cached(tokens: int) -> tuple[Any, dict[str, Any]]:
-    model, inputs = _deepseek_v4(tokens)
+    model, inputs = deepseek_v4_example(tokens)
     return _WithBuffers(model).eval(), {"input_ids": inputs["input_ids"]}
 
 
 def _longer_cached(tokens: int, batch: int = 2) -> dict[str, Any]:
-    return {"input_ids": _longer(tokens, batch)["input_ids"]}
+    return {"input_ids": longer_inputs(tokens, batch)["input_ids"]}
 
 
 deepseek_v4_window_buffer = ModuleFunctionPatch(
@@ -104,10 +104,10 @@ deepseek_v4_window_buffer = ModuleFunctionPatch(
                 "with a cache: two whole windows at the sample (empty remainder), then 13 tokens and batch 3",
                 atol=1e-5,
                 other_inputs=lambda: _longer_cached(13, batch=3),
-                needs=(*_NEEDS, "patch/deepseek-v4-overlap-windows"),
+                needs=(*EXAMPLE_NEEDS, "patch/deepseek-v4-overlap-windows"),
             ),
             NoMatch(
-                lambda: _deepseek_v4(8),
+                lambda: deepseek_v4_example(8),
                 "without a cache",
                 reason="the gate is installed (a DeepSeek-V4 model), but without a cache nothing stores windows",
             ),

@@ -34,7 +34,7 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 from hfexport.rewrites.rules.patch._scan_site import class_method_at
 
 # The name the rewritten forward reaches this module's helpers by (added to a copy of the module's globals).
@@ -306,6 +306,15 @@ eos_pooling_gather = MethodPatch(
         # ONNX and OpenVINO run the data-dependent selection (NonZero) and the unique count as they are: the
         # rule's first example matches eager there without the rule (measured 2026-12-02), so it is not enabled.
         backends=("dynamo", "executorch"),
+        scan=(
+            ScanCause(
+                "eos-mask-pooling",
+                "mask-row-pooling",
+                ".*",
+                "BART-style classifiers pool `hidden[eos_mask, :].view(B, -1, H)[:, -1, :]`: a data-dependent row "
+                "count",
+            ),
+        ),
         models=("bart", "mbart", "plbart", "mvp", "bigbird_pegasus", "t5", "mt5", "umt5"),
         examples=(
             Match(

@@ -18,6 +18,12 @@ padding); inverts the unit-lower-triangular UT system loop-free, as (I - N)^-1 =
 nilpotent strictly-lower N (2·log2(chunk) matmuls, exact in exact arithmetic); and scans over chunks with
 `torch._higher_order_ops.scan`. The padded chunk has zero keys, values, beta and log-decay, so it adds exact
 zeros to the outputs that are kept and multiplies the state by exp(0) = 1.
+
+On ONNX (without a rule torch.onnx captures the unrolled chunk loop and ONNX Runtime fails past the sample's chunk
+count: qwen3_5_moe_text exported from its 8-token sample failed 'BroadcastIterator::Append axis == 1 || axis ==
+largest' in a Mul on 73 and 138 tokens), the same scan runs with its inputs detached, since torch.onnx's
+type-promotion pass runs scan's autograd path otherwise and fails, as Mamba-1's did; torch.onnx then writes an ONNX
+`Scan` loop.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch.nn.functional as F
 from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import PerBackend, RuleMeta, ScanCause
 from hfexport.rewrites.rules.patch._delta_rule import detached_scan_input, unit_lower_inverse
 
 FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lara_mini", "qwen4_exp")
@@ -57,7 +63,7 @@ def scan_chunk_gated_delta_rule(
     **kwargs: Any,
 ) -> Any:
     """Upstream's `torch_chunk_gated_delta_rule`, scanned; `detach_scan_inputs` cuts the scan's inputs from autograd
-    (for torch.onnx, see patch/gated-delta-chunk-scan-onnx), which changes no value."""
+    (for torch.onnx: the ONNX variant below), which changes no value."""
     batch_size, sequence_length, num_k_heads, k_head_dim = key.shape
     # A static length traces fine as it is (the unrolled loop is exact for that length); the rewrite is for a
     # symbolic one, where it must not cost an extra chunk for nothing.
@@ -164,16 +170,33 @@ def _qwen3_5(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return Qwen3_5TextModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
+def scan_chunk_gated_delta_rule_onnx(original: Any, *args: Any, **kwargs: Any) -> Any:
+    return scan_chunk_gated_delta_rule(original, *args, detach_scan_inputs=True, **kwargs)
+
+
 gated_delta_chunk_scan_hop = ModuleFunctionPatch(
     RuleMeta(
         id="patch/gated-delta-chunk-scan-hop",
         why="Qwen3-Next-style linear attention exports with the sample's 64-token chunk count baked in "
-        "(`for i in range(num_chunks)` plus size-1 guards): exported from 8 tokens, the program fails "
-        "'Guard failed: ... // 64 == 1' on 65 or 128 tokens",
+        "(`for i in range(num_chunks)` plus size-1 guards): exported from 8 tokens, the Dynamo program fails "
+        "'Guard failed: ... // 64 == 1' on 65 or 128 tokens, and ONNX Runtime fails past 64 tokens "
+        "(qwen3_5_moe_text from 8 tokens, 73 tokens: 'BroadcastIterator::Append axis == 1 || axis == largest' in a "
+        "Mul); a scan op keeps the count symbolic, its inputs detached on ONNX (torch.onnx's fake re-run of the "
+        "program with grad enabled fails on scan's autograd path)",
         upstream="transformers==5.24.0 models/qwen3_next/modeling_qwen3_next.py torch_chunk_gated_delta_rule (and its "
-        "copies); torch 0/1 specialisation of derived sizes (cf. https://github.com/pytorch/pytorch/issues/151582)",
-        backends=("dynamo",),
+        "copies); torch 0/1 specialisation of derived sizes (cf. https://github.com/pytorch/pytorch/issues/151582); "
+        "torch.onnx type promotion running `scan`'s autograd path on fake tensors",
+        backends=("dynamo", "onnx"),
         models=FAMILIES,
+        aliases=("patch/gated-delta-chunk-scan-onnx",),
+        scan=(
+            ScanCause(
+                "gated-delta-chunk-loop",
+                "loop-over-shape",
+                "torch_chunk_gated_delta_rule",
+                "a Python loop over the chunks of linear attention: the chunk count is baked in",
+            ),
+        ),
         examples=(
             Match(
                 lambda: qwen3_next_example(8),
@@ -184,14 +207,23 @@ gated_delta_chunk_scan_hop = ModuleFunctionPatch(
                 lambda: _qwen3_5(8),
                 "qwen3_5 from 8 tokens, then exactly two chunks (128 tokens)",
                 other_inputs=lambda: token_inputs(2, 128),
+                backends=("dynamo",),
             ),
             NoMatch(
                 lambda: qwen3_next_example(8),
                 "qwen3_next exported for 8 tokens only (static)",
                 reason="the replacement declines a concrete sequence length: the original's unrolled loop is exact",
+                backends=("dynamo",),
+            ),
+            NoMatch(
+                lambda: qwen3_next_example(8),
+                "qwen3_next exported for 8 tokens only (static), to ONNX",
+                reason="the replacement declines a concrete sequence length: the original's unrolled loop is exact",
+                backends=("onnx",),
+                slow=True,  # 46 s on the 2-core CI machine
             ),
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.torch_chunk_gated_delta_rule" for f in FAMILIES),
-    replacement=scan_chunk_gated_delta_rule,
+    replacement=PerBackend(dynamo=scan_chunk_gated_delta_rule, onnx=scan_chunk_gated_delta_rule_onnx),
 )

@@ -8,7 +8,8 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
+from hfexport.rewrites.rules._hunyuan_vl import hunyuan_vl_merge
 
 
 def placeholder_mask(
@@ -33,37 +34,6 @@ def placeholder_mask(
     return mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device)
 
 
-class _Merge(torch.nn.Module):
-    """HunYuan-VL's merge step: image features scattered into the embeddings at the placeholder tokens."""
-
-    def __init__(self, with_features: bool = True) -> None:
-        super().__init__()
-        from transformers import HunYuanVLConfig, HunYuanVLModel
-
-        # Without features, the mask is asked for alone (no count to check), as for embeddings-only inputs.
-        self.with_features = with_features
-
-        small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
-        text = {**small, "vocab_size": 32, "num_key_value_heads": 2, "head_dim": 8}
-        vision = {**small, "num_key_value_heads": 2, "out_hidden_size": 16, "text_hidden_size": 16}
-        config = HunYuanVLConfig(text_config=text, vision_config=vision, image_token_id=5)
-        self.model = HunYuanVLModel(config)
-
-    def forward(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
-        embeds = self.model.get_input_embeddings()(input_ids)
-        if not self.with_features:
-            mask = self.model.get_placeholder_mask(input_ids, embeds)
-            return embeds.masked_fill(mask, 0.0) + image_features.sum()
-        mask = self.model.get_placeholder_mask(input_ids, embeds, image_features)
-        return embeds.masked_scatter(mask, image_features)
-
-
-def _merge(with_features: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
-    torch.manual_seed(0)
-    ids = torch.tensor([[1, 5, 5, 5, 7, 8], [1, 9, 5, 5, 5, 2]])
-    return _Merge(with_features).eval(), {"input_ids": ids, "image_features": torch.randn(6, 16)}
-
-
 hunyuan_vl_placeholder_check = MethodPatch(
     RuleMeta(
         id="patch/hunyuan-vl-placeholder-check",
@@ -73,17 +43,25 @@ hunyuan_vl_placeholder_check = MethodPatch(
         "and the error for mismatched inputs",
         upstream="transformers==5.24.0 models/hunyuan_vl/modeling_hunyuan_vl.py HunYuanVLModel.get_placeholder_mask "
         "(LLaVA's uses torch_compilable_check)",
+        scan=(
+            ScanCause(
+                "placeholder-count-check",
+                "masked-size-branch",
+                ".*",
+                "a Python check of `x[mask].numel()`: a data-dependent size export cannot guard on",
+            ),
+        ),
         models=("hunyuan_vl",),
         examples=(
             # torch_compilable_check's all() of a boolean lowers only with aten/is-all-true on ONNX and
             # executorch/is-all-true-as-any on ExecuTorch.
             Match(
-                _merge,
+                hunyuan_vl_merge,
                 "two rows with three image tokens each",
                 needs=("aten/is-all-true", "executorch/is-all-true-as-any"),
             ),
             NoMatch(
-                lambda: _merge(with_features=False),
+                lambda: hunyuan_vl_merge(with_features=False),
                 "the placeholder mask asked for without image features",
                 reason="the replacement declines a call without image features: there is no count to check",
             ),

@@ -17,7 +17,7 @@ from hfexport.generation_spec import LayoutSpecialised
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch.mrope_index_tensor import masked_positions_and_deltas
+from hfexport.rewrites.rules.patch._rope_index import masked_positions_and_deltas
 
 
 def _known_grid(tensor: Any) -> list[list[int]] | None:

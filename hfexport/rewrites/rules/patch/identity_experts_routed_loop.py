@@ -30,7 +30,7 @@ from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._moe_batched import dispatches_experts, qwen3_moe
+from hfexport.rewrites.rules._moe_batched import dispatches_experts, qwen3_moe
 
 _PARAMETERS = ["hidden_states", "top_k_index", "top_k_weights"]
 
@@ -141,7 +141,7 @@ identity_experts_routed_loop = MethodPatch(
         upstream="transformers==5.24.0 models/longcat_flash/modeling_longcat_flash.py LongcatFlashExperts.forward "
         "(`for expert_idx_tensor in expert_hit: int(expert_idx_tensor.item())`)",
         # ExecuTorch: the gate/up split of a routed expert's rows has a data-dependent length (as in
-        # patch/executorch-moe-batched-experts).
+        # patch/moe-batched-experts).
         requires=("executorch/split-as-slices",),
         models=("longcat_flash",),
         examples=(
@@ -149,6 +149,11 @@ identity_experts_routed_loop = MethodPatch(
                 lambda: _longcat(7),
                 "4 routed and 3 identity experts, 7 tokens, then 12 tokens and a batch of 3",
                 other_inputs=lambda: _other(12, 3),
+                known_failure={
+                    "executorch": "ExecuTorch plans the LongCat program for the sample's batch of 2 (shape bound "
+                    "[2, 7]), so the example's other inputs of batch 3 are refused: a coverage gap (#17), as for "
+                    "patch/minimax-m3-index-blocks"
+                },
             ),
             Match(lambda: _longcat(1, zero_experts=6), "a single token: most experts get no rows"),
             Match(

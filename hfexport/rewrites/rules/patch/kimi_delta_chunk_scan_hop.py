@@ -13,6 +13,11 @@ upstream writes it (kept here, not re-associated into matmuls, so the numbers do
 counts chunks explicitly and pads at least one whole chunk (zero query, key, value, beta and log-decay: exact
 zeros added to the kept outputs, the state multiplied by exp(0) = 1), inverts the UT system loop-free
 (`_delta_rule.unit_lower_inverse`) and scans over chunks with `torch._higher_order_ops.scan`.
+
+On ONNX (without a rule torch.onnx captures the unrolled chunk loop and ONNX Runtime fails past the sample's chunk
+count: bailing_hybrid and kimi_linear exported from 8 tokens failed 'Non-zero status code returned while running
+Slice node' on 73 and 138 tokens), the same scan runs with its inputs detached, since torch.onnx's type-promotion
+pass runs scan's autograd path otherwise and fails, as Mamba-1's did; torch.onnx then writes an ONNX `Scan` loop.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch.nn.functional as F
 from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import PerBackend, RuleMeta, ScanCause
 from hfexport.rewrites.rules.patch._delta_rule import detached_scan_input, unit_lower_inverse
 
 # The modules that define `chunk_kimi_delta_attention` (grep over transformers/models, transformers==5.24.0).
@@ -56,7 +61,7 @@ def chunk_scan(
     **kwargs: Any,
 ) -> Any:
     """upstream's `chunk_kimi_delta_attention`, scanned; `detach_scan_inputs` cuts the scan's inputs from autograd
-    (for torch.onnx, see patch/kimi-delta-chunk-scan-onnx), which changes no value."""
+    (for torch.onnx: the ONNX variant below), which changes no value."""
     batch_size, sequence_length, num_heads, k_head_dim = key.shape
     # A static length traces fine as it is (the unrolled loops are exact for that length); the rewrite is for a
     # symbolic one, where it must not cost an extra chunk for nothing.
@@ -159,17 +164,35 @@ def kimi_linear_example(tokens: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     return KimiLinearModel(config).eval(), {"input_ids": torch.randint(0, 64, (2, tokens)), "use_cache": False}
 
 
+def scan_chunk_kimi_delta_attention_onnx(original: Any, *args: Any, **kwargs: Any) -> Any:
+    return chunk_scan(*args, detach_scan_inputs=True, **kwargs)
+
+
 kimi_delta_chunk_scan_hop = ModuleFunctionPatch(
     RuleMeta(
         id="patch/kimi-delta-chunk-scan-hop",
         why="Kimi delta attention exports with the sample's 64-token chunk count baked in "
         "(`for i in range(total_sequence_length // chunk_size)`, per-row forward substitution, size-1 guards): "
-        "exported from 8 tokens, bailing_hybrid fails 'Guard failed: input_ids.size()[1] <= 64' on 73 tokens",
+        "exported from 8 tokens, bailing_hybrid's Dynamo program fails 'Guard failed: input_ids.size()[1] <= 64' on "
+        "73 tokens, and ONNX Runtime fails past 64 tokens (bailing_hybrid and kimi_linear, 73 tokens: 'Non-zero "
+        "status code returned while running Slice node'); a scan op keeps the count symbolic, its inputs detached "
+        "on ONNX (torch.onnx's fake re-run of the program with grad enabled fails on scan's autograd path)",
         upstream="transformers==5.24.0 models/kimi_linear/modeling_kimi_linear.py chunk_kimi_delta_attention (and its "
         "copies in bailing_hybrid, glm5_next); torch 0/1 specialisation of derived sizes "
-        "(cf. https://github.com/pytorch/pytorch/issues/151582)",
-        backends=("dynamo",),
+        "(cf. https://github.com/pytorch/pytorch/issues/151582); torch.onnx type promotion running `scan`'s autograd "
+        "path on fake tensors",
+        backends=("dynamo", "onnx"),
         models=FAMILIES,
+        aliases=("patch/kimi-delta-chunk-scan-onnx",),
+        scan=(
+            ScanCause(
+                "kimi-delta-chunk-loop",
+                "loop-over-shape",
+                "chunk_kimi_delta_attention",
+                "a Python loop over the chunks of Kimi delta attention (and over a chunk's rows): the chunk count is "
+                "baked in",
+            ),
+        ),
         examples=(
             Match(
                 lambda: bailing_hybrid_example(8),
@@ -181,6 +204,14 @@ kimi_delta_chunk_scan_hop = ModuleFunctionPatch(
                 "kimi_linear from 8 tokens, then exactly two chunks plus ten (138 tokens)",
                 other_inputs=lambda: token_inputs(1, 138),
             ),
+            # ONNX's default-tier NoMatch: the static-length one below exports the unrolled loops to ONNX twice,
+            # about 50 s on 2 cores.
+            NoMatch(
+                lambda: bailing_hybrid_example(8, layer_type="full_attention"),
+                "bailing_hybrid with its attention layer only (no KDA layer)",
+                reason="the rule is installed for the module but its function is never called",
+                backends=("onnx",),
+            ),
             NoMatch(
                 lambda: bailing_hybrid_example(8),
                 "bailing_hybrid exported for 8 tokens only (static)",
@@ -189,5 +220,5 @@ kimi_delta_chunk_scan_hop = ModuleFunctionPatch(
         ),
     ),
     target=tuple(f"transformers.models.{f}.modeling_{f}.chunk_kimi_delta_attention" for f in FAMILIES),
-    replacement=scan_chunk_kimi_delta_attention,
+    replacement=PerBackend(dynamo=scan_chunk_kimi_delta_attention, onnx=scan_chunk_kimi_delta_attention_onnx),
 )

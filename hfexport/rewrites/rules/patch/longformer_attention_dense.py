@@ -33,6 +33,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._longformer import longformer_example, longformer_inputs, roberta_example
 
 _PROJECTIONS = ("query", "key", "value", "query_global", "key_global", "value_global")
 
@@ -105,63 +106,15 @@ def dense_forward(
 # -- examples --------------------------------------------------------------------------------------------------
 
 
-def _longformer(kind: str = "model") -> torch.nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LongformerConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        attention_window=[4, 8],
-        max_position_embeddings=160,
-        pad_token_id=1,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    if kind == "classifier":
-        return transformers.LongformerForSequenceClassification(config).eval()
-    return transformers.LongformerModel(config, add_pooling_layer=False).eval()
-
-
-def _inputs(batch: int, length: int, pad: int, globals_at: tuple[int, ...]) -> dict[str, Any]:
-    """Token ids with `pad` trailing padding tokens in the last row and global attention at `globals_at` of row 0
-    (row 1, if any, has none): rows with several, one and no global tokens, and padding."""
-    ids = torch.randint(3, 64, (batch, length), generator=torch.Generator().manual_seed(length))
-    mask = torch.ones(batch, length, dtype=torch.long)
-    if pad:
-        ids[-1, length - pad :] = 1
-        mask[-1, length - pad :] = 0
-    global_mask = torch.zeros(batch, length, dtype=torch.long)
-    global_mask[0, list(globals_at)] = 1
-    if batch > 2:
-        global_mask[2, 0] = 1
-    return {"input_ids": ids, "attention_mask": mask, "global_attention_mask": global_mask}
-
-
 def _model() -> tuple[torch.nn.Module, dict[str, Any]]:
-    return _longformer(), _inputs(2, 13, pad=3, globals_at=(0, 5))
+    return longformer_example(), longformer_inputs(2, 13, pad=3, globals_at=(0, 5))
 
 
 def _classifier() -> tuple[torch.nn.Module, dict[str, Any]]:
     # The classifier puts global attention on the first token of every row itself when none is given.
-    inputs = _inputs(2, 9, pad=2, globals_at=(0,))
+    inputs = longformer_inputs(2, 9, pad=2, globals_at=(0,))
     inputs.pop("global_attention_mask")
-    return _longformer("classifier"), inputs
-
-
-def _roberta() -> tuple[torch.nn.Module, dict[str, Any]]:
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.RobertaConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
-    )
-    inputs = _inputs(2, 9, pad=2, globals_at=(0,))
-    inputs.pop("global_attention_mask")
-    return transformers.RobertaModel(config, add_pooling_layer=False).eval(), inputs
+    return longformer_example("classifier"), inputs
 
 
 longformer_attention_dense = MethodPatch(
@@ -180,19 +133,28 @@ longformer_attention_dense = MethodPatch(
                 _model,
                 "two layers (windows 4 and 8), row 0 with global tokens 0 and 5, row 1 with none and 3 padding "
                 "tokens; then batch 3 and 37 tokens, past both windows",
-                other_inputs=lambda: _inputs(3, 37, pad=11, globals_at=(0, 20, 36)),
+                other_inputs=lambda: longformer_inputs(3, 37, pad=11, globals_at=(0, 20, 36)),
                 atol=1e-5,
+                known_failure={
+                    "openvino": "openvino.convert_model fails in its normalize step on the model's own padding to the "
+                    "window size (slice_shape_inference.hpp:72 'shape_rank.compatible(1)', then 'No conversion rule "
+                    "found for operations: <built-in function mod>'), outside the rule's attention: an OpenVINO "
+                    "coverage gap of Longformer (#17)"
+                },
             ),
             Match(
                 _classifier,
                 "sequence classifier (global attention on the first token, set by the model)",
                 other_inputs=lambda: {
-                    k: v for k, v in _inputs(1, 26, pad=5, globals_at=(0,)).items() if k != "global_attention_mask"
+                    k: v
+                    for k, v in longformer_inputs(1, 26, pad=5, globals_at=(0,)).items()
+                    if k != "global_attention_mask"
                 },
                 atol=1e-5,
+                known_failure={"openvino": "as Match 0 on OpenVINO (the window padding's slice)"},
             ),
             NoMatch(
-                _roberta,
+                roberta_example,
                 "RoBERTa (Longformer's embeddings, full self-attention)",
                 reason="no module has the sliding-window chunking and the global projections",
                 applies=False,

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from hfexport.rewrites.example_models import token_inputs
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 
 _FAMILIES = ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2")
 
@@ -178,6 +178,15 @@ mamba2_chunk_scan_symbolic = ModuleFunctionPatch(
         # chunk count baked in (ONNX Runtime: "Expand ... invalid expand shape" at 35, 73, 138 tokens). Not on
         # ExecuTorch: with the length symbolic, XNNPACK refuses the chunk reshape (two dynamic dimensions).
         backends=("dynamo", "onnx", "openvino"),
+        scan=(
+            ScanCause(
+                "mamba2-chunk-padding",
+                "size-modulo",
+                "mamba2_chunk_scan",
+                "the Mamba-2 chunk padding `(chunk - L % chunk) % chunk`: its `> 0` branch and chunk count are the "
+                "sample's",
+            ),
+        ),
         models=_FAMILIES,
         examples=(
             Match(

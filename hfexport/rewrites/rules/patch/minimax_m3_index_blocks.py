@@ -234,6 +234,10 @@ minimax_m3_index_blocks = MethodPatch(
                 "four blocks (more than index_topk_blocks), then 5 tokens",
                 other_inputs=lambda: _grown(5, batch=3),
                 needs=_NEEDS,
+                known_failure={
+                    "executorch": "ExecuTorch plans the batch axis at the sample's 2 (the bound the program records), "
+                    "so the example's other inputs of batch 3 are refused: a coverage gap (#17)"
+                },
             ),
             NoMatch(
                 lambda: _minimax(8, sparse=False),

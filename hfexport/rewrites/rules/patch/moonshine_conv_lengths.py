@@ -9,6 +9,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._coverage_gaps import XNNPACK_RESHAPE
 
 
 def feat_extract_output_lengths(original: Any, self: torch.nn.Module, input_lengths: Any) -> Any:
@@ -75,6 +76,7 @@ moonshine_conv_lengths = MethodPatch(
                     "openvino/exact-int-floor-divide",
                     "openvino/sdpa-fully-masked-rows",
                 ),
+                known_failure={"executorch": XNNPACK_RESHAPE},
             ),
             NoMatch(
                 lambda: (_encoder(), _inputs(2000, padded=700)),

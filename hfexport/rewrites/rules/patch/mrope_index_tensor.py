@@ -19,6 +19,7 @@ from hfexport.generation_spec import LayoutSpecialised
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules.patch._rope_index import masked_positions_and_deltas
 
 # The models whose `get_rope_index` and `get_vision_position_ids` are Qwen2-VL's for images (a copy each; they
 # differ only in how they split videos, which the replacement declines).
@@ -148,17 +149,6 @@ def rope_index(
     )
     positions = torch.stack([torch.where(image, start + axis, text_position) for axis in axes])
     return masked_positions_and_deltas(positions, valid, input_ids.dtype)
-
-
-def masked_positions_and_deltas(
-    positions: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`get_rope_index`'s return: the `[axes, batch, length]` positions zeroed where `valid` is False, in `dtype`,
-    and each row's rope delta (its highest valid position + 1 less its valid token count), `[batch, 1]`."""
-    positions = torch.where(valid, positions, 0)
-    highest = torch.where(valid, positions, torch.iinfo(torch.long).min).amax(dim=(0, 2))
-    deltas = (highest + 1 - valid.long().sum(1)).unsqueeze(1)
-    return positions.to(dtype), deltas
 
 
 # -- examples --------------------------------------------------------------------------------------

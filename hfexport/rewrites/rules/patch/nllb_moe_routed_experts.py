@@ -5,7 +5,7 @@ from __future__ import annotations
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta
-from hfexport.rewrites.rules.patch._nllb_moe import _dense_ffn, _expert_inputs, _experts, routed_experts
+from hfexport.rewrites.rules.patch._nllb_moe import dense_ffn, expert_inputs, experts_example, routed_experts
 
 nllb_moe_routed_experts = MethodPatch(
     RuleMeta(
@@ -19,16 +19,16 @@ nllb_moe_routed_experts = MethodPatch(
         models=("nllb-moe",),
         examples=(
             Match(
-                lambda: _experts(0.2),
+                lambda: experts_example(0.2),
                 "token dropout 0.2 (scaled in eval), 7 tokens, then 11 tokens",
-                other_inputs=lambda: _expert_inputs(11, seed=1),
+                other_inputs=lambda: expert_inputs(11, seed=1),
             ),
             Match(
-                lambda: _experts(0.0, capacity_drop=True),
+                lambda: experts_example(0.0, capacity_drop=True),
                 "no token dropout, a capacity of 2 that leaves tokens without an expert",
             ),
             NoMatch(
-                _dense_ffn,
+                dense_ffn,
                 "an NLLB-MoE dense feed-forward layer (no experts)",
                 reason="the replacement declines only training mode (random token dropout), which an export never "
                 "traces (the model is exported in eval mode), so the NoMatch is an NLLB-MoE layer without experts, "

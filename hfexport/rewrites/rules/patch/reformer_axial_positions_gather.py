@@ -21,7 +21,7 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 
 
 def forward(original: Any, self: torch.nn.Module, position_ids: torch.Tensor) -> Any:
@@ -121,6 +121,14 @@ reformer_axial_positions_gather = MethodPatch(
         "'input_ids.size()[0] == 2' and ONNX Runtime fails at another batch (a broadcast error in an Add); one "
         "gather along the sequence axis selects the same elements for every row",
         upstream="transformers==5.24.0 models/reformer/modeling_reformer.py AxialPositionEmbeddings.forward",
+        scan=(
+            ScanCause(
+                "axial-positions-batch-loop",
+                "loop-over-shape",
+                r"AxialPositionEmbeddings\.forward",
+                "a Python loop over the batch selects each row's axial position encodings: the batch is baked in",
+            ),
+        ),
         models=("reformer",),
         examples=(
             Match(_module, "batch 2, rows with shifted ids", other_inputs=lambda: _positions(3, 7)),

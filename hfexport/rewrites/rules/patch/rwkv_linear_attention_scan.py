@@ -11,8 +11,8 @@ per-token `select`s became `Gather`s at constant indices, ORT's `GatherSliceToSp
 into 8 outputs ('node_select_44/GatherSliceToSplitFusion'), and a 13-token prompt failed in ORT ("Cannot split
 using values in 'split' attribute ... NumOutputs=8"); this rule's example, without the rule, declares
 `input_ids` as [batch, 8] (44 Gathers). With the rule the ONNX graph has two `Scan`s (one per layer), 12 Gathers
-and a symbolic length. The scan needs no detach here (unlike `patch/mamba-selective-scan-onnx`): torch.onnx's
-type promotion passes it.
+and a symbolic length. The scan needs no detach here (unlike the ONNX variant of `patch/mamba-selective-scan-hop`):
+torch.onnx's type promotion passes it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 
 
 def scan_rwkv_linear_attention(
@@ -109,6 +109,15 @@ rwkv_linear_attention_scan = ModuleFunctionPatch(
         upstream="transformers==5.24.0 models/rwkv/modeling_rwkv.py rwkv_linear_attention_cpu (a Python loop over "
         "the sequence; the CUDA kernel is not traceable); torch._higher_order_ops.scan keeps the length symbolic",
         backends=("dynamo", "onnx"),
+        scan=(
+            ScanCause(
+                "rwkv-token-loop",
+                "loop-over-shape",
+                "rwkv_linear_attention_cpu",
+                "a Python loop over the tokens of RWKV's linear attention (its CPU path): the prompt length is baked "
+                "in",
+            ),
+        ),
         models=("rwkv",),
         examples=(
             Match(

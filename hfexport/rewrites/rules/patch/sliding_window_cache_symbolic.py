@@ -25,7 +25,7 @@ import torch
 from hfexport.rewrites.example_models import sliding_mistral
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 from hfexport.rewrites.rules.patch._sliding_window import uses_sliding_layer_method
 
 _TARGET = "transformers.cache_utils.DynamicSlidingWindowLayer.update"
@@ -114,6 +114,14 @@ sliding_window_cache_symbolic = ModuleFunctionPatch(
         # OpenVINO is not affected: its conversion keeps the slice's negative start, which its Slice clamps at
         # run time (the examples match eager there without the rule).
         backends=("dynamo", "onnx", "executorch"),
+        scan=(
+            ScanCause(
+                "sliding-window-slice",
+                "window-slice",
+                "update",
+                "a cache layer keeps `full[:, :, -window + 1:]`: the sign of the start is decided on the sample",
+            ),
+        ),
         models=("gpt_oss", "mistral", "gemma2", "cohere2", "olmo3"),
         examples=(
             Match(

@@ -147,6 +147,12 @@ vision_window_index_eager = ModuleFunctionPatch(
             Match(
                 lambda: _tower([[1, 12, 8], [2, 4, 4], [1, 6, 10]]),
                 "three images and a two-frame video, grids of odd merged sizes that pad their last window",
+                known_failure={
+                    "executorch": "the runtime fails in the tower's patch embedding, a Conv3d: ExecuTorch's portable "
+                    "convolution takes 3-D or 4-D inputs only ('Expect input tensor to be 3-D or 4-D, but got, 5', "
+                    "aten::convolution.out 0x12), before any window attention runs: an ExecuTorch coverage gap of the "
+                    "Qwen2.5-VL tower (#17)"
+                },
             ),
             NoMatch(
                 lambda: _tower([[1, 12, 8], [1, 6, 10]], precomputed=True),

@@ -10,8 +10,8 @@ import operator
 import pytest
 import torch
 
+from hfexport.rewrites.engine import apply_rule
 from hfexport.rewrites.examples import assert_same_outputs
-from hfexport.rewrites.kinds.fx import apply_fx_rule
 from hfexport.rewrites.rule import RuleSelection
 from hfexport.testing import harness
 from hfexport.testing.harness import export_program
@@ -56,7 +56,7 @@ def test_the_rewritten_chunk_takes_torchs_slices_at_every_length(chunks: int, sa
     model = _ChunkOfLength(chunks).eval()
     program = export_program(model, {"x": torch.randn(2, sample, 3)}, dynamic=True)
     assert _splits(program) == {"chunk": 1}
-    assert apply_fx_rule(rule, program) == 1
+    assert apply_rule(rule, program).hits == 1
     assert _splits(program) == {"with_sizes": 1}
     rewritten = program.module()
     with torch.no_grad():
@@ -71,7 +71,7 @@ def test_the_sizes_are_the_split_size_and_the_remainder() -> None:
     program = export_program(model, module._x(length=7), dynamic=True)
     (split,) = [n for n in program.graph.nodes if n.target is aten.split.Tensor]
     x, size = split.args[0], split.args[1]
-    assert apply_fx_rule(rule, program) == 1
+    assert apply_rule(rule, program).hits == 1
     (node,) = [n for n in program.graph.nodes if n.target is aten.split_with_sizes.default]
     first, last = node.args[1]
     assert first is size

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from hfexport.rewrites.declines import Declined
 from hfexport.rewrites.examples import Match
 
 
@@ -28,7 +29,7 @@ def _int_value(arg: Any) -> Any:
     return value if isinstance(value, (int, torch.SymInt)) else None
 
 
-def _on_ints(node: fx.Node, targets: tuple[Any, ...]) -> bool:
+def on_ints(node: fx.Node, targets: tuple[Any, ...]) -> bool:
     return (
         node.op == "call_function"
         and node.target in targets
@@ -53,7 +54,7 @@ def _replace(node: fx.Node, new: fx.Node) -> None:
 # -- a % b ------------------------------------------------------------------------------------------
 
 
-def _mod_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
+def mod_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
     a, b = node.args
     graph = gm.graph
     with graph.inserting_before(node):
@@ -62,7 +63,7 @@ def _mod_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
         _replace(node, _call(graph, operator.sub, a, _call(graph, operator.mul, quotient, b)))
 
 
-class _PadToMultiple(torch.nn.Module):
+class PadToMultiple(torch.nn.Module):
     """Right-pad the length to a multiple of 4, the Mamba-2 chunk padding `(-L) % chunk` (negative operand)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ class _PadToMultiple(torch.nn.Module):
         return F.pad(x, (0, 0, 0, pad)).reshape(x.shape[0], -1, 4, x.shape[2]).sum(2)
 
 
-class _ModOfSum(torch.nn.Module):
+class ModOfSum(torch.nn.Module):
     """A positive operand and a symbolic divisor: `(L + 3) % B` sizes a slice."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -80,7 +81,7 @@ class _ModOfSum(torch.nn.Module):
 # -- torch.sym_min / torch.sym_max ------------------------------------------------------------------
 
 
-def _min_max_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
+def min_max_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
     a, b = node.args
     graph = gm.graph
     with graph.inserting_before(node):
@@ -97,7 +98,7 @@ def _min_max_to_floordiv(gm: fx.GraphModule, node: fx.Node) -> None:
     _replace(node, new)
 
 
-class _TopKOfAtMost(torch.nn.Module):
+class TopKOfAtMost(torch.nn.Module):
     """`topk(x, min(k, L))`: the indexer of axk2 keeps at most `k` keys of a sequence of any length."""
 
     def __init__(self, k: int = 4) -> None:
@@ -108,7 +109,7 @@ class _TopKOfAtMost(torch.nn.Module):
         return torch.topk(x, min(self.k, x.shape[-1]), dim=-1).values
 
 
-class _MinMaxOfSizes(torch.nn.Module):
+class MinMaxOfSizes(torch.nn.Module):
     """Two symbolic sizes: min and max of them size two slices."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,19 +132,14 @@ def _sym_float_of_int(arg: Any) -> Any:
     return None
 
 
-def ceil_matcher(rule_id: str) -> Any:
+def ceil_to_rewrite(node: fx.Node) -> bool | Declined:
     """The node predicate of a rule that rewrites `math.ceil` on sizes: `ceil_operands` finds its operands; a ceil
-    it must leave (see `ceil_operands`) is noted as declined, so the audit says why the save or conversion failing
-    on it was not fixed."""
-    from hfexport.rewrites.declines import note_declined
-
-    def matches(node: fx.Node) -> bool:
-        operands = ceil_operands(node)
-        if isinstance(operands, str):
-            note_declined(rule_id, operands)
-        return isinstance(operands, tuple)
-
-    return matches
+    it must leave (see `ceil_operands`) is declined with the reason, so the audit says why the save or conversion
+    failing on it was not fixed."""
+    operands = ceil_operands(node)
+    if isinstance(operands, str):
+        return Declined(operands)
+    return isinstance(operands, tuple)
 
 
 def ceil_operands(node: fx.Node) -> tuple[Any, int | Any, Any] | str | None:
@@ -193,7 +189,7 @@ def ceil_to_int(gm: fx.GraphModule, node: fx.Node) -> None:
             graph.erase_node(dead)
 
 
-class _BlocksOfLength(torch.nn.Module):
+class BlocksOfLength(torch.nn.Module):
     """`nblocks = math.ceil(seq_len / window)`: pad a length to whole blocks of 4 (BigBird/LongT5-style)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -243,24 +239,24 @@ def exact_floor_divides(model: Any) -> int:
     return len(divides)
 
 
-class _ShortenByCeil(torch.nn.Module):
+class ShortenByCeil(torch.nn.Module):
     """Keep L + (-L) // 4 positions: a floor division of a negative size (L = 7 keeps 5, truncation 6)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, : x.shape[1] + (-x.shape[1]) // 4] * 2
 
 
-class _IntFloorDivide(torch.nn.Module):
+class IntFloorDivide(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.floor_divide(a, b)
 
 
-class _FloatDivide(torch.nn.Module):
+class FloatDivide(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.floor_divide(x, y) + x / y
 
 
-def _signed_ints(seed: int, n: int) -> dict[str, torch.Tensor]:
+def signed_ints(seed: int, n: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     b = torch.randint(1, 9, (n,), generator=generator) * torch.where(torch.arange(n) % 2 == 0, 1, -1)
     return {"a": torch.randint(-50, 50, (n,), generator=generator), "b": b}

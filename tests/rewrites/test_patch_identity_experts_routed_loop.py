@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport.rewrites.rules.patch._moe_batched import qwen3_moe
+from hfexport.rewrites.rules._moe_batched import qwen3_moe
 from hfexport.rewrites.rules.patch.identity_experts_routed_loop import (
     _longcat,
     has_identity_experts,

@@ -1,4 +1,4 @@
-"""patch/executorch-jetmoe-rowwise-experts where it matters: without it JetMoe's experts fail `to_edge`; with it
+"""patch/jetmoe-rowwise-experts where it matters: without it JetMoe's experts fail `to_edge`; with it
 the program runs in the ExecuTorch runtime and matches eager on a second shape."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import torch
 pytest.importorskip("executorch")
 
 from hfexport import ExecutorchConfig, ExecutorchExporter, HfExportError, RuleSelection
-from hfexport.rewrites.rules.patch.executorch_jetmoe_rowwise_experts import _jetmoe
+from hfexport.rewrites.rules.patch.jetmoe_rowwise_experts import _jetmoe
 from hfexport.runtime.executorch import ExecutorchProgram
 
-RULE = "patch/executorch-jetmoe-rowwise-experts"
+RULE = "patch/jetmoe-rowwise-experts"
 
 
 @pytest.mark.slow  # two lowerings of a JetMoe layer: minutes on 2 shared cores

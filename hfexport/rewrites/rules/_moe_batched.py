@@ -1,8 +1,7 @@
 """transformers' `grouped_mm` experts run one expert at a time over the tokens routed to it during the trace.
 
-The body, target and examples shared by the backend-scoped rules that need it
-(`patch/executorch-moe-batched-experts`, `patch/openvino-moe-batched-experts`); each rule keeps its own
-reason and upstream reference.
+The body, target and examples of `patch/moe-batched-experts`, and the tiny MoE models other rules' examples use
+(`patch/identity-experts-routed-loop`, `aten/grouped-mm-fallback`).
 """
 
 from __future__ import annotations

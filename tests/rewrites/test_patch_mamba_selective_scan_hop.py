@@ -1,7 +1,11 @@
-"""patch/mamba-selective-scan-onnx: without the rule its first example (zamba) is pinned to the sample length;
-with its old body (detach without a copy) the scan cannot be traced on zamba's per-head views; with the rule the
-ONNX model runs a longer input in ONNX Runtime (the rule's examples, run in tests/rewrites/test_examples.py,
-check the captured program against eager on both lengths)."""
+"""patch/mamba-selective-scan-hop, its ONNX and OpenVINO variants where they differ from the Dynamo one.
+
+ONNX: without the rule its first example (zamba) is pinned to the sample length; with an older body (detach without
+a copy) the scan cannot be traced on zamba's per-head views; with the rule the ONNX model runs a longer input in ONNX
+Runtime. OpenVINO: why a `while_loop` and not the Dynamo variant's `scan`: with the scan in its place the conversion
+fails (openvino 2026.4.1 has no translator for `scan`); this test fails once OpenVINO converts a scan, which is when
+the two variants can become one. The rule's examples, run in tests/rewrites/test_examples.py, check each backend's
+program against eager on both lengths, and (`-m slow`) that each fails without the rule."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import dataclasses
 import pytest
 import torch
 
+from hfexport.rewrites.rules.patch.mamba_selective_scan_hop import mamba_selective_scan_hop as rule
 from hfexport.rewrites.rules.patch.mamba_selective_scan_hop import scan_selective
-from hfexport.rewrites.rules.patch.mamba_selective_scan_onnx import mamba_selective_scan_onnx as rule
 from hfexport.testing.harness import check_match
 from hfexport.testing.harness import export_program as _export
 
@@ -55,3 +59,13 @@ def test_zamba_onnx_runs_a_longer_input_in_ort(tmp_path) -> None:
             expected = module(**feed).last_hidden_state
         actual = torch.from_numpy(session.run(None, onnx_feed(names, feed))[0])
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_scan_op_does_not_convert_to_openvino() -> None:
+    pytest.importorskip("openvino")
+    with_scan = dataclasses.replace(rule, replacement=scan_selective)
+    falcon_mamba = rule.meta.examples[1]
+    assert "falcon_mamba" in falcon_mamba.description
+    with pytest.raises(Exception, match=r"Conversion is failed for: .*scan"):
+        check_match(with_scan, falcon_mamba, "openvino")

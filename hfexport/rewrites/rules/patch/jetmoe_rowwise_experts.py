@@ -55,9 +55,9 @@ def _jetmoe(tokens: int, experts: int = 4, top_k: int = 2) -> Built:
     )
 
 
-executorch_jetmoe_rowwise_experts = MethodPatch(
+jetmoe_rowwise_experts = MethodPatch(
     RuleMeta(
-        id="patch/executorch-jetmoe-rowwise-experts",
+        id="patch/jetmoe-rowwise-experts",
         why="JetMoe's parallel experts split the expert-sorted rows by their counts (`expert_size.tolist()`, "
         "data-dependent sizes); to_edge's argument validator takes len() of the first piece of the split and "
         "fails on its unbacked size ('Could not extract specialized integer from data-dependent expression'). "
@@ -67,6 +67,7 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
         "Tensor[] return's first piece as the list (len() of a tensor); transformers 5.24 "
         "models/jetmoe/modeling_jetmoe.py JetMoeParallelExperts.forward",
         backends=("executorch",),
+        aliases=("patch/executorch-jetmoe-rowwise-experts",),
         models=("jetmoe",),
         examples=(
             Match(
@@ -86,6 +87,7 @@ executorch_jetmoe_rowwise_experts = MethodPatch(
                 reason="the replacement declines no call, and every JetMoe layer (attention and MLP) runs parallel "
                 "experts, so no JetMoe model goes without it: only another architecture, where it is not installed",
                 applies=False,
+                slow=True,  # 16 s on the 2-core CI machine
             ),
         ),
     ),

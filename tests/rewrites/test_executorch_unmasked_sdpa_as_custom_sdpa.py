@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("executorch")
 
-from hfexport.rewrites.kinds.executorch import apply_executorch_rule
+from hfexport.rewrites.engine import apply_rule
 from hfexport.rewrites.rules.executorch.unmasked_sdpa_as_custom_sdpa import (
     _PatchAttention,
     _tokens,
@@ -28,7 +28,7 @@ def _planned(rule: bool) -> tuple[int, ExecutorchProgram]:
     module = _PatchAttention().eval()
     shapes = {"x": {0: Dim("batch", max=BATCH), 1: Dim("tokens", min=2, max=TOKENS)}}
     program = torch.export.export(module, (), _tokens(2, 7), dynamic_shapes=shapes, strict=False)
-    hits = apply_executorch_rule(unmasked_sdpa_as_custom_sdpa, program) if rule else 0
+    hits = apply_rule(unmasked_sdpa_as_custom_sdpa, program).hits if rule else 0
     assert hits == (1 if rule else 0)
     manager = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
     planned = sum(manager.executorch_program.execution_plan[0].non_const_buffer_sizes)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hfexport.rewrites.engine import apply_rule
 from hfexport.rewrites.examples import Match, assert_same_outputs
-from hfexport.rewrites.kinds.fx import apply_fx_rule
 from hfexport.testing.harness import export_program, leaves
 
 # The rule package re-exports the rule under its module's name, so the module is imported by path.
@@ -55,7 +55,7 @@ def test_the_match_cannot_be_saved_without_the_rule_and_matches_eager_after_a_ro
     assert sites >= 1
     with pytest.raises(Exception, match="flat_apply"):
         torch.export.save(program, io.BytesIO())
-    assert apply_fx_rule(rule, program) == sites
+    assert apply_rule(rule, program).hits == sites
     assert _flat_applies(program) == 0
     loaded = _round_trip(program)
     feeds = [inputs, example.other_inputs()]
@@ -80,7 +80,7 @@ def test_t5gemma2_saves_and_matches_eager_with_padding() -> None:
     inputs = entry.sample_inputs()
     with torch.no_grad():
         program = torch.export.export(model, (), dict(inputs), dynamic_shapes=auto_dynamic_shapes(inputs), strict=False)
-    assert apply_fx_rule(rule, program) >= 1
+    assert apply_rule(rule, program).hits >= 1
     loaded = _round_trip(program)
     vocab = int(inputs["input_ids"].max()) + 1
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """The routed experts forward of the MoE patches against transformers' own experts forwards, in eager.
 
-`routed_experts_forward` (the form patch/openvino- and patch/executorch-moe-batched-experts trace) must compute
+`routed_experts_forward` (the form patch/moe-batched-experts traces) must compute
 what transformers' `batched_mm` and `grouped_mm` forwards compute, in the edge cases: experts that get no token,
 one expert picked twice for a token (tied router scores resolved to the same expert by a custom router),
 bf16 experts with fp32 routing weights, and transposed experts with biases (gpt_oss).
@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers.integrations import moe
 
-from hfexport.rewrites.rules.patch._moe_batched import gpt_oss, qwen3_moe, routed_experts_forward
+from hfexport.rewrites.rules._moe_batched import gpt_oss, qwen3_moe, routed_experts_forward
 
 
 def _experts(built: Any) -> torch.nn.Module:
