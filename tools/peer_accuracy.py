@@ -1,7 +1,7 @@
 """Our quantization recipes beside the peers' on the trained code model: accuracy and decode speed, one run.
 
-    nice -n 10 python tools/peer_accuracy.py --sweep docs/quantization-accuracy.json \
-        [--peers /work/peers] [--only ortgenai,optimum-intel] [--json docs/quantization-peers.json]
+    nice -n 10 python tools/peer_accuracy.py --sweep quant-accuracy.json \
+        [--peers DIR] [--only onnxruntime-genai,optimum-intel] [--json peers.json]
 
 Each peer recipe runs in the peer's own virtual environment (`<peers>/<peer>/bin/python tools/peers/run_peer.py`,
 which never imports hfexport): it builds the peer's quantized model from `tests/fixtures/code_lm`, and returns its
@@ -96,7 +96,13 @@ def decode_rate(first: list[float], full: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", type=Path, required=True, help="tools/quant_accuracy.py's JSON (our rows)")
-    parser.add_argument("--peers", type=Path, default=Path("/work/peers"), help="the peers' virtual environments")
+    parser.add_argument(
+        "--peers",
+        type=Path,
+        default=Path(os.environ.get("HFEXPORT_PEERS", Path.home() / ".cache" / "hfexport-peers")),
+        help="the peers' virtual environments, as tools/peers/setup.sh installs them ($HFEXPORT_PEERS or "
+        "~/.cache/hfexport-peers)",
+    )
     parser.add_argument("--only", help="comma-separated peers")
     parser.add_argument("--no-ours", action="store_true", help="skip our decode-speed runs")
     parser.add_argument("--json", type=Path)

@@ -1,6 +1,6 @@
 """The accuracy table of docs/quantization.md: every quantization recipe on every backend, on the trained code model.
 
-    nice -n 10 python tools/quant_accuracy.py [--json docs/quantization-accuracy.json] [--only onnx,ort-dynamic]
+    nice -n 10 python tools/quant_accuracy.py [--json quant-accuracy.json] [--only onnx,ort-dynamic]
         [--no-generation] [--quick]
 
 Each row exports the fixture `tests/fixtures/code_lm` (a 4-layer Llama trained on Python stdlib source,
