@@ -35,6 +35,7 @@ _EXPORTS = {
     "audit_quantization": "hfexport.quant_audit",
     "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
+    "register_rules": "hfexport.rewrites.registry",
     "HfExportError": "hfexport.errors",
     "InputError": "hfexport.errors",
     "ConfigError": "hfexport.errors",

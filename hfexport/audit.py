@@ -15,6 +15,7 @@ show` and the generated catalogue.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
@@ -572,11 +573,16 @@ def rule_location(rule: Rule) -> RuleLocation | None:
     import re
 
     module_name, attribute = rule_module_name(rule.id)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    if getattr(module, attribute, None) is not rule or not getattr(module, "__file__", None):
+    # A rule from outside hfexport is `<name>` in the module that lists it or in that module's submodule `<name>`.
+    homes = [module_name] if rule.origin is None else [f"{rule.origin.module}.{attribute}", rule.origin.module]
+    module = None
+    for name in homes:
+        with contextlib.suppress(ImportError):
+            candidate = importlib.import_module(name)
+            if getattr(candidate, attribute, None) is rule:
+                module_name, module = name, candidate
+                break
+    if module is None or not getattr(module, "__file__", None):
         return None
     file = Path(module.__file__).resolve()
     root = Path(__file__).resolve().parent.parent  # the folder that holds the hfexport package

@@ -45,8 +45,8 @@ def quantizer_for(backend: str, precision: str) -> Any:
     weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 = on ExecuTorch,
     XNNPACK's dynamic int8 activations with int4 weights (per output channel, symmetric: `XNNPACKQuantizer` with
     weights in [-8, 7], which XNNPACK runs as qd8-f32-qc4w), elsewhere NNCF int4 weights, symmetric, groups of 32,
-    every layer on ONNX Runtime and OpenVINO (the output projection too; on ONNX Runtime the embedding stays float:
-    `_onnx_int4`). None for fp32."""
+    every layer on ONNX Runtime and OpenVINO (the output projection and the embedding too: `_onnx_int4`). None for
+    fp32."""
     from hfexport.quantizers.nncf import (
         NNCFOnnxQuantizer,
         NNCFOpenVINOQuantizer,
@@ -88,20 +88,13 @@ def quantizer_for(backend: str, precision: str) -> Any:
 
 
 def _onnx_int4() -> Any:
-    """NNCF int4 for ONNX Runtime with the output projection in int4 too (`all_layers`): by default NNCF keeps it in
-    int8 per channel, which ONNX Runtime runs either as a `DequantizeLinear` of the whole matrix every call (49152 x
-    576 floats written and read per token at the SmolLM2 shape) or, with a positive axis, fused into an 8-bit
-    `MatMulNBits` that quantizes the activations (accuracy level 4). The embedding's `Gather` is left out: NNCF 3.4
-    with `all_layers` replaces it with a `MatMulNBits` of the token ids, which ONNX Runtime refuses ("Type
-    'tensor(int64)' of input parameter (input_ids) of operator (MatMulNBits) ... is invalid"); it stays float and a
-    step reads one row of it."""
-    import nncf
-
+    """NNCF int4 for ONNX Runtime, every layer in int4 (`all_layers`), as onnxruntime-genai's int4 build: by default
+    NNCF keeps the output projection and the embedding in int8 per channel. The head becomes a `MatMulNBits`, the
+    embedding a `GatherBlockQuantized` (`onnx/blocked-dequantize-gather`), and a tied pair reads one copy of the 4-bit
+    table (`onnx/tied-int4-table-once`)."""
     from hfexport.quantizers.nncf import NNCFWeightCompressionConfig
 
-    return NNCFWeightCompressionConfig(
-        mode="int4_sym", group_size=32, all_layers=True, ignored_scope=nncf.IgnoredScope(types=["Gather"])
-    )
+    return NNCFWeightCompressionConfig(mode="int4_sym", group_size=32, all_layers=True)
 
 
 def token_agreement(got: Sequence[int], expected: Sequence[int]) -> tuple[int, int]:

@@ -227,6 +227,7 @@ class ExportReport:
                         {str(k): v for k, v in declined.items() if type(v) is int}
                         if isinstance(declined, Mapping)
                         else {},
+                        origin=str(row.get("origin") or ""),
                     )
                 )
         quantization = data.get("quantization")

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
     ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),
+    ("hfexport.rewrites.external",),
     ("hfexport.rewrites.registry",),
     ("hfexport.rewrites.engine", "hfexport.rewrites"),
     ("hfexport.quantizers.base",),

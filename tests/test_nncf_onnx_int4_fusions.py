@@ -8,6 +8,7 @@ The numbers are compared with the opset-20 export of the same int4 weights (the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -48,17 +49,21 @@ def _prompt() -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _export(model: Any, opset: int | None) -> tuple[Any, Any]:
+def _export(model: Any, opset: int | None, float_embedding: bool = False) -> tuple[Any, Any]:
     import nncf
     from transformers import GenerationConfig
 
-    from hfexport import AutoHfExporter, NNCFOnnxQuantizer, NNCFWeightCompressionConfig, OnnxConfig
+    from hfexport import AutoHfExporter, NNCFOnnxQuantizer, OnnxConfig
+    from hfexport.bench import _onnx_int4
 
-    # The benchmark's recipe (hfexport.bench._onnx_int4): int4 groups of 32, the head too, the embedding float.
-    recipe = NNCFWeightCompressionConfig(
-        mode="int4_sym", group_size=32, all_layers=True, ignored_scope=nncf.IgnoredScope(types=["Gather"])
-    )
-    config = OnnxConfig(dynamic=True, quantizer=NNCFOnnxQuantizer(recipe), opset_version=opset)
+    # The benchmark's recipe (hfexport.bench._onnx_int4): int4 groups of 32, the head and the embedding too.
+    # `float_embedding`: the embedding left out, as NNCF at opset 20 needs (it would give the Gather a MatMulNBits).
+    recipe = _onnx_int4()
+    if float_embedding:
+        recipe = dataclasses.replace(recipe, ignored_scope=nncf.IgnoredScope(types=["Gather"]))
+    # accuracy_level 0 (float activations): these tests compare numbers to float rounding.
+    quantizer = NNCFOnnxQuantizer(recipe, accuracy_level=0)
+    config = OnnxConfig(dynamic=True, quantizer=quantizer, opset_version=opset)
     ids, _ = _prompt()
     sample = {"input_ids": ids[:, :4], "attention_mask": torch.ones_like(ids[:, :4])}
     exporter = AutoHfExporter.from_config(config)
@@ -95,8 +100,13 @@ def newest(model: Any) -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
+def newest_float_embedding(model: Any) -> tuple[Any, Any]:
+    return _export(model, None, float_embedding=True)
+
+
+@pytest.fixture(scope="module")
 def opset20(model: Any) -> tuple[Any, Any]:
-    return _export(model, 20)
+    return _export(model, 20, float_embedding=True)
 
 
 def test_int4_decode_graph_has_the_fp32_fusions(newest: tuple[Any, Any]) -> None:
@@ -106,18 +116,23 @@ def test_int4_decode_graph_has_the_fp32_fusions(newest: tuple[Any, Any]) -> None
     hits = report.hits["onnx"]
     for rule in ("rotary-embedding-fusion", "attention-drop-repeat-kv", "attention-as-matmul"):
         assert hits.get(f"onnx/{rule}") == 2 * (2 if rule == "rotary-embedding-fusion" else 1), (rule, hits)
-    # q, k, v, o, gate, up, down per layer and the tied head: every weight MatMul is NNCF's MatMulNBits.
+    # q, k, v, o, gate, up, down per layer and the tied head: every weight MatMul is NNCF's MatMulNBits; the
+    # embedding is a GatherBlockQuantized reading the head's blocks.
     assert hits.get("onnx/blocked-dequantize-matmul-nbits") == 15, hits
+    assert hits.get("onnx/blocked-dequantize-gather") == 1 and hits.get("onnx/tied-int4-table-once") == 1, hits
     assert ops["com.microsoft:MatMulNBits"] == 15 and ops["ai.onnx:DequantizeLinear"] == 0, ops
+    assert ops["com.microsoft:GatherBlockQuantized"] == 1 and ops["ai.onnx:Gather"] == 0, ops
     assert ops["ai.onnx:RotaryEmbedding"] == 4 and ops["ai.onnx:Neg"] == 0, ops
     assert _repeat_kv_expands(decode) == 0
 
 
-def test_int4_numbers_and_tokens_equal_the_opset20_export(newest: tuple[Any, Any], opset20: tuple[Any, Any]) -> None:
+def test_int4_numbers_and_tokens_equal_the_opset20_export(
+    newest_float_embedding: tuple[Any, Any], opset20: tuple[Any, Any]
+) -> None:
     from hfexport.runtime import generate
     from hfexport.runtime.generation import prompt_logits
 
-    (new, _), (old, _) = newest, opset20
+    (new, _), (old, _) = newest_float_embedding, opset20
     # The graph before the change: no fusion, rotary written out, repeat_kv's Expand of the cache in each layer.
     assert _ops(old["decode"])["ai.onnx:RotaryEmbedding"] == 0 and _repeat_kv_expands(old["decode"]) == 4
     assert _ops(old["decode"])["com.microsoft:MatMulNBits"] == 15
@@ -151,17 +166,16 @@ def test_int4_export_adds_no_error_beyond_its_weights(model: Any, newest: tuple[
     SmolLM2-shaped benchmark (random weights) it diverged from eager at the first greedy token where the OpenVINO
     export of the same recipe agreed on most tokens, and the difference was the recipe's rounding, not the graph
     (docs/quantization.md). Each `MatMulNBits` holds one of the model's weights, in its layout, rounded to the
-    nearest int4 step of its group's scale; eager with those weights (the tied head untied: its copy is int4,
-    the embedding stays float) gives the export's logits."""
+    nearest int4 step of its group's scale; eager with those weights (the tied embedding and head share one int4
+    table, which the embedding's GatherBlockQuantized reads too) gives the export's logits."""
     import copy
 
     from hfexport.runtime.generation import prompt_logits
 
     components, _ = newest
     int4 = copy.deepcopy(model)
-    int4.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    assert int4.lm_head.weight is int4.model.embed_tokens.weight
     originals = {name: p.detach().numpy() for name, p in int4.named_parameters() if p.dim() == 2}
-    originals.pop("model.embed_tokens.weight")
     replaced = []
     for node in components["decode"].model.graph.all_nodes():
         if node.op_type != "MatMulNBits":
@@ -178,9 +192,78 @@ def test_int4_export_adds_no_error_beyond_its_weights(model: Any, newest: tuple[
         replaced.append(owners[0])
         with torch.no_grad():
             int4.get_parameter(owners[0]).copy_(torch.from_numpy(weight))
-    assert sorted(replaced) == sorted(originals), "every linear weight (the head too) is int4"
+    assert sorted(replaced) == sorted(originals), "every linear weight (the tied head and embedding too) is int4"
     ids, mask = _prompt()
     with torch.no_grad():
         expected = int4(input_ids=ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(prompt_logits(components, ids, mask)[real], expected[real], atol=1e-4, rtol=1e-4)
+
+
+def test_int4_artifact_stores_the_vocabulary_matrix_once_at_4_bits(newest: tuple[Any, Any], tmp_path: Any) -> None:
+    """The saved int4 artifact holds the tied [V, H] matrix once per graph, as 4-bit blocks and their float scales
+    (read by the head's MatMulNBits and the embedding's GatherBlockQuantized): no float copy of the embedding and no
+    second int4 copy for the head. Each graph's external data is within the int4 bytes of every weight (half a byte
+    a value, 4 bytes of scale per group of 32) and the float norms."""
+    import onnx
+
+    from hfexport.artifacts import save
+
+    components, _ = newest
+    save(components, tmp_path / "int4")
+    vocab, hidden = 256, 64
+    int4_bytes = vocab * hidden // 2 + vocab * hidden // 32 * 4
+    for name in ("prefill", "decode"):
+        path = tmp_path / "int4" / name / "model.onnx"
+        proto = onnx.load(str(path))
+        sizes = {i.name: len(i.raw_data) for i in proto.graph.initializer}
+        table = [i.name for i in proto.graph.initializer if vocab in i.dims]
+        assert sum(sizes[i] for i in table) == int4_bytes, [(i, sizes[i]) for i in table]
+        # Every weight at 4 bits: the table once, 2 layers of q, k, v, o (64x64, 64x32, 64x32, 64x64) and the MLP
+        # (3 x 64x128); the rest is small (norms, rotary tables): within 8 KB.
+        weights = vocab * hidden + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128)
+        on_disk = sum(f.stat().st_size for f in path.parent.iterdir())
+        del proto.graph.initializer[:]
+        graph = len(proto.SerializeToString())  # the nodes, names and metadata, without the weights
+        assert on_disk - graph <= weights * (0.5 + 4 / 32) + 8 * 1024, (on_disk, graph)
+
+
+def test_accuracy_level_reaches_every_matmul_nbits() -> None:
+    """`NNCFOnnxQuantizer(accuracy_level=...)` (default 4, int8 activations) sets the level on the MatMulNBits NNCF
+    wrote (opset <= 20) and records it on the model for `onnx/blocked-dequantize-matmul-nbits`, which writes the
+    others after the quantizer; an unknown level is refused when the quantizer is made."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from hfexport import ConfigError, NNCFOnnxQuantizer, NNCFWeightCompressionConfig
+    from hfexport.rewrites.kinds.onnx import apply_onnx_rule
+    from hfexport.rewrites.rules.onnx._quantized import ACCURACY_LEVEL_KEY
+    from hfexport.rewrites.rules.onnx.blocked_dequantize_matmul_nbits import blocked_dequantize_matmul_nbits
+    from hfexport.testing.harness import _parse
+
+    recipe = NNCFWeightCompressionConfig(mode="int4_sym", group_size=32)
+    assert NNCFOnnxQuantizer(recipe).accuracy_level == 4
+    assert NNCFOnnxQuantizer(recipe, accuracy_level=0).settings()["accuracy_level"] == 0
+    with pytest.raises(ConfigError, match="accuracy_level=5"):
+        NNCFOnnxQuantizer(recipe, accuracy_level=5)
+
+    def levels(model: Any) -> list[int]:
+        return [n.attributes["accuracy_level"].as_int() for n in model.graph.all_nodes() if n.op_type == "MatMulNBits"]
+
+    match = blocked_dequantize_matmul_nbits.meta.examples[0]
+    text, feeds = match.build()
+    outputs = {}
+    for level in (0, 4):
+        _, model = _parse(text)
+        NNCFOnnxQuantizer(recipe, accuracy_level=level)._set_accuracy_level(model)
+        assert model.metadata_props[ACCURACY_LEVEL_KEY] == str(level)
+        assert apply_onnx_rule(blocked_dequantize_matmul_nbits, model) == 1
+        assert levels(model) == [level]
+        # What NNCF writes at opset <= 20 is a MatMulNBits already: the quantizer sets its level.
+        NNCFOnnxQuantizer(recipe, accuracy_level=4 - level)._set_accuracy_level(model)
+        assert levels(model) == [4 - level]
+        session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+        outputs[level] = session.run(None, feeds)[0]
+    # int8 activations: the same product to about the int8 step of the activations.
+    error = np.abs(outputs[4] - outputs[0]).max() / np.abs(outputs[0]).max()
+    assert 0 < error < 0.05, error

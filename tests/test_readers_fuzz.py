@@ -930,7 +930,5 @@ def test_fuzz_the_cli_model_folder_probe_within_budget(examples: int, model_fold
 
     raw: dict[str, str] = {}
     one()
-    if raw:
-        # The probe (hfexport/cli/models.py, folder_inputs.py) lets transformers' and json's errors on malformed
-        # files through: the CLI then exits 3 ("export failed") instead of 2 with a one-line usage error.
-        pytest.xfail(f"the folder probe raises {len(raw)} kinds of raw exceptions: {raw}")
+    # A malformed file is a usage error (exit 2, one line), never a raw exception of transformers or json (exit 3).
+    assert not raw, f"the folder probe raised {len(raw)} kinds of raw exceptions: {raw}"

@@ -15,6 +15,7 @@ from hfexport.cli.folder_inputs import (
     NON_TEXT_TASKS,
     folder_sample_inputs,
     has_tokenizer,
+    reading_folder,
     text_inputs,
 )
 
@@ -125,8 +126,13 @@ def _folder_task(path: Path, task: str, trust_remote_code: bool = False) -> str:
     from transformers.models.auto import modeling_auto
 
     # Never transformers' default (None), which asks on stdin whether to run the folder's code.
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    architecture = (getattr(config, "architectures", None) or [""])[0]
+    with reading_folder(path, "config.json"):
+        config = transformers.AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    architectures = getattr(config, "architectures", None)
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else ""
+    architecture = architecture if isinstance(architecture, str) else ""  # config data: anything else names none
     if architecture.endswith("ForConditionalGeneration"):
         # Whisper and LLaVA are "ForConditionalGeneration" too: the Auto mappings say which kind it is.
         if type(config) in modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING:
@@ -287,13 +293,14 @@ def sample_inputs(
         )
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=trust_remote_code)
     batch = batch_size or 2
     texts = (["Hello, world!", "Export me"] * batch)[:batch]
     shape: dict[str, Any] = {"padding": True}
     if sequence_length:
         shape = {"padding": "max_length", "max_length": sequence_length, "truncation": True}
-    encoded = tokenizer(texts, return_tensors="pt", **shape)
+    with reading_folder(spec, "the tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=trust_remote_code)
+        encoded = tokenizer(texts, return_tensors="pt", **shape)
     return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
 
 

@@ -26,7 +26,7 @@ from hfexport.cli.models import (
 )
 from hfexport.cli.noise import quiet_third_party
 from hfexport.cli.report import cmd_report
-from hfexport.cli.rules import cmd_rules_list, cmd_rules_show
+from hfexport.cli.rules import cmd_rules_list, cmd_rules_show, cmd_rules_test, register_named_rules
 from hfexport.cli.scan import cmd_scan
 from hfexport.cli.sweep import LOCAL_RAY, cmd_sweep
 from hfexport.formats import FORMATS
@@ -50,6 +50,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _debug_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks (also HFEXPORT_DEBUG=1)")
+
+
+def _rules_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rules",
+        action="append",
+        metavar="NAME",
+        help="also use the rules of this module or hfexport.rules entry point (comma-separated; also HFEXPORT_RULES)",
+    )
 
 
 def _export_options(parser: argparse.ArgumentParser) -> None:
@@ -214,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     show = rules_sub.add_parser("show", help="a rule's metadata, examples and source diff")
     show.add_argument("id")
     show.set_defaults(func=cmd_rules_show)
+    test = rules_sub.add_parser("test", help="register a module of rules and check its examples in the real runtimes")
+    test.add_argument("module", help="a module that lists rules as RULES, or an hfexport.rules entry point")
+    test.add_argument("--all", action="store_true", help="every example on every backend, and each fix's need")
+    test.set_defaults(func=cmd_rules_test)
 
     scan = sub.add_parser("scan", help="find export-breaking patterns in transformers' modeling sources")
     scan.add_argument("--models", action="append", help="model types, comma-separated (default: every model)")
@@ -283,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", help="also write the rows and the ceiling as JSON to this file")
     bench.set_defaults(func=cmd_bench, backends=None, precisions=None)
-    for command in (export, audit, listing, show, scan, check, report, sweep, bench):
+    for command in (export, audit, listing, show, test, scan, check, report, sweep, bench):
         _debug_option(command)
+    for command in (export, audit, listing, show, sweep):
+        _rules_option(command)
     return parser
 
 
@@ -395,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         quiet_third_party(debug)
         _check_combinations(args)
+        register_named_rules(getattr(args, "rules", None))
         return args.func(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -1,30 +1,80 @@
-"""`hfexport rules list` and `hfexport rules show ID`: the registered rewrite rules."""
+"""`hfexport rules list`, `rules show ID` and `rules test MODULE`: the registered rewrite rules, and the checks of a
+module of rules from outside hfexport; `--rules NAME`, the option that registers such a module for one command."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import shutil
+from collections import Counter
+from typing import TYPE_CHECKING
 
-from hfexport.cli.exits import UsageError
+from hfexport.cli.exits import ExitCode, UsageError, one_line
+
+if TYPE_CHECKING:
+    from hfexport.rewrites.rule import Rule
+    from hfexport.testing.harness import ExampleCheck
+
+
+def register_named_rules(names: list[str] | None) -> None:
+    """`--rules NAME[,NAME]`: register each module of rules (an entry point or module name) for this command, and
+    name them in HFEXPORT_RULES for the processes it starts (the sweep's exports). A refused module is a usage
+    error: nothing ran yet."""
+    from hfexport.rewrites import external
+    from hfexport.rewrites.registry import default_registry, register_rules
+    from hfexport.rewrites.rule import RuleDefinitionError
+
+    wanted = [name.strip() for value in names or () for name in value.split(",") if name.strip()]
+    if external.requested():
+        # HFEXPORT_RULES is read when the registry is first built: refuse a bad name now, not halfway through.
+        try:
+            default_registry()
+        except RuleDefinitionError as exc:
+            raise UsageError(str(exc)) from None
+    for name in wanted:
+        try:
+            register_rules(name)
+        except RuleDefinitionError as exc:
+            raise UsageError(f"--rules {name}: {exc}") from None
+    known = external.requested()
+    added = [name for name in wanted if name not in known]
+    if added:
+        os.environ[external.ENVIRONMENT_VARIABLE] = ",".join([*known, *added])
 
 
 def cmd_rules_list(args: argparse.Namespace) -> int:
+    from hfexport.rewrites import external
     from hfexport.rewrites.engine import default_registry
+    from hfexport.rewrites.rule import BUILTIN_ORIGIN
 
-    rules = [r for r in default_registry().rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
-    rows = [("rule", "kind", "backends", "why")]
+    registry = default_registry()
+    rules = [r for r in registry.rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
+    # The origin column only when rules from outside hfexport are registered (every other row would say hfexport).
+    with_origin = any(rule.origin is not None for rule in rules)
+    rows = [("rule", "kind", "backends", *(("origin",) if with_origin else ()), "why")]
     for rule in rules:
         meta = rule.meta
         expires = f" [expires {meta.expires}]" if meta.expires else ""
-        rows.append((meta.id, meta.kind, ",".join(meta.backends), f"{meta.why}{expires}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        origin = ((rule.origin.module if rule.origin else BUILTIN_ORIGIN),) if with_origin else ()
+        rows.append((meta.id, meta.kind, ",".join(meta.backends), *origin, f"{meta.why}{expires}"))
+    columns = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
     # Aligned to the terminal: the `why` is cut to fit (`rules show ID` prints it whole).
     width = shutil.get_terminal_size((120, 24)).columns
     for row in rows:
-        line = "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        line = "  ".join(c.ljust(w) for c, w in zip(row[:columns], widths, strict=True)) + "  " + row[-1]
         print(line if len(line) <= width else line[: max(width - 1, 40)] + "…")
-    print(f"{len(rules)} rule(s); `hfexport rules show ID` prints one whole")
+    external_count = sum(rule.origin is not None for rule in rules)
+    from_outside = f", {external_count} from outside hfexport" if external_count else ""
+    print(f"{len(rules)} rule(s){from_outside}; `hfexport rules show ID` prints one whole")
+    # Installed rule packages are listed from their metadata only: their code runs once the user names them.
+    idle = [o for o in external.installed() if o.module not in registry.modules()]
+    for origin in idle:
+        print(
+            f"not enabled: {origin.entry_point} ({origin.module}, {origin.distribution} {origin.version}); "
+            f"use it with --rules {origin.entry_point} or {external.ENVIRONMENT_VARIABLE}={origin.entry_point}"
+        )
     return 0
 
 
@@ -56,6 +106,7 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
     location = rule_location(rule)
     upstream = meta.upstream_ref
     fields = [
+        ("origin", rule.origin_name),
         ("defined", str(location) if location else "-"),
         ("why", meta.why),
         ("upstream", meta.upstream or "-"),
@@ -72,7 +123,8 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
         from hfexport.versions import installed_version
 
         installed = installed_version(upstream.package) or "not installed"
-        fields.insert(3, ("", f"(written against {upstream.package} {upstream.version}; installed: {installed})"))
+        pinned = f"(written against {upstream.package} {upstream.version}; installed: {installed})"
+        fields.insert([name for name, _ in fields].index("upstream") + 1, ("", pinned))
     for name, value in fields:
         print(f"{name + ':' if name else '':10s} {value}")
     print("examples:")
@@ -88,3 +140,64 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
             print(f"{name}:")
             print(source.rstrip())
     return 0
+
+
+def cmd_rules_test(args: argparse.Namespace) -> int:
+    """Register a module of rules (the checks hfexport's own rules pass) and check its examples through the real
+    exporters and runtimes, as tests/rewrites/test_examples.py does for hfexport's: exit 0 when every check passes,
+    1 when one fails, 2 when the module is refused."""
+    from hfexport.rewrites.registry import register_rules
+    from hfexport.rewrites.rule import RuleDefinitionError
+    from hfexport.testing import harness
+
+    try:
+        rules = register_rules(args.module)
+    except RuleDefinitionError as exc:
+        raise UsageError(str(exc)) from None
+    if not rules:
+        raise UsageError(f"{args.module} lists no rules (RULES is empty)")
+    checks = [c for c in harness.example_checks(rules) if args.all or c.default_tier]
+    fixes = [r for r in rules if args.all and r.meta.kind == "fix"]
+    scope = "every example and backend, each fix's need" if args.all else "first Match and NoMatch per variant"
+    print(f"{rules[0].origin_name}: {len(rules)} rule(s), {len(checks) + len(fixes)} check(s) ({scope})")
+    statuses: Counter[str] = Counter()
+    for status, line in [*(_example_check(check) for check in checks), *(_fix_check(rule) for rule in fixes)]:
+        statuses[status] += 1
+        print(f"{status:6s} {line}")
+    print(", ".join(f"{n} {status}" for status, n in sorted(statuses.items())))
+    if not args.all:
+        print("`--all` also checks every other example and backend, and that each fix is needed")
+    return int(ExitCode.DIFFERS) if statuses["FAIL"] else int(ExitCode.OK)
+
+
+def _example_check(check: ExampleCheck) -> tuple[str, str]:
+    """(ok | xfail | FAIL, what was checked and found): one example on one backend; a declared known failure is a
+    strict expected failure (FAIL when it passes)."""
+    from hfexport.rewrites.examples import Match
+
+    example = check.example
+    what = f"{check.rule.id}  {type(example).__name__} {check.index} on {check.backend}"
+    described = f" ({example.description})" if example.description else ""
+    try:
+        hits = check.run()
+    except Exception as exc:  # reported, and the next check runs
+        if check.known_failure is not None:
+            return "xfail", f"{what}: {check.known_failure}"
+        return "FAIL", f"{what}{described}: {one_line(exc)}"
+    if check.known_failure is not None:
+        return "FAIL", f"{what}: passes, but is declared known_failure ({check.known_failure}): remove the entry"
+    found = f"{hits} hit(s)" if isinstance(example, Match) else "no hit, same export as without the rule"
+    return "ok", f"{what}: {found}{described}"
+
+
+def _fix_check(rule: Rule) -> tuple[str, str]:
+    """(ok | skip | FAIL, what was found): a Match example of the fix fails without it (or `RuleMeta.needed`)."""
+    from hfexport.testing.harness import check_fix_needed
+
+    if rule.meta.needed:
+        return "skip", f"{rule.id}  needed: {rule.meta.needed}"
+    try:
+        proof = check_fix_needed(rule)
+    except Exception as exc:  # reported, and the next check runs
+        return "FAIL", f"{rule.id}  needed: {one_line(exc)}"
+    return "ok", f"{rule.id}  needed: without it, {proof.example.description!r} on {proof.backend}: {proof.how}"

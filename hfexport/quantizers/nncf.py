@@ -306,13 +306,39 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
     """NNCF on the ONNX model after lowering. Int4 weight compression becomes ONNX Runtime's `MatMulNBits` at
     opset <= 20 and blocked `DequantizeLinear` at opset 21 and up, which the rule `onnx/blocked-dequantize-matmul-
     nbits` turns into the same `MatMulNBits` (so weight compression exports at the newest opset, with its fusions;
-    a low-memory export at 20)."""
+    a low-memory export at 20).
+
+    accuracy_level: the `MatMulNBits` `accuracy_level` of the int4 weights (weight compression only): 4 (the
+        default, as onnxruntime-genai's builder) quantizes the activations to int8 per block and runs integer
+        products; 0 computes in float (each block dequantized, float products); 1 to 3 ask for fp32 / fp16 / bf16
+        compute, which ONNX Runtime's CPU kernels run as 0. On a trained model both give the same accuracy, and 4 is
+        faster on the CPU (docs/quantization.md, "MatMulNBits accuracy level").
+    """
+
+    ACCURACY_LEVELS: ClassVar[tuple[int, ...]] = (0, 1, 2, 3, 4)
 
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.ONNX,)
     required_packages: ClassVar[tuple[str, ...]] = ("nncf", "onnx", "onnx-ir")
     # NNCF reads a tied head's weight under its Transpose's output name and fails ("There is no tensor with the
     # name val_..."): the rule gives that MatMul a transposed initializer of its own.
     enabled_rules: ClassVar[tuple[str, ...]] = ("onnx/fold-shared-weight-transpose",)
+
+    def __init__(
+        self,
+        config: NNCFConfig | None = None,
+        calibration_dataset: Iterable[Mapping[str, Any]] | None = None,
+        accuracy_level: int = 4,
+    ) -> None:
+        super().__init__(config, calibration_dataset)
+        if accuracy_level not in self.ACCURACY_LEVELS:
+            raise ConfigError(f"accuracy_level={accuracy_level!r}: MatMulNBits takes one of {self.ACCURACY_LEVELS}")
+        self.accuracy_level = accuracy_level
+
+    def settings(self) -> dict[str, Any]:
+        settings = super().settings()
+        if self.weight_only:
+            settings["accuracy_level"] = self.accuracy_level
+        return settings
 
     def newest_onnx_opset(self, config: Any = None) -> int | None:
         # int8 activations: the newest opset ONNX Runtime loads NNCF's QDQ graph at. Weight compression: any (the
@@ -348,13 +374,31 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
         if STREAMED_KEY in model.metadata_props:  # a low-memory export: its weights are lazy, never all read
             from hfexport.lowerings.quantize_streaming import compress_streamed_onnx
 
-            return compress_streamed_onnx(model, self._compress_external)
-        from hfexport.quantizers.scopes import onnx_nodes_in
+            quantized = compress_streamed_onnx(model, self._compress_external)
+        else:
+            from hfexport.quantizers.scopes import onnx_nodes_in
 
-        names = [value.name for value in model.graph.inputs]
-        kept = onnx_nodes_in(model, self.keep_float) if self.keep_float else None
-        proto = ir.to_proto(model)
-        return self._run(proto, sample_inputs, lambda sample: onnx_feed(names, traced_inputs(sample)), kept)
+            names = [value.name for value in model.graph.inputs]
+            kept = onnx_nodes_in(model, self.keep_float) if self.keep_float else None
+            proto = ir.to_proto(model)
+            quantized = ir.from_proto(
+                self._run(proto, sample_inputs, lambda s: onnx_feed(names, traced_inputs(s)), kept)
+            )
+        if self.weight_only:
+            self._set_accuracy_level(quantized)
+        return quantized
+
+    def _set_accuracy_level(self, model: Any) -> None:
+        """The accuracy level on the `MatMulNBits` NNCF wrote (opset <= 20: it writes 0) and, for the rules that write
+        the others after the quantizer (`onnx/blocked-dequantize-matmul-nbits`), on the model."""
+        import onnx_ir as ir
+
+        from hfexport.rewrites.rules.onnx._quantized import ACCURACY_LEVEL_KEY
+
+        model.metadata_props[ACCURACY_LEVEL_KEY] = str(self.accuracy_level)
+        for node in model.graph.all_nodes():
+            if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+                node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", self.accuracy_level)
 
     def _compress_external(self, proto: Any, external_data_dir: str) -> Any:
         """Data-free weight compression of `proto`, whose weights are external data in `external_data_dir`."""

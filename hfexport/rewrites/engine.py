@@ -51,9 +51,14 @@ class RuleOutcome:
     # Why the rule left sites alone that its pattern matched: each reason its check (or replacement) gave,
     # with how often. A rule that "matched nothing" often matched and declined; this says why.
     declined: dict[str, int] = field(default_factory=dict)
+    # For a rule from outside hfexport, the module (and distribution) it came from (`Rule.origin`); "" for hfexport's.
+    origin: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason", "declined")}
+        data = {k: getattr(self, k) for k in ("id", "stage", "kind", "hits", "status", "reason", "declined")}
+        if self.origin:
+            data["origin"] = self.origin
+        return data
 
 
 # Who hears stage changes of the exports started in this context (the CLI's progress display).
@@ -178,7 +183,8 @@ class RewriteContext:
 
     def _outcome(self, rule: Rule) -> RuleOutcome:
         if rule.id not in self.outcomes:
-            self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind)
+            origin = str(rule.origin) if rule.origin is not None else ""
+            self.outcomes[rule.id] = RuleOutcome(rule.id, rule.stage, rule.meta.kind, origin=origin)
         return self.outcomes[rule.id]
 
     def decline(self, rule_id: str, reason: str, count: int = 1) -> None:

@@ -1,7 +1,9 @@
 """Explicit registration: each stage package exposes `RULES`, an ordered list; this module loads them.
 
 Order matters within a stage (a later rule sees what an earlier one produced) and is reviewed in diffs.
-Adding a stage means adding its package here.
+Adding a stage means adding its package here. Rules from outside hfexport join through `register_rules(module)`
+(or the HFEXPORT_RULES names, read when the default registry is built), after hfexport's own rules of their stage,
+checked as hfexport's own are (`RuleRegistry.register_module`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import ModuleType
 from typing import Any
 
+from hfexport.rewrites import external
 from hfexport.rewrites.examples import Match, NoMatch
-from hfexport.rewrites.rule import STAGES, Rule, RuleDefinitionError, RuleSelection
+from hfexport.rewrites.rule import STAGES, Rule, RuleDefinitionError, RuleOrigin, RuleSelection
 
 STAGE_PACKAGES: dict[str, str] = {
     "patch": "hfexport.rewrites.rules.patch",
@@ -32,15 +36,16 @@ class RuleRegistry:
         self._by_stage: dict[str, list[Rule]] = {stage: [] for stage in STAGES}
         self._by_id: dict[str, Rule] = {}
         self._aliases: dict[str, str] = {}  # former id -> the id of the rule that took it over
+        self._modules: dict[str, RuleOrigin] = {}  # modules of rules from outside hfexport, registered so far
 
     def register(self, rule: Rule) -> Rule:
         if not isinstance(rule, Rule):
             raise RuleDefinitionError(f"not a rule: {rule!r}")
         if rule.id in self._by_id or rule.id in self._aliases:
-            raise RuleDefinitionError(f"duplicate rule id {rule.id!r}")
+            raise RuleDefinitionError(f"duplicate rule id {rule.id!r}: {self._holder(rule.id)}")
         for alias in rule.meta.aliases:
             if alias in self._by_id or alias in self._aliases:
-                raise RuleDefinitionError(f"rule {rule.id}: alias {alias!r} is already a rule id or alias")
+                raise RuleDefinitionError(f"rule {rule.id}: alias {alias!r} is already taken: {self._holder(alias)}")
         examples = rule.meta.examples
         if not any(isinstance(e, Match) for e in examples) or not any(isinstance(e, NoMatch) for e in examples):
             raise RuleDefinitionError(f"rule {rule.id} needs at least one Match and one NoMatch example")
@@ -48,6 +53,36 @@ class RuleRegistry:
         self._by_id[rule.id] = rule
         self._aliases.update(dict.fromkeys(rule.meta.aliases, rule.id))
         return rule
+
+    def _holder(self, rule_id: str) -> str:
+        """Who has `rule_id` already, in words (for a refused registration)."""
+        if rule_id in self._aliases:
+            owner = self._by_id[self._aliases[rule_id]]
+            return f"it is a former id of {owner.id} ({owner.origin_name}); pick another name"
+        return f"{self._by_id[rule_id].origin_name} has a rule of this id; pick another name"
+
+    def register_module(self, rules: list[Rule], origin: RuleOrigin) -> None:
+        """Register the rules of a module from outside hfexport, all or none: each is checked as hfexport's own
+        are (two example kinds, an id and former ids no other rule has, requirements that are registered), and
+        joins the end of its stage. Raises `RuleDefinitionError` naming the module."""
+        trial = RuleRegistry()
+        try:
+            for rule in rules:
+                if rule.origin is not None and rule.origin.module != origin.module:
+                    raise RuleDefinitionError(f"rule {rule.id} is listed by {rule.origin.module} already")
+            for rule in (*self.rules(), *rules):
+                trial.register(rule)
+            trial.check_requirements()
+        except RuleDefinitionError as exc:
+            raise RuleDefinitionError(f"{origin.module}: {exc}") from None
+        for rule in rules:
+            self.register(rule)
+            rule.origin = origin
+        self._modules[origin.module] = origin
+
+    def modules(self) -> dict[str, RuleOrigin]:
+        """The modules of rules from outside hfexport registered here, by module name."""
+        return dict(self._modules)
 
     def check_requirements(self) -> None:
         """Every `requires` names a registered rule (called once the registry is complete)."""
@@ -138,6 +173,25 @@ def build_registry() -> RuleRegistry:
     return registry
 
 
+def register_rules(module: str | ModuleType, registry: RuleRegistry | None = None) -> list[Rule]:
+    """Register the rules of a module from outside hfexport (default: in the process-wide registry) and return them.
+
+    `module` is a module, a module name, or the name of an installed `hfexport.rules` entry point. The module lists
+    its rules, in order, as `RULES`; rule `<stage>/<name>` is the object `<name>` (dashes as underscores) in the
+    module or in its submodule `<name>` (`load_rules(__name__, [ids])` builds such a list). Each rule must pass the
+    checks hfexport's own pass, and take an id no other rule has (hfexport's own ids included): a refused module
+    registers nothing and raises `RuleDefinitionError` saying why. Registering a module again returns its rules.
+    """
+    registry = registry if registry is not None else default_registry()
+    origin = external.resolve(module) if isinstance(module, str) else external.origin_of(module)
+    if origin.module in registry.modules():
+        return [r for r in registry.rules() if r.origin is not None and r.origin.module == origin.module]
+    imported = module if isinstance(module, ModuleType) else external.import_rules_module(origin)
+    rules = external.listed_rules(imported, known=registry.rules())
+    registry.register_module(rules, origin)
+    return rules
+
+
 _DEFAULT: RuleRegistry | None = None
 # A registry that stands in for the default one in this context (the example harness checks a rule that is
 # not registered, or a changed copy of one, through the real exporters).
@@ -155,11 +209,18 @@ def using_registry(registry: RuleRegistry) -> Iterator[None]:
 
 
 def default_registry() -> RuleRegistry:
-    """The process-wide registry, filled on first use from the ordered `RULES` lists of the stage packages."""
+    """The process-wide registry, filled on first use from the ordered `RULES` lists of the stage packages, then
+    the modules HFEXPORT_RULES names (rules from outside hfexport, in that order)."""
     global _DEFAULT
     override = _OVERRIDE.get()
     if override is not None:
         return override
     if _DEFAULT is None:
-        _DEFAULT = build_registry()
+        registry = build_registry()
+        for name in external.requested():
+            try:
+                register_rules(name, registry)
+            except RuleDefinitionError as exc:
+                raise RuleDefinitionError(f"{external.ENVIRONMENT_VARIABLE} names {name!r}: {exc}") from None
+        _DEFAULT = registry
     return _DEFAULT

@@ -272,6 +272,24 @@ def for_backend(value: Any, backend: str) -> Any:
     return value.get(backend) if isinstance(value, PerBackend) else value
 
 
+@dataclass(frozen=True)
+class RuleOrigin:
+    """Where a rule from outside hfexport comes from: the module that lists it in `RULES` (`register_rules`), and the
+    installed distribution that declares that module as an `hfexport.rules` entry point, when one does. A rule of
+    hfexport itself has no origin (`Rule.origin` is None)."""
+
+    module: str
+    entry_point: str = ""  # the entry point's name, what `--rules` and HFEXPORT_RULES may name instead of the module
+    distribution: str = ""
+    version: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.module} ({self.distribution} {self.version})" if self.distribution else self.module
+
+
+BUILTIN_ORIGIN = "hfexport"  # how listings name the origin of hfexport's own rules
+
+
 @dataclass
 class Applied:
     """What applying one rule to its target did: the sites it changed (`hits`), why it left matched sites alone
@@ -292,6 +310,8 @@ class Rule:
     meta: RuleMeta
     stages: ClassVar[tuple[str, ...]] = ()
     phase: str = field(init=False, default="")
+    # Set when the rule is registered from a module outside hfexport (`register_rules`); None for hfexport's own.
+    origin: RuleOrigin | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.meta.stage not in self.stages:
@@ -328,6 +348,11 @@ class Rule:
     @property
     def stage(self) -> str:
         return self.meta.stage
+
+    @property
+    def origin_name(self) -> str:
+        """Where the rule comes from, for listings: `hfexport`, or the module (and distribution) that registered it."""
+        return BUILTIN_ORIGIN if self.origin is None else str(self.origin)
 
     def applies_to(self, backend: str) -> bool:
         return backend in self.meta.backends

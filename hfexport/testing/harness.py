@@ -30,7 +30,7 @@ import dataclasses
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from hfexport.errors import HfExportError
 from hfexport.report import ExportReport
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RuleOutcome, RuleRegistry
-from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs
+from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs, known_failure
 from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
@@ -477,12 +477,14 @@ class FixProof:
 
 
 def check_fix_needed(rule: Rule, backends: tuple[str, ...] | None = None) -> FixProof:
-    """Some Match example of the fix `rule` fails without it on one of `backends` (default: the rule's).
+    """Some Match example of the fix `rule` fails without it on one of `backends` (default: the rule's, ExecuTorch
+    last: the slowest lowering, tried only where no other backend shows the need).
 
     Tries the Match examples in order and each on the backends in order, and stops at the first failure.
     Raises `ExampleFailure` when every one works without the rule.
     """
-    backends = tuple(b for b in (backends or rule.meta.backends) if b in rule.meta.backends)
+    default = sorted(rule.meta.backends, key=lambda b: b == "executorch")
+    backends = tuple(b for b in (backends or default) if b in rule.meta.backends)
     tried = []
     for example in rule.meta.examples:
         if not isinstance(example, Match):
@@ -520,6 +522,64 @@ def check_example(rule: Rule, example: Example, backends: tuple[str, ...] | None
         else:
             check_no_match(rule, example, backend)
     return hits
+
+
+# -- what a test run checks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ExampleCheck:
+    """One example of a rule on one backend, as a test run checks it (tests/rewrites/test_examples.py for hfexport's
+    rules, `hfexport rules test MODULE` for a module of rules from outside)."""
+
+    rule: Rule
+    index: int  # the example's place in `rule.meta.examples`
+    backend: str
+    # In the default test tier (else checked only under `pytest -m slow`, or by `hfexport rules test --all`).
+    default_tier: bool
+
+    @property
+    def example(self) -> Example:
+        return self.rule.meta.examples[self.index]
+
+    @property
+    def id(self) -> str:
+        kind = "match" if isinstance(self.example, Match) else "nomatch"
+        return f"{self.rule.id}[{kind}{self.index}-{self.backend}]"
+
+    @property
+    def known_failure(self) -> str | None:
+        """Why the example is declared to fail on this backend (a strict expected failure), or None."""
+        return known_failure(self.example, self.backend)
+
+    def run(self) -> int:
+        """Check the example; return the hits of a Match (0 for a NoMatch). Raises `ExampleFailure`."""
+        if isinstance(self.example, Match):
+            return check_match(self.rule, self.example, self.backend).hits
+        check_no_match(self.rule, self.example, self.backend)
+        return 0
+
+
+def _default_tier(rule: Rule, example: Example, backend: str) -> bool:
+    """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
+    rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
+    the lowering for a backend rule), unless the example is marked `slow`."""
+    variant = next(v for v in rule.variants() if backend in v)
+    if example.slow or backend != variant[0]:
+        return False
+    on_backend = (e for e in rule.meta.examples if backend in example_backends(rule, e))
+    return next(e for e in on_backend if type(e) is type(example)) is example
+
+
+def example_checks(rules: Iterable[Rule]) -> list[ExampleCheck]:
+    """Every example of `rules` on every backend it is checked on (`example_backends`), in order, each marked
+    whether the default tier checks it."""
+    return [
+        ExampleCheck(rule, index, backend, _default_tier(rule, example, backend))
+        for rule in rules
+        for index, example in enumerate(rule.meta.examples)
+        for backend in example_backends(rule, example)
+    ]
 
 
 # -- ONNX text examples --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pkgutil
 import pytest
 
 from hfexport.rewrites.engine import default_registry
-from hfexport.rewrites.examples import Match, NoMatch, known_failure
+from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.registry import STAGE_PACKAGES
 from hfexport.rewrites.rule import _ID_RE, STAGES, Rule
 from hfexport.testing import harness
@@ -28,37 +28,20 @@ REGISTRY = default_registry()
 RULES = REGISTRY.rules()
 
 
-def _default_tier(rule: Rule, example: Match | NoMatch, backend: str) -> bool:
-    """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
-    rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
-    the lowering for a backend rule), unless the example is marked `slow`; the rest is `slow`."""
-    variant = next(v for v in rule.variants() if backend in v)
-    if example.slow or backend != variant[0]:
-        return False
-    on_backend = (e for e in rule.meta.examples if backend in harness.example_backends(rule, e))
-    return next(e for e in on_backend if type(e) is type(example)) is example
-
-
 def _example_params() -> list:
     params = []
-    for rule in RULES:
-        for i, example in enumerate(rule.meta.examples):
-            kind = "match" if isinstance(example, Match) else "nomatch"
-            for backend in harness.example_backends(rule, example):
-                marks = [] if _default_tier(rule, example, backend) else [pytest.mark.slow]
-                failure = known_failure(example, backend)
-                if failure is not None:
-                    marks.append(pytest.mark.xfail(reason=failure, strict=True))
-                params.append(pytest.param(rule, example, backend, id=f"{rule.id}[{kind}{i}-{backend}]", marks=marks))
+    for check in harness.example_checks(RULES):
+        marks = [] if check.default_tier else [pytest.mark.slow]
+        if check.known_failure is not None:
+            marks.append(pytest.mark.xfail(reason=check.known_failure, strict=True))
+        params.append(pytest.param(check, id=check.id, marks=marks))
     return params
 
 
-@pytest.mark.parametrize(("rule", "example", "backend"), _example_params())
-def test_rule_example(rule: Rule, example: Match | NoMatch, backend: str) -> None:
-    if isinstance(example, Match):
-        assert harness.check_match(rule, example, backend).hits > 0
-    else:
-        harness.check_no_match(rule, example, backend)
+@pytest.mark.parametrize("check", _example_params())
+def test_rule_example(check: harness.ExampleCheck) -> None:
+    hits = check.run()
+    assert hits > 0 or isinstance(check.example, NoMatch)
 
 
 def _fix_params() -> list:
@@ -77,10 +60,7 @@ def _fix_params() -> list:
 @pytest.mark.parametrize("rule", _fix_params())
 def test_fix_is_needed(rule: Rule) -> None:
     """Some Match example of the fix fails (raises, or differs from eager) with the rule disabled."""
-    # ExecuTorch last: the slowest lowering, and tried only where no other backend shows the need.
-    order = sorted(rule.meta.backends, key=lambda b: b == "executorch")
-    proof = harness.check_fix_needed(rule, tuple(order))
-    assert proof.how
+    assert harness.check_fix_needed(rule).how
 
 
 def test_registry_ids_are_unique_and_well_formed() -> None:

@@ -209,6 +209,7 @@ _SHARED_TEST_FILES = {
     "test_openvino_cache_copies.py": "the two OpenVINO rules that take cache copies out of a decode step",
     "test_patch_chunk_length.py": "the BigBird and DeepSeek-V4 window-buffer patches' replacements against eager",
     "test_patch_seq2seq_rules.py": "the seq2seq patches (LongT5, NLLB-MoE, Moonshine) without their rule",
+    "test_external_rules.py": "rules from outside hfexport: register_rules, the entry point, --rules, rules test",
 }
 
 

@@ -33,6 +33,10 @@ RULES: list[Rule] = load_rules(
         "onnx/dequantized-gather-rows",
         # NNCF's int4 weights in groups at opset >= 21 (DequantizeLinear + MatMul) as its opset-20 MatMulNBits.
         "onnx/blocked-dequantize-matmul-nbits",
+        # NNCF's int4 embedding table (all_layers) as GatherBlockQuantized; then a tied head's identical MatMulNBits
+        # blocks and the table are one copy.
+        "onnx/blocked-dequantize-gather",
+        "onnx/tied-int4-table-once",
         # Opt-in (OnnxRuntimeQuantizer): attention-as-matmul once the tool has quantized the weights' MatMuls.
         "onnx/quantized-attention-as-matmul",
     ],

@@ -14,7 +14,9 @@ export's `accuracy_level=0`).
 The rule writes the `MatMulNBits` NNCF writes below opset 21 itself: the same int4 values repacked into its
 layout (B: [N, blocks, g/2] bytes, two values a byte, the lower k in the low nibble; scales [N, blocks]; zero
 points two blocks a byte; symmetric INT4 values stored +8 with the op's default zero point 8), `accuracy_level=0`
-(dequantize in float, float accumulation). Dequantizing `(q - zero_point) * scale` per block is what
+(dequantize in float, float accumulation) unless the export's quantizer recorded another level on the model
+(`NNCFOnnxQuantizer(accuracy_level=4)`: activations quantized to int8 per block, as ONNX Runtime's own fusion and
+onnxruntime-genai's builder do). Dequantizing `(q - zero_point) * scale` per block is what
 `DequantizeLinear` is defined by, so the product is the same up to the order of the float sums. A K that is not a
 multiple of the group is padded with zeros in the last block (the op reads K values of it).
 """
@@ -26,42 +28,16 @@ from typing import Any
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-
-
-def _int_attribute(node: Any, name: str, default: int) -> int:
-    attribute = node.attributes.get(name)
-    return default if attribute is None else int(attribute.as_int())
-
-
-def _nibbles(values: Any) -> Any:
-    """Pairs of 4-bit values along the last axis (even length) as bytes, the first of each pair in the low nibble."""
-    import numpy as np
-
-    values = values.astype(np.uint8)
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
-
-
-def pack_matmul_nbits(quantized: Any, scale: Any, zero_point: Any, block: int) -> tuple[Any, Any, Any]:
-    """(B, scales, zero_points) of `MatMulNBits` for `DequantizeLinear(quantized, scale, zero_point, axis=0,
-    block_size=block)`: `quantized` int [K, N] (int4 or uint4 values), `scale` [blocks, N], `zero_point` None
-    (symmetric int4) or [blocks, N] uint4 values."""
-    import numpy as np
-
-    k, n = quantized.shape
-    blocks = scale.shape[0]
-    # Symmetric int4 in [-8, 7] is the unsigned value minus the op's default zero point 8.
-    values = quantized.astype(np.int16) + (8 if zero_point is None else 0)
-    padded = np.zeros((blocks * block, n), dtype=np.int16)
-    padded[:k] = values
-    b = _nibbles(padded.T.reshape(n, blocks, block))
-    scales = np.ascontiguousarray(scale.T)
-    zeros = None
-    if zero_point is not None:
-        rows = zero_point.T.astype(np.int16)
-        if blocks % 2:
-            rows = np.concatenate([rows, np.zeros((n, 1), dtype=np.int16)], axis=1)
-        zeros = _nibbles(rows)
-    return b, scales, zeros
+from hfexport.rewrites.rules.onnx._quantized import (
+    accuracy_level,
+    dequantize_inputs,
+    initializer_maker,
+    int4_literal,
+    int4_parts_failure,
+    int4_weight_failure,
+    int_attribute,
+    pack_matmul_nbits,
+)
 
 
 def _rule() -> Any:
@@ -69,13 +45,13 @@ def _rule() -> Any:
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
 
-    int4 = (ir.DataType.INT4, ir.DataType.UINT4)
-
     def constant(value: Any) -> Any:
         """The tensor of an initializer or a Constant node's output, else None."""
         return ir.convenience.get_const_tensor(value)
 
     class BlockedDequantizeMatMulNBits(pattern.RewriteRuleClassBase):
+        accuracy_level = 0
+
         def pattern(self, op: Any, a: Any, quantized: Any) -> Any:
             weight = op.DequantizeLinear(
                 quantized, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["weight"]
@@ -85,47 +61,27 @@ def _rule() -> Any:
         def check(self, context: Any, a: Any, quantized: Any, weight: Any, **_: Any) -> Any:
             result = pattern.MatchResult()
             dequantize = weight.producer()
-            if quantized.dtype not in int4 or quantized.shape is None or quantized.shape.rank() != 2:
-                return result.fail("not a rank-2 int4 / uint4 weight", quantized)
-            if not quantized.shape.is_static():
-                return result.fail("the weight's shape is not static", quantized)
-            block = _int_attribute(dequantize, "block_size", 0)
-            if block < 16 or block & (block - 1):
-                return result.fail("not blocked in a power of two of at least 16 (MatMulNBits' block_size)", weight)
-            if _int_attribute(dequantize, "axis", 1) not in (0, -2):
+            scale, zero_point, block = dequantize_inputs(dequantize)
+            failure = int4_weight_failure(quantized, block, "weight")
+            if failure:
+                return result.fail(failure, quantized)
+            if int_attribute(dequantize, "axis", 1) not in (0, -2):
                 return result.fail("blocks along the columns (axis 1), not along K", weight)
-            scale = dequantize.inputs[1]
-            zero_point = dequantize.inputs[2] if len(dequantize.inputs) > 2 else None
             k, n = quantized.shape
-            blocks = -(-k // block)
-            for value, what in ((quantized, "weight"), (scale, "scale"), (zero_point, "zero point")):
-                if value is None:
-                    continue
-                tensor = constant(value)
-                if tensor is None:
-                    return result.fail(f"the {what} is not a constant", value)
-                if isinstance(tensor, ir.LazyTensor):
-                    # A low-memory export writes NNCF's own layout of the streamed weight when it saves
-                    # (quantize_streaming) and checks those bytes against the checkpoint.
-                    return result.fail(f"the {what} is streamed (computed when saved)", value)
-            if scale.dtype != ir.DataType.FLOAT or a.dtype != ir.DataType.FLOAT:
-                return result.fail("not float32 activations and scales", scale)
-            if scale.shape is None or tuple(scale.shape) != (blocks, n):
-                return result.fail("the scales are not [blocks, N]", scale)
-            if (zero_point is None) != (quantized.dtype == ir.DataType.INT4):
-                return result.fail("not int4 without a zero point or uint4 with one", quantized)
-            zero_shape = None if zero_point is None or zero_point.shape is None else tuple(zero_point.shape)
-            if zero_point is not None and (zero_point.dtype != ir.DataType.UINT4 or zero_shape != (blocks, n)):
-                return result.fail("the zero points are not uint4 [blocks, N]", zero_point)
+            failure = int4_parts_failure(quantized, scale, zero_point, (-(-k // block), n))
+            if failure:
+                return result.fail(failure, weight)
+            if a.dtype != ir.DataType.FLOAT:
+                return result.fail("not float32 activations", a)
             if a.shape is None or a.shape.rank() < 2:
                 return result.fail("activations of unknown rank or rank 1", a)
+            # What the export's quantizer asked the op to compute in (0 unless it says; read here, where the model
+            # is at hand, for the rewrite that follows).
+            self.accuracy_level = accuracy_level(context.model)
             return result
 
         def rewrite(self, op: Any, a: Any, quantized: Any, weight: Any, **_: Any) -> Any:
-            dequantize = weight.producer()
-            scale = dequantize.inputs[1]
-            zero_point = dequantize.inputs[2] if len(dequantize.inputs) > 2 else None
-            block = _int_attribute(dequantize, "block_size", 0)
+            scale, zero_point, block = dequantize_inputs(weight.producer())
             k, n = quantized.shape
             b, scales, zeros = pack_matmul_nbits(
                 constant(quantized).numpy().astype(np.int16),
@@ -133,20 +89,12 @@ def _rule() -> Any:
                 None if zero_point is None else constant(zero_point).numpy().astype(np.int16),
                 block,
             )
-            graph = quantized.graph
-            taken = set(graph.initializers) if graph is not None else set()
-
-            def initializer(array: Any, name: str) -> Any:
-                while name in taken:
-                    name += "_"
-                taken.add(name)
-                return op.initializer(ir.tensor(array, name=name), name=name)
-
+            initializer = initializer_maker(op, quantized.graph)
             inputs = [a, initializer(b, f"{quantized.name}.nbits"), initializer(scales, f"{scale.name}.nbits")]
             if zeros is not None:
                 inputs.append(initializer(zeros, f"{zero_point.name}.nbits"))
             return op.MatMulNBits(
-                *inputs, K=k, N=n, bits=4, block_size=block, accuracy_level=0, _domain="com.microsoft"
+                *inputs, K=k, N=n, bits=4, block_size=block, accuracy_level=self.accuracy_level, _domain="com.microsoft"
             )
 
     return BlockedDequantizeMatMulNBits.rule()
@@ -179,12 +127,12 @@ def _model(k: int, n: int, block: int, signed: bool, axis: int = 0) -> str:
     blocks = len(scales)
     kind = "int4" if signed else "uint4"
     constants = {
-        "q": f"{kind}[{k},{n}] {{{_flat(values)}}}",
+        "q": f"{kind}[{k},{n}] {{{int4_literal(values)}}}",
         "scale": f"float[{blocks},{len(scales[0])}] {{{_flat(scales)}}}",
     }
     inputs = "q, scale"
     if not signed:
-        constants["zero"] = f"uint4[{blocks},{n}] {{{_flat(zeros)}}}"
+        constants["zero"] = f"uint4[{blocks},{n}] {{{int4_literal(zeros)}}}"
         inputs += ", zero"
     declared = ", ".join(f"{value.split(' {')[0]} {name}" for name, value in constants.items())
     nodes = "\n".join(f"  {name} = Constant <value = {value}> ()" for name, value in constants.items())

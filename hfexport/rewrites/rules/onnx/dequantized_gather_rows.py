@@ -20,11 +20,7 @@ from typing import Any
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
-
-
-def _int_attribute(node: Any, name: str, default: int) -> int:
-    attribute = node.attributes.get(name)
-    return default if attribute is None else int(attribute.as_int())
+from hfexport.rewrites.rules.onnx._quantized import gather_of_dequantized, int_attribute
 
 
 def _rule() -> Any:
@@ -37,21 +33,18 @@ def _rule() -> Any:
         """`Gather(DequantizeLinear(q, s[, zp], axis=0), indices, axis=0)` on a rank-2 table with one scale per row."""
 
         def pattern(self, op: Any, quantized: Any, indices: Any) -> Any:
-            table = op.DequantizeLinear(
-                quantized, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["table"]
-            )
-            return op.Gather(table, indices, _allow_other_attributes=True, _outputs=["rows"])
+            return gather_of_dequantized(op, quantized, indices)
 
         def check(self, context: Any, quantized: Any, indices: Any, table: Any, rows: Any, **_: Any) -> Any:
             result = pattern.MatchResult()
             dequantize, gather = table.producer(), rows.producer()
-            if _int_attribute(gather, "axis", 0) != 0:
+            if int_attribute(gather, "axis", 0) != 0:
                 return result.fail("a Gather along another axis than the rows", gather)
             if quantized.dtype not in integer_tables or quantized.shape is None or quantized.shape.rank() != 2:
                 return result.fail("not a rank-2 int8 / uint8 table", quantized)
-            if _int_attribute(dequantize, "block_size", 0) != 0:
+            if int_attribute(dequantize, "block_size", 0) != 0:
                 return result.fail("a blocked DequantizeLinear (several scales per row)", dequantize)
-            if _int_attribute(dequantize, "axis", 1) not in (0, -2):
+            if int_attribute(dequantize, "axis", 1) not in (0, -2):
                 return result.fail("scales along the columns, not one per row", dequantize)
             scale = dequantize.inputs[1]
             if scale is None or scale.dtype != ir.DataType.FLOAT or scale.shape is None or scale.shape.rank() != 1:
