@@ -38,6 +38,8 @@ class CacheContextError(ValueError):
 
 # The only modules a context may make us import: transformers' cache module and its models' modeling modules.
 _IMPORTABLE = re.compile(r"^transformers\.(cache_utils|models\.\w+\.modeling_\w+)$")
+# ... and, for a config a cache holds (xLSTM's `xLSTMCache.config`), its models' configuration modules.
+_CONFIG_MODULE = re.compile(r"^transformers\.models\.\w+\.configuration_\w+$")
 
 
 @functools.cache
@@ -98,6 +100,30 @@ def _resolve_class(path: str) -> type:
     ):
         raise CacheContextError(f"a cache context names {path!r}, which is not a transformers cache class")
     return obj
+
+
+@functools.lru_cache(maxsize=256)
+def _resolve_config_class(path: str) -> type:
+    """The config class a context names (a cache that holds its model's config: xLSTM's `xLSTMCache`), only if it
+    is a `PretrainedConfig` subclass that a configuration module of the installed transformers defines."""
+    from transformers import PretrainedConfig
+
+    module_name, _, qualname = path.partition(":")
+    if not _CONFIG_MODULE.match(module_name) or not qualname.isidentifier():
+        raise CacheContextError(f"a cache context names {path!r}, which is not a transformers config class")
+    if module_name not in sys.modules:
+        if not _in_transformers(module_name):
+            raise CacheContextError(f"a cache context names {path!r}, which is not a transformers config class")
+        importlib.import_module(module_name)
+    obj = getattr(sys.modules[module_name], qualname, None)
+    if not isinstance(obj, type) or not issubclass(obj, PretrainedConfig) or _class_path(obj) != path:
+        raise CacheContextError(f"a cache context names {path!r}, which is not a transformers config class")
+    return obj
+
+
+def _is_config(obj: Any) -> bool:
+    config = sys.modules.get("transformers.configuration_utils")
+    return config is not None and isinstance(obj, config.PretrainedConfig)
 
 
 _MODELING = re.compile(r"^transformers\.models\.\w+\.modeling_\w+$")
@@ -167,6 +193,10 @@ def _encode(obj: Any, path: str, leaves: list[torch.Tensor], keys: list[str]) ->
         return ("Y", str(obj).removeprefix("torch."))
     if isinstance(obj, type):
         return ("C", _class_path(obj))
+    if _is_config(obj):
+        # A cache that keeps its model's config (xLSTM): the config as its JSON, rebuilt with the class's
+        # `from_dict`; no tensor in it, and two caches of one config have equal contexts.
+        return ("G", _class_path(type(obj)), obj.to_json_string(use_diff=False))
     if isinstance(obj, (list, tuple)):
         items = tuple(_encode(v, f"{path}.{i}", leaves, keys) for i, v in enumerate(obj))
         return ("L" if isinstance(obj, list) else "U", items)
@@ -327,6 +357,8 @@ def _decode(skeleton: Skeleton, leaves: list[Any]) -> Any:
         return getattr(torch, skeleton[1])
     if tag == "C":
         return _load_class(skeleton[1])
+    if tag == "G":
+        return _resolve_config_class(skeleton[1]).from_dict(json.loads(skeleton[2]))
     if tag in ("L", "U"):
         items = [_decode(s, leaves) for s in skeleton[1]]
         return items if tag == "L" else tuple(items)
@@ -404,7 +436,7 @@ def _from_jsonable(data: Any, depth: int = 0) -> Any:
 
 _MAX_CONTEXT_DEPTH = 64
 # tag: (number of fields after the tag, what they are)
-_ARITY = {"T": 0, "N": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2, "K": 2}
+_ARITY = {"T": 0, "N": 0, "V": 1, "D": 1, "Y": 1, "C": 1, "L": 1, "U": 1, "M": 1, "O": 2, "S": 2, "K": 2, "G": 2}
 
 
 def _check_skeleton(skeleton: Any) -> None:
@@ -424,6 +456,15 @@ def _check_skeleton(skeleton: Any) -> None:
         raise CacheContextError(f"a cache context names the dtype {skeleton[1]!r}, which torch does not have")
     elif tag == "C":
         _load_class(skeleton[1])
+    elif tag == "G":
+        if not isinstance(skeleton[1], str) or not isinstance(skeleton[2], str):
+            raise CacheContextError("a cache context has a malformed config")
+        _resolve_config_class(skeleton[1])
+        try:
+            if not isinstance(json.loads(skeleton[2]), dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise CacheContextError(f"a cache context holds a config that is not a JSON object: {exc}") from None
     elif tag in ("L", "U"):
         for item in _items(skeleton[1]):
             _check_skeleton(item)

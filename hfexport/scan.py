@@ -43,6 +43,11 @@ Patterns (`Site.kind`):
   `self.rg_lru.recurrent_states = ...`: an attribute named `*state` / `*states`, set to something other than
   None): a generation state kept outside the cache, which an exported step can neither take nor return.
 
+- `loop-over-nonzero`: a Python loop over the rows of a `nonzero()` result (`for e in hit` with `hit =
+  mask.nonzero()`): its length is data-dependent, so the trace cannot iterate it ("Could not guard on
+  data-dependent expression Eq(u0, 0)"). Experts classes decorated with transformers' `use_experts_implementation`
+  are left out: under export their forward dispatches to a batched function, not to this loop.
+
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
 `causes()` maps the patterns that registered rules fix (each rule declares them: `RuleMeta.scan`) to those rules, so
 a scan of a newer transformers shows the copies of a cause that no rule targets yet (tests/test_scan.py asserts each
@@ -85,6 +90,7 @@ KINDS = (
     "vmap-mask-function",
     "state-on-module",
     "size-split",
+    "loop-over-nonzero",
 )
 
 # torch.<name>(...) calls that read tensor values. Everything else under torch (dtype checks, finfo,
@@ -134,6 +140,7 @@ _SIZE = m.OneOf(
 # `batch, length, _ = x.shape` / `x.size()`: every name bound is a size.
 _WHOLE_SHAPE = m.OneOf(m.Attribute(attr=m.Name("shape")), m.Call(func=m.Attribute(attr=m.Name("size")), args=[]))
 _RANGE = m.Call(func=m.Name("range"))
+_NONZERO = m.Call(func=m.Attribute(attr=m.Name("nonzero")))
 _LIST_OF_RANGE = m.Call(func=m.Name("list"), args=[m.Arg(value=_RANGE)])
 _TORCH_TENSOR_OF_SEQUENCE = m.Call(
     func=m.Attribute(value=m.Name("torch"), attr=m.Name("tensor")),
@@ -220,6 +227,10 @@ class _Scope:
     sizes: set[str] = field(default_factory=set)
     # Whether the function has an `X[mask, :]` selection: only then is it matched for `mask-row-pooling`.
     selects_rows: bool = False
+    nonzero: set[str] = field(default_factory=set)  # locals bound to a `.nonzero()` result
+    # A class decorated with transformers' `use_experts_implementation`: under export its forward dispatches to a
+    # batched experts function, so the eager loop in its body is not what runs.
+    dispatches: bool = False
 
 
 class _Finder(cst.CSTVisitor):
@@ -241,7 +252,8 @@ class _Finder(cst.CSTVisitor):
         return ".".join(s.name for s in self.scopes)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.scopes.append(_Scope(node.name.value, True))
+        dispatches = any(m.findall(d.decorator, m.Name("use_experts_implementation")) for d in node.decorators)
+        self.scopes.append(_Scope(node.name.value, True, dispatches=dispatches))
         return True
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -367,6 +379,13 @@ class _Finder(cst.CSTVisitor):
     def visit_For(self, node: cst.For) -> None:
         if self._in_function() and m.matches(node.iter, _RANGE) and self._is_size(node.iter):
             self.report("loop-over-shape", node.iter, "for")
+        scope = self._function()
+        dispatched = any(s.is_class and s.dispatches for s in self.scopes)
+        over_nonzero = m.findall(node.iter, _NONZERO) or (
+            m.matches(node.iter, m.Name()) and scope is not None and node.iter.value in scope.nonzero
+        )
+        if scope is not None and over_nonzero and not dispatched:
+            self.report("loop-over-nonzero", node.iter, "for")
 
     def visit_CompFor(self, node: cst.CompFor) -> None:
         # A comprehension unrolls the same way (`cat([... for i in range(batch_size)])`, Reformer's axial positions).
@@ -412,6 +431,10 @@ class _Finder(cst.CSTVisitor):
             scope.sizes |= bound
         else:
             scope.sizes -= bound
+        if m.findall(original_node.value, _NONZERO):
+            scope.nonzero |= bound
+        else:
+            scope.nonzero -= bound
 
 
 def _is_state_attribute(node: cst.BaseExpression) -> bool:

@@ -265,7 +265,8 @@ def _case_names(path: Path) -> tuple[str, str]:
     finished rows are named, read from the JSON alone; the file stem when that cannot be read."""
     try:
         raw = json.loads(Path(path).read_text())
-        return f"{raw['family']}/{raw['model_type']}", str(raw["model_type"])
+        variant = f"@{raw['variant']}" if raw.get("variant") else ""  # a config variant of the type
+        return f"{raw['family']}/{raw['model_type']}{variant}", str(raw["model_type"])
     except (OSError, ValueError, KeyError, TypeError):
         return path.stem, ""
 

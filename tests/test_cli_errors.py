@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import torch
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 ENV.pop("HFEXPORT_DEBUG", None)
@@ -349,3 +350,69 @@ def test_portable_opset_and_sample_shape_flags_reach_the_export(tmp_path: Path) 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["validation"]["ok"] is True
     assert [3, 5, 128] in [o["shape"] for o in manifest["validation"]["outputs"]], manifest["validation"]
+
+
+# Small enough that a probe which let the folder through would load it quickly, never a 7B default Llama.
+_SMALL_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "vocab_size": 64,
+}
+
+
+def _folder_with_weights(tmp_path: Path, config: dict | bytes) -> Path:
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(config if isinstance(config, bytes) else json.dumps(config).encode())
+    save_file({"w": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("config", "preprocessor", "task", "error"),
+    [
+        pytest.param(
+            {"model_type": "vit", "architectures": ["ViTForImageClassification"], "num_hidden_layers": 1},
+            {"crop_size": 2**31},
+            "image-classification",
+            "error: preprocessor_config.json crop_size gives image side 2147483648: a sample needs a whole number "
+            "from 1 to 16384",
+            id="crop-size-2^31",
+        ),
+        pytest.param(
+            b"\xbd{not json",
+            None,
+            "auto",
+            "error: --model {folder}: config.json could not be read (",
+            id="config-not-utf8",
+        ),
+        pytest.param(
+            {**_SMALL_LLAMA, "vocab_size": -5},
+            None,
+            "auto",
+            "error: config vocab_size gives vocabulary -5: a sample needs a whole number from 1 to 2147483648",
+            id="vocab-size-negative",
+        ),
+    ],
+)
+def test_a_malformed_model_folder_is_one_usage_error(
+    tmp_path: Path, config: dict | bytes, preprocessor: dict | None, task: str, error: str
+) -> None:
+    """The folder probe reads config files that anyone can write: a wrong type or an absurd size is exit 2 with one
+    error line before any weight is loaded, never transformers' or torch's own exception (exit 3) or the
+    allocation the size claims."""
+    folder = _folder_with_weights(tmp_path, config)
+    if preprocessor is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    output = tmp_path / "out"
+    code, _, stderr = _run("export", "--model", str(folder), "--task", task, "--output", str(output))
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(error.format(folder=folder)), stderr[-2000:]
+    assert "Traceback" not in stderr and not output.exists()

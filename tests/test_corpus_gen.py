@@ -56,6 +56,27 @@ def test_generator_builds_a_tiny_entry_that_loads_and_reproduces(tmp_path: Path,
         assert entry["generate_shape"] == [2, 8 + 3]
 
 
+def test_a_type_with_a_tester_config_is_built_from_it_before_any_shrinking() -> None:
+    # DBRX's shrunk defaults fail at every level (its attention config lacks rope_theta); its tester config
+    # (hfexport/testing/tester_configs.json) states one and builds.
+    fam = FAMILY["causal_lm"]
+    result = generate_entry("dbrx", fam, family_types(fam)["dbrx"])
+    assert result.entry is not None, result.reason
+    assert result.entry["source"].startswith("tester:tests/models/dbrx/test_modeling_dbrx.py")
+    assert result.entry["config"]["attn_config"]["rope_theta"] == 500000
+
+
+VARIANTS = Path(__file__).resolve().parent / "fixtures" / "corpus_variants"
+
+
+def test_every_variant_file_names_its_type_and_variant_and_has_a_built_entry() -> None:
+    for path in sorted(VARIANTS.glob("*/*@*.json")):
+        raw = json.loads(path.read_text())
+        assert path.stem == f"{raw['model_type']}@{raw['variant']}", path
+        assert (ROOT / path.parent.name / f"{raw['model_type']}.json").exists(), path
+        assert load_entry(path).name == f"{path.parent.name}/{path.stem}"
+
+
 def test_a_waveform_sample_is_lengthened_until_every_derived_axis_has_two_frames() -> None:
     # moonshine's tester sample (1000 samples) leaves its encoder 1 frame (conv strides 64, 3, 2): torch.export
     # specialises that size-1 axis (`size-one-derived-axis-sample`). 1279 is the first length that gives 2.

@@ -40,11 +40,12 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
         ("dynamo", 6, 4, 3, 1),
         ("onnx", 6, 4, 1, 1),
     ]
-    meta = {"date": "today", "targets": {"fam": {"dynamo": 50, "onnx": 95}}}
+    meta = {"machine": "here", "targets": {"fam": {"dynamo": 50, "onnx": 15}}}
     causes = {"causes": {"baked-length": "a guard on the traced length."}, "rows": {"dynamo:fam/b": "baked-length"}}
-    block = tool.render(runs, meta, causes)
-    assert "| fam | dynamo | 6 | 4 | 3 | 1 | 33 % | 50 % (not met) |" in block
-    assert "| fam | onnx | 6 | 4 | 1 | 1 | 100 % | 95 % (met) |" in block
+    block = tool.render(runs, meta, causes, corpus=corpus, variants=tmp_path / "variants")
+    # Passed out of every type in transformers: the 2 types never built count as not passed.
+    assert "| fam | dynamo | 6 | 4 | 3 | 1 | 17 % | 0 | 0 | 0 | 50 % (not met) |" in block
+    assert "| fam | onnx | 6 | 4 | 1 | 1 | 17 % | 0 | 0 | 0 | 15 % (met) |" in block
     assert "**baked-length** (1): a guard on the traced length. Models: dynamo: fam/b." in block
     # An untriaged failure is listed with the sweep's own error, never dropped.
     assert "dynamo: fam/c (export-error): boom" in block
@@ -77,3 +78,33 @@ def test_a_rerun_listed_in_meta_replaces_the_entry_s_earlier_rows(tmp_path: Path
     assert [(len(r.rows), r.passed) for r in tool.load_runs(sweeps, corpus)] == [(3, 2)]
     (sweeps / "meta.json").write_text(json.dumps({"reruns": ["dynamo_fam.0fix.json"]}))
     assert [(len(r.rows), r.passed) for r in tool.load_runs(sweeps, corpus)] == [(2, 2)]
+
+
+def test_variant_rows_are_counted_apart_from_the_types(tmp_path: Path) -> None:
+    corpus, sweeps, variants = tmp_path / "corpus", tmp_path / "sweeps", tmp_path / "variants"
+    (corpus / "fam").mkdir(parents=True)
+    (variants / "fam").mkdir(parents=True)
+    sweeps.mkdir()
+    (corpus / "fam" / "a.json").write_text("{}")
+    for name in ("a@sliding_window=3", "a@many-experts"):
+        (variants / "fam" / f"{name}.json").write_text("{}")
+    rows = [
+        _row("a", "ok"),
+        {"model": "fam/a@sliding_window=3", "model_type": "a", "status": "grown-run-error", "error": "Guard"},
+    ]
+    (sweeps / "dynamo_fam.json").write_text(json.dumps({"rows": rows}))
+    tool = _tool()
+    (run,) = tool.load_runs(sweeps, corpus, variants)
+    assert (run.passed, len(run.type_rows), run.variants_built, len(run.variant_rows), run.passed_variants) == (
+        1,
+        1,
+        2,
+        1,
+        0,
+    )
+    coverage = {"a": {"sides": 4, "covered_by_entry": 1, "covered": 3, "variants": ["x", "y"], "skipped": {"z": "no"}}}
+    (variants / "fam" / "_coverage.json").write_text(json.dumps(coverage))
+    block = tool.render([run], {}, {}, corpus=corpus, variants=variants)
+    assert "| fam | dynamo | 1 | 1 | 1 | 1 | 100 % | 2 | 1 | 0 |  |" in block
+    assert "| fam | 1 | 2 | 1 | 4 | 1 (25 %) | 3 (75 %) |" in block
+    assert "dynamo: fam/a@sliding_window=3 (grown-run-error): Guard" in block

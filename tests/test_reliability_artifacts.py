@@ -604,3 +604,32 @@ def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node(
     assert _resolve_class("transformers.models.reformer.modeling_reformer:ReformerDynamicCache") is ReformerDynamicCache
     with pytest.raises(CacheContextError):  # a non-cache class of the same module stays refused
         _resolve_class("transformers.models.reformer.modeling_reformer:ReformerModel")
+
+
+def test_a_cache_that_holds_its_models_config_round_trips_and_only_config_classes_load() -> None:
+    # xLSTM's cache keeps `self.config`: its context named `xLSTMConfig`, which the cache allow-list refused at
+    # load (found by the corpus: xlstm and xlstm@chunk_size=3). The config is carried as its JSON and rebuilt by
+    # its class, which must be a config class of a transformers configuration module.
+    import torch
+    from transformers import xLSTMConfig
+    from transformers.models.xlstm.modeling_xlstm import xLSTMCache
+
+    from hfexport.cache_pytree import (
+        CacheContextError,
+        _dump_context,
+        _load_context,
+        flatten_cache,
+        unflatten_cache,
+    )
+
+    config = xLSTMConfig(hidden_size=32, embedding_dim=32, num_heads=2, num_blocks=2, vocab_size=64)
+    cache = xLSTMCache(config, max_batch_size=2, dtype=torch.float32)
+    leaves, skeleton = flatten_cache(cache)
+    again = unflatten_cache(leaves, _load_context(_dump_context(skeleton)))
+    assert isinstance(again.config, xLSTMConfig) and again.config.to_dict() == config.to_dict()
+    assert flatten_cache(again)[1] == skeleton  # the same context: a program traced with it accepts the copy
+    config_node = next(sub for name, sub in skeleton[2] if name == "config")
+    for named in ("transformers.models.xlstm.modeling_xlstm:xLSTMCache", "builtins:dict"):
+        bad = (*skeleton[:2], tuple((n, ("G", named, config_node[2]) if n == "config" else s) for n, s in skeleton[2]))
+        with pytest.raises(CacheContextError, match="not a transformers config class"):
+            _load_context(_dump_context(bad))

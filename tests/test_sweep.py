@@ -111,6 +111,10 @@ def test_rows_of_cases_without_a_report_are_named_like_finished_rows(tmp_path: P
         "timeout",
         "over 300s",
     )
+    # A variant's row is named with its variant, as `CorpusEntry.name` names it.
+    variant = tmp_path / "hiera@x.json"
+    variant.write_text(json.dumps({**json.loads(entry.read_text()), "variant": "depths=1"}))
+    assert timeout_row(variant, 300).model == "image_classification/hiera@depths=1"
     broken = tmp_path / "broken.json"
     broken.write_text('{"not": "a corpus entry"}')
     assert (crash_row(broken, "killed", 1.0).model, crash_row(broken, "killed", 1.0).model_type) == ("broken", "")

@@ -18,7 +18,12 @@ Inputs, all under ``docs/sweeps/``:
   cause id). A failure without a cause is listed as untriaged with its error.
 
 The per-family counts of types in transformers' mappings and of built entries come from the corpus folders
-(``tests/fixtures/corpus_all/<family>``: its entries, and ``_skipped.json`` for what could not be built).
+(``tests/fixtures/corpus_all/<family>``: its entries, and ``_skipped.json`` for what could not be built); a type
+not built counts as not passed. Rows of variants (``<type>@<variant>``, the entries of
+``tests/fixtures/corpus_variants/<family>``, made by tools/gen_variants.py) are counted apart from the types', and
+that folder's ``_coverage.json`` gives the branch coverage of the variants. Generation parity comes from
+``docs/sweeps/generation/<format>_<family>.<part>.json`` (tools/sweep_generation.py's ``--json``; later parts
+replace a model's earlier rows).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "docs" / "sweeps"
 CORPUS = ROOT / "tests" / "fixtures" / "corpus_all"
+VARIANTS = ROOT / "tests" / "fixtures" / "corpus_variants"
 COVERAGE = ROOT / "docs" / "coverage.md"
 START, END = "<!-- sweep:start -->", "<!-- sweep:end -->"
 FORMATS = ("dynamo", "onnx", "executorch", "openvino")
@@ -46,17 +52,31 @@ SUBSET_TARGET = 90
 
 @dataclass
 class FamilyRun:
-    """One family swept to one format: the corpus counts and the sweep's rows."""
+    """One family swept to one format: the corpus counts and the sweep's rows (types' and variants')."""
 
     family: str
     export_format: str
     in_mapping: int
     built: int
     rows: list[dict[str, Any]] = field(default_factory=list)
+    variants_built: int = 0
+
+    @property
+    def type_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if "@" not in _entry(r)]
+
+    @property
+    def variant_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if "@" in _entry(r)]
 
     @property
     def passed(self) -> int:
-        return sum(1 for r in self.rows if r["status"] == "ok")
+        """Types (not variants) that pass."""
+        return sum(1 for r in self.type_rows if r["status"] == "ok")
+
+    @property
+    def passed_variants(self) -> int:
+        return sum(1 for r in self.variant_rows if r["status"] == "ok")
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -73,10 +93,17 @@ def corpus_counts(family: str, corpus: Path = CORPUS) -> tuple[int, int]:
 
 
 def _entry(row: dict[str, Any]) -> str:
-    return row["model_type"] or row["model"].rpartition("/")[2]
+    """The row's entry: ``type`` or ``type@variant``."""
+    name = str(row["model"]).rpartition("/")[2]
+    return name if "@" in name else (row.get("model_type") or name)
 
 
-def load_runs(sweeps: Path = SWEEPS, corpus: Path = CORPUS) -> list[FamilyRun]:
+def variants_built(family: str, variants: Path = VARIANTS) -> int:
+    """Variant entries of a family (tests/fixtures/corpus_variants/<family>/<type>@<variant>.json)."""
+    return sum(1 for p in (variants / family).glob("*@*.json")) if (variants / family).is_dir() else 0
+
+
+def load_runs(sweeps: Path = SWEEPS, corpus: Path = CORPUS, variants: Path = VARIANTS) -> list[FamilyRun]:
     """Every ``<format>_<family>.json`` under `sweeps`, in format then family order.
 
     The files `meta.json` lists under `reruns` (re-sweeps after a fix) are read last, in that order, and their
@@ -92,7 +119,9 @@ def load_runs(sweeps: Path = SWEEPS, corpus: Path = CORPUS) -> list[FamilyRun]:
         if export_format not in FORMATS or not (corpus / family).is_dir():
             continue
         if (export_format, family) not in runs:
-            runs[export_format, family] = FamilyRun(family, export_format, *corpus_counts(family, corpus))
+            runs[export_format, family] = FamilyRun(
+                family, export_format, *corpus_counts(family, corpus), variants_built=variants_built(family, variants)
+            )
         run = runs[export_format, family]
         new = json.loads(path.read_text())["rows"]
         replaced = {_entry(row) for row in new} if path.name in reruns else set()
@@ -107,7 +136,7 @@ def load_runs(sweeps: Path = SWEEPS, corpus: Path = CORPUS) -> list[FamilyRun]:
 
 def cause_of(row: dict[str, Any], run: FamilyRun, causes: dict[str, Any]) -> str | None:
     """The triaged cause id of a failed row: the format-specific key first, then the family/type key."""
-    name = f"{run.family}/{row['model_type'] or row['model'].rpartition('/')[2]}"
+    name = f"{run.family}/{_entry(row)}"
     by_row = causes.get("rows", {})
     return by_row.get(f"{run.export_format}:{name}") or by_row.get(name)
 
@@ -151,7 +180,13 @@ def subset_summary(runs: list[FamilyRun], subset: dict[str, list[str]], target: 
 
 
 def render(
-    runs: list[FamilyRun], meta: dict[str, Any], causes: dict[str, Any], subset: dict[str, list[str]] | None = None
+    runs: list[FamilyRun],
+    meta: dict[str, Any],
+    causes: dict[str, Any],
+    subset: dict[str, list[str]] | None = None,
+    generation: dict[tuple[str, str], dict[str, dict[str, Any]]] | None = None,
+    corpus: Path = CORPUS,
+    variants: Path = VARIANTS,
 ) -> str:
     """The generated block of docs/coverage.md: the pass-rate table, the architecture subset's counts, the causes
     with counts, every failure."""
@@ -159,46 +194,50 @@ def render(
     targets = meta.get("targets", {})
     lines = [
         START,
-        "## Release-wide sweep of the generated corpus",
+        "## Every type of transformers on every backend",
         "",
         _fill(
-            f"Measured on {meta.get('date', '?')}, torch 2.13.0 CPU, transformers 5.24.0, with "
+            "torch 2.13.0 CPU, transformers 5.24.0. Each entry (a tiny config of one model type, or a variant: the "
+            "same type with one config attribute its code branches on set otherwise) is swept with "
             f"`{meta.get('command', '')}`, one process per entry: export with `dynamic=True`, save, load, run in "
             "the format's runtime and compare the entry's main output with eager on the sample, 13, 73 and 138 "
-            "tokens and batch+1 (the shapes eager accepts). Machine: " + meta.get("load", "?")
+            "tokens and batch+1. Machine: " + meta.get("machine", meta.get("load", "?"))
         ),
         "",
         _fill(
-            "Swept = the entries the sweep ran (a documented subset where time did not allow the whole family: "
-            "see the list under the table); pass % and the issue's target are judged on the swept entries only. "
-            "Generated by `python tools/coverage_report.py` from `docs/sweeps/` (do not edit this block by hand)."
+            "Types = every `model_type` of the family's auto mappings; a type the generator could not build, or one "
+            "not swept on that backend, counts as not passed, so `pass % of types` is passed / types in transformers"
+            " and is what the target is judged on. Variants are counted apart: built, swept, passed. Generated by "
+            "`python tools/coverage_report.py` from `docs/sweeps/` (do not edit this block by hand)."
         ),
         "",
-        "| family | backend | types in transformers | built | swept | pass | pass % | target |",
-        "|---|---|---|---|---|---|---|---|",
+        "| family | backend | types in transformers | built | swept | passed | pass % of types | variants built "
+        "| variants swept | variants passed | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         target = targets.get(run.family, {}).get(run.export_format)
         verdict = ""
-        if target is not None and run.rows:
-            verdict = f"{target} % ({'met' if 100 * run.passed >= target * len(run.rows) else 'not met'})"
+        if target is not None:
+            verdict = f"{target} % ({'met' if 100 * run.passed >= target * run.in_mapping else 'not met'})"
         lines.append(
-            f"| {run.family} | {run.export_format} | {run.in_mapping} | {run.built} | {len(run.rows)} | "
-            f"{run.passed} | {_pct(run.passed, len(run.rows))} | {verdict} |"
+            f"| {run.family} | {run.export_format} | {run.in_mapping} | {run.built} | {len(run.type_rows)} | "
+            f"{run.passed} | {_pct(run.passed, run.in_mapping)} | {run.variants_built} | {len(run.variant_rows)} | "
+            f"{run.passed_variants} | {verdict} |"
         )
     lines += subset_summary(runs, subset)
     subsets = meta.get("subsets", {})
     lines += ["", "Entries swept:", ""]
     for run in runs:
         how = subsets.get(run.export_format, {}).get(run.family, "")
-        names = ", ".join(sorted(r["model_type"] or r["model"] for r in run.rows))
+        names = ", ".join(sorted(_entry(r) for r in run.rows))
         lines.append(_fill(f"- {run.export_format} {run.family}{f' ({how})' if how else ''}: {names}.", "  "))
     # Causes with their counts (each failure once per format), then every failure under its cause.
     grouped: dict[str, list[str]] = defaultdict(list)
     untriaged: list[str] = []
     for run in runs:
         for row in run.failures:
-            model = row["model_type"] or row["model"]
+            model = _entry(row)
             cause = cause_of(row, run, causes)
             label = f"{run.export_format}: {run.family}/{model}"
             if cause:
@@ -216,8 +255,152 @@ def render(
     if untriaged:
         lines += ["", "Not triaged yet (the sweep's error):", ""]
         lines += [_fill(f"- {line}", "  ") for line in untriaged]
+    lines += render_variants(variants)
+    lines += render_generation(generation or {}, meta.get("generation_targets", {}), corpus)
+    lines += render_durations(runs, variants)
     lines.append(END)
     return "\n".join(lines)
+
+
+GENERATIVE = ("causal_lm", "seq2seq", "vlm", "speech_seq2seq")
+CLUSTER_WORKERS = 64  # the cluster the release-wide estimate is given for: one case per worker CPU
+
+
+def load_generation(root: Path, corpus: Path = CORPUS) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """``{(format, family): {model: row}}`` from ``<format>_<family>.<part>.json`` lists of rows, in name order,
+    a later part replacing a model's earlier row; static-cache parts (``static`` in the part) are another mode
+    and left out."""
+    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for path in sorted(root.glob("*_*.*.json")) if root.is_dir() else []:
+        stem, _, part = path.name.removesuffix(".json").partition(".")
+        export_format, _, family = stem.partition("_")
+        if export_format not in FORMATS or not (corpus / family).is_dir() or "static" in part:
+            continue
+        rows = json.loads(path.read_text())
+        rows = rows.get("rows", []) if isinstance(rows, dict) else rows
+        for row in rows:
+            out.setdefault((export_format, family), {})[str(row["model"])] = row
+    return out
+
+
+def render_generation(
+    gen: dict[tuple[str, str], dict[str, dict[str, Any]]], targets: dict[str, Any], corpus: Path
+) -> list[str]:
+    """The generation-parity table: equal tokens out of the generative types in transformers."""
+    lines = [
+        "",
+        "### Generation token parity",
+        "",
+        _fill(
+            "`python tools/sweep_generation.py --format <format> --family <family> --root tests/fixtures/corpus_all "
+            "--json docs/sweeps/generation/<format>_<family>.<part>.json`: `export_for_generation(dynamic=True)`, "
+            "then 8 greedy tokens with `hfexport.runtime.generate` from a left-padded batch of 2 against the model's "
+            "own `generate`; equal = every token equal. Types not built or not measured count as not equal."
+        ),
+        "",
+        "| family | backend | types in transformers | built | measured | equal | equal % of types | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for export_format in FORMATS:
+        for family in GENERATIVE:
+            rows = gen.get((export_format, family))
+            if not rows:
+                continue
+            in_mapping, built = corpus_counts(family, corpus)
+            equal = sum(1 for r in rows.values() if r["status"] == "ok")
+            target = targets.get(export_format)
+            verdict = f"{target} % ({'met' if 100 * equal >= target * in_mapping else 'not met'})" if target else ""
+            lines.append(
+                f"| {family} | {export_format} | {in_mapping} | {built} | {len(rows)} | {equal} | "
+                f"{_pct(equal, in_mapping)} | {verdict} |"
+            )
+    failed = [
+        f"- {export_format}: {family}/{model} ({row['status']}): {_one_line(row.get('error', ''), 140)}"
+        for (export_format, family), rows in sorted(gen.items())
+        for model, row in sorted(rows.items())
+        if row["status"] != "ok"
+    ]
+    if failed:
+        lines += ["", "Not equal (the sweep's status and error; causes in [causes.md](causes.md)):", ""]
+        lines += [_fill(line, "  ") for line in failed]
+    return lines
+
+
+def render_variants(variants: Path) -> list[str]:
+    """Per family: variants built and the sides of the config `if`s the entries and their variants take."""
+    lines = [
+        "",
+        "### Config variants and the branches they take",
+        "",
+        _fill(
+            "`python tools/gen_variants.py --families <family>` proposes, for each built entry, configs that take "
+            "the other side of the branches its modeling code has on config attributes "
+            "(`hfexport/testing/corpus_variants.py`), checks each in eager and measures, under a line tracer, "
+            "which sides of the config-reading `if`s of the type's modeling files and of transformers' mask and "
+            "cache code run (`hfexport/testing/config_branches.py`). Per type: "
+            "`tests/fixtures/corpus_variants/<family>/README.md`."
+        ),
+        "",
+        "| family | types measured | variants built | proposed, not built | if sides reached | taken by the entries "
+        "| taken with the variants |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    found = False
+    for folder in sorted(variants.glob("*/_coverage.json")) if variants.is_dir() else []:
+        data = json.loads(folder.read_text())
+        rows = [v for v in data.values() if "covered" in v]
+        if not rows:
+            continue
+        found = True
+        sides = sum(v["sides"] for v in rows)
+        entry = sum(v["covered_by_entry"] for v in rows)
+        covered = sum(v["covered"] for v in rows)
+        lines.append(
+            f"| {folder.parent.name} | {len(rows)} | {sum(len(v['variants']) for v in rows)} | "
+            f"{sum(len(v['skipped']) for v in rows)} | {sides} | {entry} ({_pct(entry, sides)}) | "
+            f"{covered} ({_pct(covered, sides)}) |"
+        )
+    return lines if found else []
+
+
+def render_durations(runs: list[FamilyRun], variants: Path) -> list[str]:
+    """Measured time per case per backend, and what a release-wide sweep of every entry would take."""
+    entries = sum(run.built + run.variants_built for run in runs if run.export_format == "dynamo")
+    if not entries:
+        entries = sum(
+            corpus_counts(f.name, CORPUS)[1] + variants_built(f.name, variants) for f in CORPUS.iterdir() if f.is_dir()
+        )
+    lines = [
+        "",
+        "### Sweep durations",
+        "",
+        "| backend | cases measured | their wall time (h) | mean s per case "
+        f"| every built entry and variant, one process (h) | on {CLUSTER_WORKERS} workers (h) |",
+        "|---|---|---|---|---|---|",
+    ]
+    total = 0.0
+    for export_format in FORMATS:
+        walls = [float(r.get("wall_s") or 0) for run in runs if run.export_format == export_format for r in run.rows]
+        walls = [w for w in walls if w > 0]
+        if not walls:
+            continue
+        mean = sum(walls) / len(walls)
+        release = entries * mean / 3600
+        total += release
+        lines.append(
+            f"| {export_format} | {len(walls)} | {sum(walls) / 3600:.1f} | {mean:.0f} | {release:.0f} | "
+            f"{release / CLUSTER_WORKERS:.1f} |"
+        )
+    lines += [
+        "",
+        _fill(
+            f"A release-wide sweep is {entries} entries (built types and variants of every family) on each backend: "
+            f"about {total:.0f} h in one process here, {total / CLUSTER_WORKERS:.1f} h on {CLUSTER_WORKERS} Ray "
+            "workers (`hfexport sweep --ray ADDRESS`, one case per task), from the mean time per case measured on "
+            "this shared 2-core machine (a case on a dedicated core is faster)."
+        ),
+    ]
+    return lines
 
 
 def rewrite(text: str, block: str) -> str:
@@ -232,12 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweeps", type=Path, default=SWEEPS)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--variants", type=Path, default=VARIANTS)
     parser.add_argument("--out", type=Path, default=COVERAGE)
     parser.add_argument("--check", action="store_true", help="exit 1 if the doc differs from what it would write")
     args = parser.parse_args(argv)
     read = lambda name: json.loads((args.sweeps / name).read_text()) if (args.sweeps / name).exists() else {}  # noqa: E731
     subset = read("subset40.json").get("families", {})
-    block = render(load_runs(args.sweeps, args.corpus), read("meta.json"), read("causes.json"), subset)
+    runs = load_runs(args.sweeps, args.corpus, args.variants)
+    generation = load_generation(args.sweeps / "generation", args.corpus)
+    block = render(runs, read("meta.json"), read("causes.json"), subset, generation, args.corpus, args.variants)
     current = args.out.read_text() if args.out.exists() else "# Architecture coverage\n"
     updated = rewrite(current, block)
     if args.check:

@@ -26,6 +26,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,41 @@ def _reader(stream: Any, lines: queue.Queue) -> None:
 
 def run_family(family: Family, types: list[str], run: Run, timeout: float, log: Path) -> None:
     """Drive workers over ``types``; a type that times out or kills its worker is recorded and skipped."""
+
+    def command(pending: list[str]) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", family.name, "--types", ",".join(pending)]
+
+    def done(msg: dict[str, Any]) -> None:
+        run.record(msg["type"], msg["entry"], msg["reason"])
+        status = "ok" if msg["entry"] else "skip: " + msg["reason"][:150]
+        print(f"  {family.name}/{msg['type']}: {status}", flush=True)
+
+    def failed(model_type: str, reason: str) -> None:
+        run.record(model_type, None, reason)
+        print(f"  {family.name}/{model_type}: {reason[:80]}", flush=True)
+
+    drive_workers(types, command, done, failed, timeout, log)
+
+
+def drive_workers(
+    types: list[str],
+    command: Callable[[list[str]], list[str]],
+    done: Callable[[dict[str, Any]], None],
+    failed: Callable[[str, str], None],
+    timeout: float,
+    log: Path,
+) -> None:
+    """Run ``command(pending)`` (a worker printing ``PREFIX`` JSON lines: ``{"start": type}`` then a result with
+    ``"type"``) until every type has a result; ``done(result)`` for each, ``failed(type, reason)`` for a type that
+    outlives ``timeout`` or kills its worker, after which a new worker takes the remaining types."""
     pending = list(types)
     while pending:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
         env["HF_HUB_OFFLINE"] = "1"  # nothing may come from a model hub: a config that wants weights fails
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", family.name, "--types", ",".join(pending)]
         with log.open("a") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                command(pending), stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True
+            )
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
         current, started = None, time.monotonic()
@@ -108,15 +137,13 @@ def run_family(family: Family, types: list[str], run: Run, timeout: float, log: 
             except queue.Empty:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                run.record(current, None, f"timeout: no result within {timeout:.0f}s (build + forward + generate)")
-                print(f"  {family.name}/{current}: TIMEOUT", flush=True)
+                failed(current, f"timeout: no result within {timeout:.0f}s")
                 pending.remove(current)
                 break
             if msg is None:  # the worker exited: finished, or crashed on `current`
                 rc = proc.wait()
                 if current is not None:
-                    run.record(current, None, f"worker process died (exit code {rc}) while building")
-                    print(f"  {family.name}/{current}: CRASH rc={rc}", flush=True)
+                    failed(current, f"worker process died (exit code {rc})")
                     pending.remove(current)
                 else:
                     pending = []
@@ -124,9 +151,7 @@ def run_family(family: Family, types: list[str], run: Run, timeout: float, log: 
             if "start" in msg:
                 current, started = msg["start"], time.monotonic()
                 continue
-            run.record(msg["type"], msg["entry"], msg["reason"])
-            status = "ok" if msg["entry"] else "skip: " + msg["reason"][:150]
-            print(f"  {family.name}/{msg['type']}: {status}", flush=True)
+            done(msg)
             pending.remove(msg["type"])
             current = None
 

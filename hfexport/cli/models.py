@@ -169,10 +169,12 @@ def load_model(
     options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     if dtype:
         options["dtype"] = getattr(torch, dtype)
-    model = getattr(transformers, TASKS[task]).from_pretrained(path, **options).eval()
+    # The sample first: it reads only the folder's config files, so a malformed one is refused before the weights
+    # are loaded.
     inputs = sample_inputs(
         spec, task=task, batch_size=batch_size, sequence_length=sequence_length, trust_remote_code=trust_remote_code
     )
+    model = getattr(transformers, TASKS[task]).from_pretrained(path, **options).eval()
     _say_where_inputs_come_from(spec, task, inputs)
     return model, drop_untaken(model, inputs)
 

@@ -80,9 +80,14 @@ class CorpusEntry:
     raw: dict[str, Any] = field(repr=False)
 
     @property
+    def variant(self) -> str:
+        """The variant's name (``hfexport.testing.corpus_variants``: another config of the type), or ""."""
+        return str(self.raw.get("variant") or "")
+
+    @property
     def name(self) -> str:
-        """A stable id (``family/model_type``), handy for test ids and reports."""
-        return f"{self.family}/{self.model_type}"
+        """A stable id (``family/model_type``, ``family/model_type@variant``), handy for test ids and reports."""
+        return f"{self.family}/{self.model_type}" + (f"@{self.variant}" if self.variant else "")
 
     def build_model(self, seed: int = 0) -> torch.nn.Module:
         """Build the model with random weights; the seed makes the weights, hence the outputs, reproducible."""

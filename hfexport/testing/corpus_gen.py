@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 import re
 import time
 import traceback
@@ -151,6 +152,10 @@ _WINDOW_KEYS = {"sliding_window", "attention_chunk_size", "attention_window", "l
 _STATE_KEYS = {"state_size", "ssm_state_size", "d_state", "mamba_d_state"}
 _LORA_KEYS = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
 _VOCAB_KEYS = {"vocab_size"}
+# Every key the shrinking treats as a size (widths, depths, heads, positions, vocabularies).
+SIZE_KEYS = frozenset(
+    _WIDTH_KEYS | _FFN_KEYS | _SMALL_FFN_KEYS | _HEAD_KEYS | _KV_KEYS | _HEAD_DIM_KEYS | _LAYER_KEYS
+) | frozenset(_POSITION_KEYS | _VOCAB_KEYS | _STATE_KEYS)
 
 
 def _is_config(value: Any) -> bool:
@@ -1027,8 +1032,14 @@ def _try_level(
     from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
-    kwargs = shrink_config_kwargs(config_class, level, fill_none, wide)
-    config = config_class(**kwargs)
+    config = config_class(**shrink_config_kwargs(config_class, level, fill_none, wide))
+    source = f"generated:shrink-level-{level}" + ("+fill-none" if fill_none else "") + ("+wide" if wide else "")
+    return try_config(model_type, family, auto_class, config, source)
+
+
+def try_config(model_type: str, family: Family, auto_class: str, config: Any, source: str) -> tuple[dict | None, str]:
+    """The entry of one config: the family's fixes to the config, then the first input candidate that builds,
+    runs and (generative families) generates; else None and the errors seen."""
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # T5-style models start decoding from the pad token; without one set, generate() refuses to start.
         pad = getattr(config, "pad_token_id", None)
@@ -1059,7 +1070,6 @@ def _try_level(
     tried_widths: set[int] = set()
     while queue:
         cand = queue.pop(0)
-        source = f"generated:shrink-level-{level}" + ("+fill-none" if fill_none else "") + ("+wide" if wide else "")
         entry = _entry(model_type, family, auto_class, config, cand, source)
         try:
             _lengthen_waveform(entry)
@@ -1076,6 +1086,40 @@ def _try_level(
             if family.kind in {"audio", "speech_seq2seq"}:
                 queue = _audio_retry(params, config, exc, tried_widths) + queue
     return None, errors[0] if len(set(errors)) == 1 else " | ".join(dict.fromkeys(errors))
+
+
+TESTER_CONFIGS = Path(__file__).with_name("tester_configs.json")
+
+
+@functools.cache
+def tester_configs() -> dict[str, list[dict[str, Any]]]:
+    """``{model_type: [{tester, config_class, kwargs, dropped}]}``: the tiny configs of transformers' own model
+    testers, extracted by ``tools/extract_tester_configs.py`` (read-only)."""
+    if not TESTER_CONFIGS.exists():
+        return {}
+    return json.loads(TESTER_CONFIGS.read_text()).get("types", {})
+
+
+def tester_config(model_type: str, record: dict[str, Any]) -> Any:
+    """The config a tester record describes, built by the installed class of ``model_type``."""
+    from transformers import CONFIG_MAPPING
+
+    kwargs = copy.deepcopy(record["kwargs"])
+    config = CONFIG_MAPPING[model_type](**kwargs)
+    return config
+
+
+def _attempt(make: Any) -> tuple[dict | None, str]:
+    """``make()``'s (entry, reason), with an exception it raises as the reason."""
+    try:
+        return make()
+    except Exception as exc:
+        return None, _first_line(exc)
+
+
+def _try_tester(model_type: str, family: Family, auto_class: str, record: dict[str, Any]) -> tuple[dict | None, str]:
+    config = tester_config(model_type, record)
+    return try_config(model_type, family, auto_class, config, f"tester:{record['tester']}")
 
 
 def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict[str, Any] | None = None) -> GenResult:
@@ -1095,11 +1139,14 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
             return GenResult(model_type, family.name, entry)
         except Exception as exc:
             reasons.append(f"reused entry: {_first_line(exc)}")
+    for record in tester_configs().get(model_type, []):
+        # transformers' own tester config (tools/extract_tester_configs.py) before the generator's shrinking.
+        entry, reason = _attempt(lambda r=record: _try_tester(model_type, family, auto_class, r))
+        if entry is not None:
+            return GenResult(model_type, family.name, entry)
+        reasons.append(f"tester {record['tester'].partition('@')[0]}: {reason}")
     for level in (0, 1, 2, 3):
-        try:
-            entry, reason = _try_level(model_type, family, auto_class, level)
-        except Exception as exc:
-            entry, reason = None, _first_line(exc)
+        entry, reason = _attempt(lambda lv=level: _try_level(model_type, family, auto_class, lv))
         if entry is not None:
             return GenResult(model_type, family.name, entry)
         reasons.append(f"level {level}: {reason}")

@@ -52,7 +52,7 @@ def test_a_folded_value_the_program_returns_saves_and_loads(tmp_path) -> None:
 
     module = LayoutSpecialised(_ReturnsItsLayout().eval(), {"grid_thw": ([[1, 2, 3], [2, 3, 1]], torch.int64)})
     inputs = {"x": torch.randn(2, 3)}
-    config = AutoExportConfig.from_dict({"export_format": "dynamo"})
+    config = AutoExportConfig.from_dict({"export_format": "dynamo", "dynamic": True})
     exporter = AutoHfExporter.from_config(config)
     program = exporter.export(module, inputs, config)
     assert rule.meta.id in exporter.report.fired
@@ -63,3 +63,25 @@ def test_a_folded_value_the_program_returns_saves_and_loads(tmp_path) -> None:
     assert len(got) == 2
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(torch.as_tensor(g), e)
+
+
+class _AdvancesAnOffset(torch.nn.Module):
+    """A cache's position offset, an integer literal the forward advances in place by the length (xLSTM's cache
+    `seqlen_offset`): state, not a layout."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        offset = torch.tensor(0)
+        offset += x.shape[1]
+        return x * 2, offset
+
+
+def test_an_integer_literal_written_in_place_is_not_folded() -> None:
+    # Folded, the offset would be a constant the program mutates, which the lowering refuses ('Constant
+    # _folded_layout_0 is mutated in the forward method').
+    module = _AdvancesAnOffset()
+    config = AutoExportConfig.from_dict({"export_format": "dynamo", "dynamic": True})
+    exporter = AutoHfExporter.from_config(config)
+    program = exporter.export(module, {"x": torch.randn(2, 5)}, config)
+    for length in (5, 9):
+        _, offset = program.module()(x=torch.randn(2, length))
+        assert int(offset) == length

@@ -15,5 +15,6 @@ RULES: list[Rule] = load_rules(
         "aten/grouped-mm-fallback",
         "aten/erf-inv",
         "aten/histc-data-range",
+        "aten/int64-sum-exact",
     ],
 )

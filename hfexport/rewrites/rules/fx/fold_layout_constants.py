@@ -40,6 +40,27 @@ def _foldable_target(node: fx.Node) -> bool:
     return target in vars(operator).values()
 
 
+def _written_in_place(node: fx.Node) -> bool:
+    """Whether an op writes `node`'s value in place (`add_`: a cache's `torch.tensor(0)` offset that the forward
+    advances, xLSTM's `seqlen_offset`), directly or through an alias of it (a view, `detach_`). Such a value is
+    state, not a layout: folded, it would be a constant the program mutates, which the lowering refuses ('Constant
+    _folded_layout_0 is mutated in the forward method'). `detach_` (after every `torch.tensor` literal) changes no
+    value."""
+    for user in node.users:
+        target = user.target
+        if not isinstance(target, torch._ops.OpOverload):
+            continue
+        for index, argument in enumerate(target._schema.arguments):
+            value = user.args[index] if index < len(user.args) else user.kwargs.get(argument.name)
+            if value is not node or argument.alias_info is None:
+                continue
+            if argument.alias_info.is_write and target is not torch.ops.aten.detach_.default:
+                return True
+            if _written_in_place(user):  # the user's result aliases `node`: a write to it writes `node`
+                return True
+    return False
+
+
 def _value(arg: Any, env: dict[fx.Node, Any]) -> Any:
     return fx.node.map_arg(arg, lambda n: env[n])
 
@@ -66,7 +87,7 @@ def fold_layout_constants(program: torch.export.ExportedProgram) -> int:
         if node.op != "call_function" or not _foldable_target(node):
             continue
         inputs = node.all_input_nodes
-        if not all(n in env for n in inputs):
+        if not all(n in env for n in inputs) or _written_in_place(node):
             continue
         try:
             env[node] = node.target(*_value(node.args, env), **_value(node.kwargs, env))

@@ -23,10 +23,7 @@ selection is rewritten only where its result is used by that view-and-last-row a
 
 from __future__ import annotations
 
-import functools
-import inspect
 import re
-import textwrap
 import types
 from typing import Any
 
@@ -35,7 +32,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
 from hfexport.rewrites.rule import RuleMeta, ScanCause
-from hfexport.rewrites.rules.patch._scan_site import class_method_at
+from hfexport.rewrites.rules.patch._source_rewrite import ForwardRewrite, rewrite_function
 
 # The name the rewritten forward reaches this module's helpers by (added to a copy of the module's globals).
 _HELPERS = "__hfexport_eos_pooling"
@@ -136,22 +133,13 @@ def pooled_selections(function: Any) -> list[Any]:
     return [node for node in found if isinstance(node, cst.Subscript)]
 
 
-def rewrite_source(source: str) -> str | None:
-    """`source` (one function definition, decorators included) with the EOS pooling rewritten, or None where it
-    has none (or where the rewritten function could not be compiled as a plain function: a zero-argument
-    `super()` or a closure would need the class body)."""
+def _replacements(function: Any) -> dict[Any, Any]:
     import libcst as cst
     import libcst.matchers as m
 
-    module = cst.parse_module(textwrap.dedent(source))
-    functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
-    if len(functions) != 1 or m.findall(functions[0], m.Call(func=m.Name("super"))):
-        return None
-    function = functions[0]
     selections = pooled_selections(function)
-    checks = m.findall(function, _matchers()["count_check"])
     if not selections:
-        return None
+        return {}
 
     def helper(name: str, *args: cst.BaseExpression) -> cst.Call:
         func = cst.Attribute(value=cst.Name(_HELPERS), attr=cst.Name(name))
@@ -160,87 +148,36 @@ def rewrite_source(source: str) -> str | None:
     replacements: dict[cst.CSTNode, cst.CSTNode] = {}
     for node in selections:
         replacements[node] = helper("last_true_rows", node.value, node.slice[0].slice.value)
-    for node in checks:
+    for node in m.findall(function, _matchers()["count_check"]):
         replacements[node] = helper("same_count", node.left.func.value.args[0].value)  # type: ignore[attr-defined]
-
-    class _Replace(cst.CSTTransformer):
-        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> Any:
-            return replacements.get(original, updated)
-
-    return module.visit(_Replace()).code
+    return replacements
 
 
-def _split_decorators(source: str) -> tuple[str, list[str]]:
-    """The function's source without its decorators, and the decorator expressions (outermost first)."""
-    import libcst as cst
-
-    module = cst.parse_module(source)
-    function = module.body[0]
-    assert isinstance(function, cst.FunctionDef)
-    decorators = [module.code_for_node(d.decorator) for d in function.decorators]
-    return module.code_for_node(function.with_changes(decorators=[])), decorators
+def rewrite_source(source: str) -> str | None:
+    """`source` (one function definition, decorators included) with the EOS pooling rewritten, or None where it
+    has none (or where the rewritten function could not be compiled as a plain function: a zero-argument
+    `super()` or a closure would need the class body)."""
+    return rewrite_function(source, _replacements)
 
 
-@functools.cache
-def _rewritten(function: types.FunctionType) -> types.FunctionType | None:
-    """The class's `forward` (the decorated function of the class body) recompiled with the pooling rewritten.
-
-    Cached per function: the predicate asks it for every module class of every exported model, and the patched
-    forward for every call."""
-    raw = inspect.unwrap(function)
-    try:
-        source = inspect.getsource(raw)
-    except (OSError, TypeError):
-        return None
-    # Cheap necessary condition of the pooling pattern (`.view(...)[:, -1, :]`) before parsing with LibCST
-    # (about 0.2 s a forward, and most forwards have a `.view` and a subscript).
-    if ".view(" not in source or not _POOL_TEXT.search(source):
-        return None
-    rewritten = rewrite_source(source)
-    if rewritten is None or raw.__code__.co_freevars:
-        return None
-    namespace = dict(raw.__globals__)
-    namespace[_HELPERS] = types.SimpleNamespace(same_count=same_count, last_true_rows=last_true_rows)
-    filename = f"<hfexport patch/eos-pooling-gather: {raw.__code__.co_filename}>"
-    body, decorators = _split_decorators(rewritten)
-    exec(compile(body, filename, "exec"), namespace)
-    new = namespace[raw.__name__]
-    # The decorators again (`can_return_tuple`, `auto_docstring`, ...), on a function that carries the class
-    # method's names: transformers' decorators tell a method from a class by its qualified name.
-    new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
-    for decorator in reversed(decorators):
-        new = eval(compile(decorator, filename, "eval"), namespace)(new)
-    return new
-
-
-def _class_forward(module: torch.nn.Module) -> types.FunctionType | None:
-    function = type(module).__dict__.get("forward")
-    return function if isinstance(function, types.FunctionType) else None
+_FORWARD = ForwardRewrite(
+    "patch/eos-pooling-gather",
+    rewrite_source,
+    # Cheap necessary condition of the pooling pattern (`.view(...)[:, -1, :]`) before parsing with LibCST (about
+    # 0.2 s a forward, and most forwards have a `.view` and a subscript).
+    accept=lambda source: ".view(" in source and _POOL_TEXT.search(source) is not None,
+    helpers=(_HELPERS, types.SimpleNamespace(same_count=same_count, last_true_rows=last_true_rows)),
+)
 
 
 def pools_eos_rows(module: torch.nn.Module) -> bool:
     """A module whose class defines a `forward` that pools `X[mask, :].view(B, -1, H)[:, -1, :]`."""
-    function = _class_forward(module)
-    return function is not None and _rewritten(function) is not None
-
-
-def covers(module: str, scope: str) -> bool:
-    """Whether the rule binds to the function `module.scope` (for `hfexport scan`): a class's `forward` that
-    `pools_eos_rows` accepts."""
-    function = class_method_at(module, scope, "forward")
-    return function is not None and _rewritten(function) is not None
+    return _FORWARD.of(module) is not None
 
 
 # What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.
 pools_eos_rows.scan_kind = "mask-row-pooling"  # type: ignore[attr-defined]
-pools_eos_rows.covers = covers  # type: ignore[attr-defined]
-
-
-def pooled_forward(original: Any, self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The class's own forward with the pooling rewritten (see the module docstring)."""
-    function = _class_forward(self)
-    assert function is not None  # the predicate matched this module
-    return _rewritten(function)(self, *args, **kwargs)  # type: ignore[misc]
+pools_eos_rows.covers = _FORWARD.covers  # type: ignore[attr-defined]
 
 
 # -- examples --------------------------------------------------------------------------------------------------
@@ -338,5 +275,5 @@ eos_pooling_gather = MethodPatch(
     ),
     target=pools_eos_rows,
     method="forward",
-    replacement=pooled_forward,
+    replacement=_FORWARD.replacement,
 )

@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 from hfexport.rewrites.rules._moe_batched import dispatches_experts, qwen3_moe
+from hfexport.rewrites.rules.patch._scan_site import class_method_at
 
 _PARAMETERS = ["hidden_states", "top_k_index", "top_k_weights"]
 
@@ -62,6 +63,21 @@ def has_identity_experts(module: torch.nn.Module) -> bool:
     except (TypeError, ValueError):
         return False
     return parameters == _PARAMETERS and hasattr(module, "act_fn")
+
+
+def covers(module: str, scope: str) -> bool:
+    """Whether the rule binds to the class at `module.scope` (for `hfexport scan`): a forward of a class whose
+    `__init__` makes an `identity_expert` (the structure `has_identity_experts` checks on instances)."""
+    function = class_method_at(module, scope, "forward")
+    init = class_method_at(module, scope.rpartition(".")[0] + ".__init__", "__init__") if function else None
+    try:
+        return init is not None and "self.identity_expert" in inspect.getsource(init)
+    except (OSError, TypeError):
+        return False
+
+
+has_identity_experts.scan_kind = "loop-over-nonzero"  # type: ignore[attr-defined]
+has_identity_experts.covers = covers  # type: ignore[attr-defined]
 
 
 def identity_experts_forward(
@@ -143,6 +159,15 @@ identity_experts_routed_loop = MethodPatch(
         # ExecuTorch: the gate/up split of a routed expert's rows has a data-dependent length (as in
         # patch/moe-batched-experts).
         requires=("executorch/split-as-slices",),
+        scan=(
+            ScanCause(
+                "experts-hit-loop",
+                "loop-over-nonzero",
+                "forward",
+                "an experts forward without the experts dispatch loops over `nonzero()` of the experts hit: a "
+                "data-dependent count (Eq(u0, 0)) as soon as an expert gets no token",
+            ),
+        ),
         models=("longcat_flash",),
         examples=(
             Match(

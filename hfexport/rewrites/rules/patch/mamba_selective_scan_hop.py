@@ -36,6 +36,7 @@ from hfexport.rewrites.example_models import tiny_model
 from hfexport.rewrites.examples import Built, Match, NoMatch
 from hfexport.rewrites.kinds.patch import NOT_APPLICABLE, ModuleFunctionPatch
 from hfexport.rewrites.rule import PerBackend, RuleMeta, ScanCause
+from hfexport.rewrites.rules.patch._detached_scan import cut_from_autograd
 from hfexport.rewrites.rules.patch._while_loop import owned_carry
 
 # The four copies of the function in transformers 5.24.0, each checked on every backend through the corpus.
@@ -141,22 +142,11 @@ def finish_selective(
 
 
 def scan_selective_detached(original: Any, *args: Any, **kwargs: Any) -> Any:
-    # torch.onnx's type-promotion pass re-runs the program on fake tensors with grad enabled and the
-    # parameters requiring grad; the scan op then takes its autograd path, whose fake kernel stacks the
-    # SymInts it saves for backward as if they were per-step outputs (AttributeError: 'SymInt' object has
-    # no attribute 'unsqueeze'). Inputs cut from autograd keep the scan on its inference path; detach
-    # changes no value.
-    #
-    # A detached *view* (zamba passes per-head slices such as `C[head_idx].transpose(1, 2)`) is no longer a
-    # view but still a window into its base's storage, whose size is an expression in the outer trace's
-    # symbols; the scan compiles its body with a nested dynamo that fakifies the window through that storage
-    # and fails ("vr must not be None for symbol s43"). A copy owns its storage; the values are the same.
-    def cut(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        return value.detach().clone() if value._is_view() else value.detach()
-
-    return scan_selective(original, *map(cut, args), **{k: cut(v) for k, v in kwargs.items()})
+    """The ONNX variant: the scan with its inputs cut from autograd (`_detached_scan`: torch.onnx's type promotion
+    would take the scan's autograd path)."""
+    return scan_selective(
+        original, *map(cut_from_autograd, args), **{k: cut_from_autograd(v) for k, v in kwargs.items()}
+    )
 
 
 def loop_selective(original: Any, *args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.patch import MethodPatch
-from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rule import RuleMeta, ScanCause
 from hfexport.rewrites.rules.patch._nllb_moe import dense_ffn, expert_inputs, experts_example, routed_experts
 
 nllb_moe_routed_experts = MethodPatch(
@@ -16,6 +16,15 @@ nllb_moe_routed_experts = MethodPatch(
         "at 512 tokens ran 137 GFLOPs of expert matmuls in 2.36 s where the routed form runs 17 in 0.30 s, "
         "docs/benchmarks.md, session 21)",
         upstream="transformers==5.24.0 models/nllb_moe/modeling_nllb_moe.py NllbMoeExperts.forward",
+        scan=(
+            ScanCause(
+                "experts-hit-loop",
+                "loop-over-nonzero",
+                "forward",
+                "an experts forward without the experts dispatch loops over `nonzero()` of the experts hit: a "
+                "data-dependent count (Eq(u0, 0)) as soon as an expert gets no token",
+            ),
+        ),
         models=("nllb-moe",),
         examples=(
             Match(
