@@ -46,6 +46,95 @@ class QuantizationRecord:
         }
 
 
+@dataclass
+class AccuracyRecord:
+    """A quantized export against its float model on held-out text (`hfexport.quantization_accuracy`).
+
+    Next-token figures over `tokens` predictions: the float model's and the export's perplexity, the mean KL
+    divergence KL(float || export) of the next-token distributions (nats), and the share of positions where both
+    pick the same top-1 token. `first_divergence`: the first generated token (0-based) where greedy generation of
+    the export leaves the float model's, over `greedy_tokens` new tokens per prompt; None: none did.
+    `meaningful` is False where the float model's perplexity is near uniform over its vocabulary (random or
+    untrained weights): then the figures say nothing about the recipe, and no budget applies. `budget` holds the
+    limits the record was held to (`perplexity_change`: the largest relative increase; `top1_agreement`: the
+    smallest agreement), named after the recipe's `precision` ("int8", "int8-weights", "int4").
+    """
+
+    precision: str
+    text: str
+    tokens: int
+    vocab_size: int
+    float_perplexity: float
+    perplexity: float
+    kl_divergence: float
+    top1_agreement: float
+    greedy_tokens: int = 0
+    first_divergence: int | None = None
+    meaningful: bool = True
+    budget: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def perplexity_change(self) -> float:
+        """The export's perplexity relative to the float model's, minus 1 (0.01: 1 % higher)."""
+        return self.perplexity / self.float_perplexity - 1.0
+
+    @property
+    def exceeded(self) -> list[str]:
+        """The budget's limits this record exceeds (empty when it has no budget or is not meaningful)."""
+        if not self.meaningful or not self.budget:
+            return []
+        over = []
+        limit = self.budget.get("perplexity_change")
+        if limit is not None and not self.perplexity_change <= limit:  # NaN exceeds too
+            over.append(f"perplexity {self.perplexity_change:+.2%} > +{limit:.2%}")
+        least = self.budget.get("top1_agreement")
+        if least is not None and not self.top1_agreement >= least:
+            over.append(f"top-1 agreement {self.top1_agreement:.2%} < {least:.2%}")
+        return over
+
+    @property
+    def ok(self) -> bool:
+        return not self.exceeded
+
+    def to_dict(self) -> dict[str, Any]:
+        def number(value: float) -> float | str:
+            return round(value, 6) if value == value and abs(value) != float("inf") else str(value)
+
+        return {
+            "ok": self.ok,
+            "meaningful": self.meaningful,
+            "precision": self.precision,
+            "text": self.text,
+            "tokens": self.tokens,
+            "vocab_size": self.vocab_size,
+            "float_perplexity": number(self.float_perplexity),
+            "perplexity": number(self.perplexity),
+            "perplexity_change": number(self.perplexity_change),
+            "kl_divergence": number(self.kl_divergence),
+            "top1_agreement": number(self.top1_agreement),
+            "greedy_tokens": self.greedy_tokens,
+            "first_divergence": self.first_divergence,
+            "budget": dict(self.budget) if self.budget else None,
+            "exceeded": self.exceeded,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """One line: the figures, and the verdict against the budget."""
+        diverged = "never" if self.first_divergence is None else f"at token {self.first_divergence}"
+        line = (
+            f"perplexity {self.float_perplexity:.3f} -> {self.perplexity:.3f} ({self.perplexity_change:+.2%}), "
+            f"KL {self.kl_divergence:.4f}, top-1 {self.top1_agreement:.2%}, greedy diverges {diverged}"
+            f" of {self.greedy_tokens}"
+        )
+        if not self.meaningful:
+            return line + " [not meaningful: the float model is near uniform on this text]"
+        if self.budget:
+            return line + (f" [{self.precision} budget: " + ("ok" if self.ok else "; ".join(self.exceeded)) + "]")
+        return line
+
+
 # Statuses of a rule that ran in the export: the default table shows these.
 _RAN = ("fired", "no-match")
 
@@ -68,6 +157,8 @@ class ExportReport:
     # What the export actually used where the config left a choice open (the opset written, the fusions that
     # fired, the dtype the weights were traced in), so the report and manifest never say only `null`.
     used: dict[str, Any] = field(default_factory=dict)
+    # A quantized export measured against its float model (`export --validate`, `quantization_accuracy`).
+    accuracy: AccuracyRecord | None = None
 
     @classmethod
     def from_context(cls, context: RewriteContext, **kwargs: Any) -> ExportReport:
@@ -108,6 +199,7 @@ class ExportReport:
             "versions": dict(self.versions),
             "quantization": self.quantization.to_dict() if self.quantization else None,
             "used": dict(self.used),
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
         }
 
     @classmethod
@@ -210,6 +302,8 @@ class ExportReport:
             q = self.quantization
             counts = ", ".join(f"{k} {v}" for k, v in q.op_counts.items()) or "none"
             lines.append(f"quantization: {q.quantizer} at stage {q.stage!r} in {q.seconds:.2f}s, ops: {counts}")
+        if self.accuracy:
+            lines.append(f"accuracy against the float model ({self.accuracy.text}): {self.accuracy.summary()}")
         if self.used:
             lines.append("used: " + ", ".join(f"{k} {v}" for k, v in self.used.items()))
         lines += [f"note: {n}" for n in self.notes]

@@ -8,7 +8,8 @@
   inputs), `tokenizer` (a word-level tokenizer of the tiny folder below), `texts` and `calibration_dataset`
   (tokenized `texts`, one dict per text).
 - **Substitutions**: `path/to/local/model` is a folder saved in the test (tiny-llama's weights and config plus that
-  tokenizer); `my_model/modeling_my_model.py` is transformers' own `modeling_llama.py`.
+  tokenizer); `my_model/modeling_my_model.py` is transformers' own `modeling_llama.py`; `tests/fixtures/code_lm`
+  (the trained code model) is that folder of this repository.
 - **Markers**: an HTML comment on the line before a block's fence: `<!-- doctest: skip (reason) -->` (a signature
   or an illustration with `...`; the reason is required), `<!-- doctest: slow -->` (minutes: ablations, sweeps,
   generation exports; run with `-m slow`).
@@ -35,6 +36,8 @@ _FENCE = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"^<!-- doctest: (skip|slow)(?: \((.+)\))? -->$")
 PLACEHOLDER_MODEL = "path/to/local/model"
 PLACEHOLDER_MODELING = "my_model/modeling_my_model.py"
+# The trained code model fixture, named by its path in the repository (blocks run in a temporary folder).
+CODE_LM = "tests/fixtures/code_lm"
 TEXTS = ["Hello, world!", "Hi", "Export me to ONNX", "The train leaves at noon", "Hello again, world"]
 
 
@@ -120,7 +123,8 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _substitute(code: str, folder: Path) -> str:
     import transformers.models.llama.modeling_llama as llama
 
-    return code.replace(PLACEHOLDER_MODEL, str(folder)).replace(PLACEHOLDER_MODELING, llama.__file__)
+    code = code.replace(PLACEHOLDER_MODEL, str(folder)).replace(PLACEHOLDER_MODELING, llama.__file__)
+    return code.replace(CODE_LM, str(ROOT / CODE_LM))
 
 
 def _namespace(folder: Path) -> dict[str, Any]:

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
         "hfexport.tiny",
         "hfexport.testing",
         "hfexport.audit",
+        "hfexport.quant_audit",
         "hfexport.scan",
         "hfexport.sweep",
         "hfexport.sweep_ray",

@@ -16,6 +16,8 @@
 | `hf_files` | the Hugging Face files saved beside an export (config, generation config, tokenizer, processor) |
 | `loaded` | `load`, `LoadedExport`, `LoadedComponent` (run in the format's runtime: `hfexport.runtime.drivers`) |
 | `validation` | `validate`, `compare`, `Validation`: the artifact against eager, output by output |
+| `eval_text` | held-out text on every machine: the Python stdlib's source, split by a hash of each file's name |
+| `accuracy` | `quantization_accuracy`: a quantized export against its float model on held-out text; `BUDGETS` |
 
 Writing to disk goes through `hfexport.files` (the one atomic-write implementation).
 

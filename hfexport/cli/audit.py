@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from hfexport.cli.exits import ExitCode
 from hfexport.cli.export import model_options
@@ -19,6 +20,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     config = export_config(args)
     _step(f"building {args.model}")
     model, inputs = load_model(args.model, args.task, **model_options(args))
+    if args.quant:
+        return _quant_audit(args, model, inputs, config)
     ablate: bool | tuple[str, ...] = False
     if args.ablate is not None:
         ablate = split(args.ablate) or True
@@ -51,3 +54,32 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not audit.exported:
         return int(ExitCode.EXPORT_FAILED)
     return int(ExitCode.OK if (audit.validation or {}).get("ok") else ExitCode.DIFFERS)
+
+
+def _quant_audit(args: argparse.Namespace, model: Any, inputs: dict[str, Any], config: Any) -> int:
+    """`audit --quant`: the recipe's error by linear group, worst first, and the gain of keeping the worst in float."""
+    from hfexport.cli.accuracy import text_and_tokenizer
+    from hfexport.quant_audit import audit_quantization
+    from hfexport.rewrites.engine import stage_listener
+
+    text, name, tokenizer = text_and_tokenizer(args)
+    progress = Progress()
+    try:
+        with stage_listener(progress.stage):
+            audit = audit_quantization(
+                model,
+                inputs,
+                config,
+                tokenizer=tokenizer,
+                text=text,
+                text_name=name,
+                keep_worst=args.keep_worst,
+                progress=progress.step,
+            )
+    finally:
+        progress.close()
+    print(audit.render())
+    if args.json:
+        audit.save(args.json)
+        _step(f"wrote {args.json}")
+    return int(ExitCode.OK)

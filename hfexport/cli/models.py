@@ -391,6 +391,7 @@ def export_config(args: argparse.Namespace) -> Any:
         raise UsageError(f"{flag}: {exc}") from None
     if args.quantize:
         config.quantizer = _quantizer(args.quantize, args.format)
+        config.quantizer.keep_float = split(getattr(args, "keep_float", None))
     from hfexport.rewrites.engine import default_registry
 
     try:

@@ -100,6 +100,19 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
         help="quantize while exporting (ort-*: onnx; nncf-*: onnx/openvino/dynamo; pt2e-x86: dynamo/onnx/openvino)",
     )
     parser.add_argument(
+        "--keep-float",
+        action="append",
+        metavar="MODULES",
+        help="with --quantize: modules kept in floating point (mixed precision), comma-separated names, prefixes or "
+        "globs, e.g. model.layers.3.mlp,lm_head",
+    )
+    parser.add_argument(
+        "--eval-text",
+        metavar="FILE",
+        help="with --quantize: the text a quantized export is measured on against the float model (default: "
+        "held-out Python stdlib source)",
+    )
+    parser.add_argument(
         "--config", help="extra config fields as JSON (or @file.json), e.g. '{\"compress_to_fp16\": false}'"
     )
     parser.add_argument("--enable", action="append", help="enable rules by id or prefix (comma-separated)")
@@ -126,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     _export_options(export)
     export.add_argument("--output", required=True, help="folder for the artifact, report and manifest")
     export.add_argument("--validate", action="store_true", help="run the artifact in its runtime against eager")
+    export.add_argument(
+        "--max-perplexity-increase",
+        type=float,
+        metavar="PCT",
+        help="with --quantize --validate: fail when perplexity rises more than PCT %% over the float model's "
+        "(default: the budget of the recipe's precision, docs/quantization.md)",
+    )
     export.add_argument(
         "--device",
         help="where the artifact runs: cpu (default), cuda[:N] (dynamo, onnx; executorch: the CUDA backend), "
@@ -176,6 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--html", metavar="FILE", help="also write the audit as static HTML")
     audit.add_argument("--markdown", metavar="FILE", help="also write the audit as Markdown")
     audit.add_argument("--explain", action="store_true", help="say why each rule did or did not fire")
+    audit.add_argument(
+        "--quant",
+        action="store_true",
+        help="with --quantize: rank the linear groups by the error the recipe adds in each (one export per group, "
+        "measured against the float model) and measure keeping the worst in floating point",
+    )
+    audit.add_argument(
+        "--keep-worst", type=int, default=2, metavar="N", help="with --quant: groups kept in float for the gain (2)"
+    )
     audit.add_argument(
         "--all", action="store_true", help="list every registered rule, not only those that ran in this export"
     )
@@ -332,6 +361,20 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 "compression, computed weight by weight as the weights stream); ort-* quantizes the whole ONNX "
                 "model in memory, nncf-int8 and pt2e-x86 calibrate activations on the model's real weights"
             )
+    if args.command in ("export", "audit") and not args.quantize:
+        given = [flag for flag, value in (("--keep-float", args.keep_float), ("--eval-text", args.eval_text)) if value]
+        if args.command == "audit" and args.quant:
+            given.append("--quant")
+        if args.command == "export" and args.max_perplexity_increase is not None:
+            given.append("--max-perplexity-increase")
+        if given:
+            raise UsageError(f"{', '.join(given)}: used only with --quantize; add --quantize RECIPE or drop them")
+    if args.command == "export" and args.max_perplexity_increase is not None and not args.validate:
+        raise UsageError(
+            "--max-perplexity-increase is the budget --validate holds a quantized export to: add --validate"
+        )
+    if args.command == "export" and args.low_memory and args.keep_float:
+        raise UsageError("--low-memory compresses every weight as it streams: drop --keep-float")
     if args.command == "export":
         tolerances = [flag for flag in ("atol", "rtol") if getattr(args, flag) is not None]
         if tolerances and (not args.validate or args.generation):

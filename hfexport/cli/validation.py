@@ -84,6 +84,14 @@ def conclude(output: Path, validation: Mapping[str, Any], debug_exc: BaseExcepti
     reason = f"could not run: {error}" if error else "the artifact differs from eager beyond the tolerance"
     if error is None and "agreement" in validation:
         reason = "the generated tokens differ from model.generate"
+    accuracy = validation.get("accuracy")
+    if error is None and accuracy is not None:
+        exceeded = "; ".join(accuracy.get("exceeded") or [])
+        reason = (
+            f"the quantized export is beyond its accuracy budget ({exceeded})"
+            if exceeded
+            else "the quantized export did not run on every input"
+        )
     print(f"validation failed: {reason}", file=sys.stderr)
     print(
         f"the artifact is kept in {output}/ with its manifest saying validation failed (`hfexport check` reports "

@@ -276,5 +276,5 @@ class CaptureExporter(HfExporter):
             return self.lowering.lower(program, config, context, weights), record
         result = self.lowering.lower(program, config, context, weights)
         with context.stage("quantize", message=failure):
-            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format)
+            result, record = quantize_backend_model(quantizer, result, sample_inputs, self.export_format, program)
         return result, record

@@ -28,6 +28,7 @@ def check_quantizer(quantizer: Any, export_format: str, config: Any = None) -> d
             f"got {type(quantizer).__name__}"
         )
     quantizer.check_format(export_format)
+    quantizer.check_keep_float()
     check_config = getattr(quantizer, "check_config", None)
     if check_config is not None and config is not None:
         check_config(config)
@@ -50,7 +51,9 @@ def _record(quantizer: ExportQuantizer, stage: str, counts: dict[str, int], seco
     return QuantizationRecord(
         quantizer=type(quantizer).__name__,
         stage=stage,
-        settings=jsonable(quantizer.settings()),
+        settings=jsonable(
+            {**quantizer.settings(), **({"keep_float": list(quantizer.keep_float)} if quantizer.keep_float else {})}
+        ),
         op_counts=counts,
         seconds=seconds,
         calibration_samples=_calibration_count(quantizer),
@@ -108,15 +111,25 @@ def quantize_program(
 
 
 def quantize_backend_model(
-    quantizer: ExportQuantizer, result: Any, sample_inputs: Mapping[str, Any], export_format: str
+    quantizer: ExportQuantizer,
+    result: Any,
+    sample_inputs: Mapping[str, Any],
+    export_format: str,
+    program: torch.export.ExportedProgram | None = None,
 ) -> tuple[Any, QuantizationRecord]:
     """Run a backend quantizer on the lowered model (`ONNXProgram` or `openvino.Model`); return it and its record.
 
     The backend says which model inside its result the quantizer takes and how the quantized one goes back, and
-    counts its quantization ops (`Ops`)."""
+    counts its quantization ops (`Ops`). `program`: the captured program the model was lowered from, whose nodes
+    name the modules `keep_float` names.
+    """
+    from hfexport.quantizers.scopes import fx_node_modules, node_modules
+
     ops = backend(export_format).ops.load()
     start = time.perf_counter()
-    quantized = quantizer.quantize(ops.backend_model(result), sample_inputs, export_format)
+    captured = fx_node_modules(program.graph_module) if program is not None and quantizer.keep_float else None
+    with node_modules(captured):
+        quantized = quantizer.quantize(ops.backend_model(result), sample_inputs, export_format)
     result = ops.with_backend_model(result, quantized)
     seconds = time.perf_counter() - start
     return result, _record(quantizer, export_format, ops.quantized_op_counts(result), seconds)

@@ -156,6 +156,9 @@ class ExportQuantizer:
 
     calibration_dataset: calibration samples (forward kwargs); a plain attribute, so it can be set after
         construction. Quantizers that need data and have none calibrate on the export's sample inputs.
+    keep_float: modules whose linears stay in floating point (mixed precision), by module name, dotted prefix or
+        glob (`("model.layers.3.mlp", "lm_head")`); a plain attribute too. hfexport turns the names into the
+        toolkit's own exclusion (`hfexport.quantizers.scopes`); quantizers that do so set `supports_keep_float`.
     """
 
     quantizes_fx_graph: ClassVar[bool] = False
@@ -167,6 +170,8 @@ class ExportQuantizer:
     required_packages: ClassVar[tuple[str, ...]] = ()
     min_versions: ClassVar[dict[str, str]] = {}
     tested_versions: ClassVar[dict[str, str]] = {}
+    supports_keep_float: ClassVar[bool] = False
+    keep_float: tuple[str, ...] = ()
 
     def __init__(self, calibration_dataset: Iterable[Mapping[str, Any]] | None = None) -> None:
         self.calibration_dataset = calibration_dataset
@@ -190,6 +195,13 @@ class ExportQuantizer:
                 f"{type(self).__name__} quantizes {', '.join(formats) or 'no format'} exports, not "
                 f"{str(export_format)!r}; see docs/quantization.md for the quantizer that fits each backend"
             )
+
+    def check_keep_float(self) -> None:
+        """Raise `ConfigError` when `keep_float` is set on a quantizer that cannot honour it."""
+        if isinstance(self.keep_float, str):
+            raise ConfigError(f"keep_float takes a sequence of module names, got the string {self.keep_float!r}")
+        if self.keep_float and not self.supports_keep_float:
+            raise ConfigError(f"{type(self).__name__} does not support keep_float (mixed precision by module name)")
 
     def validate_environment(self) -> dict[str, str]:
         """Raise `MissingPackageError` for missing or too-old packages; warn once on drift from tested."""
@@ -219,12 +231,15 @@ class ExportQuantizer:
 
     def to_dict(self) -> dict[str, Any]:
         """What a config's `to_dict` records: the class and its settings. Not enough to rebuild it."""
-        return {
+        record = {
             "class": type(self).__name__,
             "module": type(self).__module__,
             "settings": jsonable(self.settings()),
             "calibration_samples": _length(self.calibration_dataset),
         }
+        if self.keep_float:
+            record["keep_float"] = list(self.keep_float)
+        return record
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.settings()})"

@@ -183,6 +183,7 @@ class _NNCFQuantizer(ExportQuantizer):
     required_packages: ClassVar[tuple[str, ...]] = ("nncf",)
     min_versions: ClassVar[dict[str, str]] = _NNCF_MIN
     tested_versions: ClassVar[dict[str, str]] = _NNCF_TESTED
+    supports_keep_float: ClassVar[bool] = True
 
     def __init__(
         self, config: NNCFConfig | None = None, calibration_dataset: Iterable[Mapping[str, Any]] | None = None
@@ -209,13 +210,41 @@ class _NNCFQuantizer(ExportQuantizer):
     def settings(self) -> dict[str, Any]:
         return {"recipe": type(self.config).__name__, **jsonable(dataclasses.asdict(self.config))}
 
-    def _run(self, model: Any, sample_inputs: Mapping[str, Any], feed: Callable[[Mapping[str, Any]], Any]) -> Any:
+    def _ignored_scope(self, kept: list[str]) -> Any:
+        """The config's `ignored_scope`, plus `kept`: the nodes of the `keep_float` modules, by NNCF's names."""
+        scope = self.config.ignored_scope
+        if not self.keep_float:
+            return scope
         import nncf
 
+        if not kept:
+            raise ConfigError(f"keep_float {list(self.keep_float)} names no module of this model")
+        if scope is None:
+            return nncf.IgnoredScope(names=kept, validate=False)
+        return nncf.IgnoredScope(
+            names=[*scope.names, *kept],
+            patterns=scope.patterns,
+            types=scope.types,
+            subgraphs=scope.subgraphs,
+            validate=False,
+        )
+
+    def _run(
+        self,
+        model: Any,
+        sample_inputs: Mapping[str, Any],
+        feed: Callable[[Mapping[str, Any]], Any],
+        kept: list[str] | None = None,
+    ) -> Any:
+        """NNCF on `model`; `kept`: the node names `keep_float` excludes (`hfexport.quantizers.scopes`)."""
+        import nncf
+
+        kwargs = self.config.nncf_kwargs()
+        if self.keep_float:
+            kwargs["ignored_scope"] = self._ignored_scope(kept or [])
         if isinstance(self.config, NNCFQuantizationConfig):
             dataset = nncf.Dataset(self.calibration(sample_inputs, feed))
-            return nncf.quantize(model, dataset, **self.config.nncf_kwargs())
-        kwargs = self.config.nncf_kwargs()
+            return nncf.quantize(model, dataset, **kwargs)
         if self.needs_calibration:
             kwargs["dataset"] = nncf.Dataset(self.calibration(sample_inputs, feed))
         return nncf.compress_weights(model, **kwargs)
@@ -266,7 +295,10 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
             )
 
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
-        return self._run(model, sample_inputs, lambda sample: traced_inputs(sample, sample_inputs))
+        from hfexport.quantizers.scopes import fx_nodes_in
+
+        kept = fx_nodes_in(model, self.keep_float) if self.keep_float else None
+        return self._run(model, sample_inputs, lambda sample: traced_inputs(sample, sample_inputs), kept)
 
 
 class NNCFOnnxQuantizer(_NNCFQuantizer):
@@ -343,9 +375,14 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
 
             quantized = compress_streamed_onnx(model, self._compress_external)
         else:
+            from hfexport.quantizers.scopes import onnx_nodes_in
+
             names = [value.name for value in model.graph.inputs]
+            kept = onnx_nodes_in(model, self.keep_float) if self.keep_float else None
             proto = ir.to_proto(model)
-            quantized = ir.from_proto(self._run(proto, sample_inputs, lambda s: onnx_feed(names, traced_inputs(s))))
+            quantized = ir.from_proto(
+                self._run(proto, sample_inputs, lambda s: onnx_feed(names, traced_inputs(s)), kept)
+            )
         if self.weight_only:
             self._set_accuracy_level(quantized)
         return quantized
@@ -385,4 +422,7 @@ class NNCFOpenVINOQuantizer(_NNCFQuantizer):
         return _weight_compression_refusal(self.config, self.calibration_dataset)
 
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
-        return self._run(model, sample_inputs, lambda sample: openvino_feed(traced_inputs(sample), model))
+        from hfexport.quantizers.scopes import openvino_nodes_in
+
+        kept = openvino_nodes_in(model, self.keep_float) if self.keep_float else None
+        return self._run(model, sample_inputs, lambda sample: openvino_feed(traced_inputs(sample), model), kept)

@@ -110,6 +110,7 @@ class OnnxRuntimeQuantizer(ExportQuantizer):
     required_packages: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnx", "onnx-ir")
     min_versions: ClassVar[dict[str, str]] = {"onnxruntime": "1.17.0"}
     tested_versions: ClassVar[dict[str, str]] = {"onnxruntime": "1.32.0"}
+    supports_keep_float: ClassVar[bool] = True
     # The tool quantizes every MatMul: attention written as MatMul/Softmax/MatMul would have its scores quantized
     # too (MiniLM static int8 lost 0.002 cosine against the toolkit's quantization of the plain export).
     disabled_rules: ClassVar[tuple[str, ...]] = ("onnx/attention-as-matmul",)
@@ -148,13 +149,18 @@ class OnnxRuntimeQuantizer(ExportQuantizer):
         import onnx_ir as ir
         from onnxruntime import quantization as ortq
 
+        from hfexport.quantizers.scopes import onnx_nodes_in
+
         config = self.config
+        kept = onnx_nodes_in(model, self.keep_float) if self.keep_float else []
+        if self.keep_float and not kept:
+            raise ConfigError(f"keep_float {list(self.keep_float)} names no module of this model")
         common: dict[str, Any] = {
             "per_channel": config.per_channel,
             "reduce_range": config.reduce_range,
             "weight_type": getattr(ortq.QuantType, _type_name(config.weight_type)),
             "op_types_to_quantize": list(config.op_types_to_quantize) if config.op_types_to_quantize else None,
-            "nodes_to_exclude": list(config.nodes_to_exclude),
+            "nodes_to_exclude": [*config.nodes_to_exclude, *kept],
             "extra_options": dict(config.extra_options),
         }
         with tempfile.TemporaryDirectory(prefix="hfexport-ort-") as tmp:
