@@ -152,6 +152,48 @@ def test_onnx_quantized_weights_check_recomputes_from_the_checkpoint(
     assert check_streamed_quantized(copy / "model.onnx", source).mismatched == [target.name]
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda e: "text", id="not-a-list"),
+        pytest.param(lambda e: e[:-1], id="short"),
+        pytest.param(lambda e: [*e[:7], "no.such.weight", *e[8:]], id="unknown-tensor"),
+        pytest.param(lambda e: [*e[:2], "int99", *e[3:]], id="unknown-mode"),
+        pytest.param(lambda e: [*e[:5], "Gemm", *e[6:]], id="unknown-op"),
+        pytest.param(lambda e: [*e[:3], 0, *e[4:]], id="group-size-0"),
+        pytest.param(lambda e: [*e[:4], 2**40, *e[5:]], id="axis-2^40"),
+        pytest.param(lambda e: [*e[:8], [0, 0], e[9]], id="perm-repeats"),
+        pytest.param(lambda e: [*e[:8], ["a"], e[9]], id="perm-not-axes"),
+        pytest.param(lambda e: [*e[:9], 999], id="data-type-999"),
+        pytest.param(lambda e: [*e[:3], 7, 1, *e[5:]], id="layout-nncf-refuses"),
+    ],
+)
+def test_a_forged_quantized_record_is_an_artifact_error(
+    checkpoint: dict[str, Any], onnx_int4: tuple[Path, Path], tmp_path: Path, edit: Any
+) -> None:
+    """The record of which checkpoint tensor and layout each quantized initializer came from is data of the
+    artifact: an entry of the wrong shape, type or range is refused as `ArtifactError`, never a raw `KeyError`,
+    `TypeError` or NNCF's own exception."""
+    import json
+    import shutil
+
+    from hfexport.artifacts.errors import ArtifactError
+    from hfexport.lowerings.quantize_streaming import ONNX_QUANTIZED_KEY
+
+    _, streamed = onnx_int4
+    copy = tmp_path / "copy"
+    shutil.copytree(streamed.parent, copy)
+    proto = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    prop = next(p for p in proto.metadata_props if p.key == ONNX_QUANTIZED_KEY)
+    record = json.loads(prop.value)
+    name = next(n for n, e in record.items() if e[7] is not None and n.endswith("_quantized"))
+    record[name] = edit(record[name])
+    prop.value = json.dumps(record)
+    onnx.save(proto, str(copy / "model.onnx"))
+    with pytest.raises(ArtifactError, match=r"model\.onnx records"):
+        check_streamed_quantized(copy / "model.onnx", Checkpoint.open(checkpoint["folder"]))
+
+
 def _bin_consts(xml: Path) -> list[tuple[str, str, str, int, int]]:
     root = ET.parse(xml).getroot()
     return [

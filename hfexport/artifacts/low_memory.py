@@ -171,6 +171,8 @@ def check_streamed_quantized(onnx_path: str | Path, checkpoint: Checkpoint) -> S
     onnx_path = Path(onnx_path)
     proto = _load_onnx(onnx_path)
     recorded = _record(proto, ONNX_QUANTIZED_KEY, onnx_path)
+    for name, entry in recorded.items():
+        _check_quantized_entry(onnx_path, name, entry, checkpoint)
     by_weight: dict[str, list[Any]] = {}
     for tensor in proto.graph.initializer:
         if tensor.name in recorded:
@@ -181,16 +183,57 @@ def check_streamed_quantized(onnx_path: str | Path, checkpoint: Checkpoint) -> S
         _, *layout, key, perm, data_type = recorded[tensors[0].name]
         if key is None:  # a weight whose checkpoint tensor is not recorded: nothing to compare with
             continue
-        expected = checkpoint.load(key, _TORCH_DTYPES.get(data_type))
+        expected = checkpoint.load(key, _TORCH_DTYPES[data_type])
         if perm is not None:
+            if sorted(perm) != list(range(expected.dim())):
+                raise ArtifactError(f"{onnx_path.name} records {perm!r} for {key!r}, not a permutation of its axes")
             expected = expected.permute(tuple(perm)).contiguous()
-        parts = onnx_parts(OnnxQuantized(*layout), expected.numpy())
+        try:
+            parts = onnx_parts(OnnxQuantized(*layout), expected.numpy())
+        except Exception as exc:  # NNCF raises any type for a layout the record made up
+            raise ArtifactError(
+                f"{onnx_path.name} records a layout {layout!r} that NNCF cannot compute for {key!r} "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         del expected
         for tensor in tensors:
-            if _saved_bytes(onnx_path, tensor) != parts[recorded[tensor.name][0]].raw_data:
+            part = parts.get(recorded[tensor.name][0])
+            if part is None or _saved_bytes(onnx_path, tensor) != part.raw_data:
                 mismatched.append(tensor.name)
             checked.append(tensor.name)
     return StreamedWeights(checked, mismatched, recorded=len(recorded))
+
+
+# A record of `check_streamed_quantized`: [part suffix, *OnnxQuantized.to_list(), checkpoint key, perm, data type].
+_QUANTIZED_ENTRY = (str, str, str, int, int, str, int, (str, type(None)), (list, type(None)), int)
+_QUANTIZED_OPS = ("MatMulNBits", "DequantizeLinear")
+
+
+def _check_quantized_entry(onnx_path: Path, name: str, entry: Any, checkpoint: Checkpoint) -> None:
+    """Refuse a record entry of the wrong shape or types, naming a tensor the checkpoint lacks, an op the export
+    never writes or a dtype it never reads: the record is data of the artifact, written by whoever wrote it."""
+
+    def refuse(why: str) -> ArtifactError:
+        return ArtifactError(f"{onnx_path.name} records {name!r} as {entry!r}: {why}")
+
+    if not isinstance(entry, list) or len(entry) != len(_QUANTIZED_ENTRY):
+        raise refuse(f"not a list of {len(_QUANTIZED_ENTRY)} fields")
+    for value, kinds in zip(entry, _QUANTIZED_ENTRY, strict=True):
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise refuse(f"{value!r} is not of the type the record holds there")
+    _, _, mode, group_size, axis, op, block_size, key, perm, data_type = entry
+    from nncf.parameters import CompressWeightsMode
+
+    if mode not in {m.value for m in CompressWeightsMode} or op not in _QUANTIZED_OPS:
+        raise refuse("an NNCF mode or an op the export does not write")
+    if group_size == 0 or group_size < -1 or block_size < 0 or not -8 <= axis < 8:
+        raise refuse("a group size, block size or axis out of range")
+    if key is not None and key not in checkpoint:
+        raise refuse("no tensor of the checkpoint")
+    if perm is not None and not all(isinstance(axis, int) and not isinstance(axis, bool) for axis in perm):
+        raise refuse("a permutation of other than axis numbers")
+    if data_type not in _TORCH_DTYPES:
+        raise refuse("an ONNX data type the checkpoint does not hold")
 
 
 def _saved_bytes(onnx_path: Path, tensor: Any) -> bytes:
