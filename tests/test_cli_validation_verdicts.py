@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import hfexport
 from hfexport.artifacts import FailedValidationWarning, update_manifest
@@ -96,17 +97,30 @@ def test_check_says_when_an_artifact_was_not_validated(tmp_path: Path) -> None:
 
 
 def test_the_exit_code_does_not_depend_on_debug(tmp_path: Path) -> None:
-    # A folder whose config names a model type transformers does not know: an unexpected error, exit 3.
+    # A folder whose weight has another shape than its config says: transformers refuses it while loading, an
+    # unexpected error, exit 3 (a config transformers cannot read is refused earlier, as a usage error).
+    from safetensors.torch import save_file
+
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-type", "architectures": ["X"]}))
-    (folder / "model.safetensors").write_bytes(b"")
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "vocab_size": 64,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(folder / "model.safetensors"))
     args = ("export", "--model", str(folder), "--output", str(tmp_path / "out"))
     plain, debug = _run(*args), _run(*args, "--debug")
     assert plain.returncode == debug.returncode == 3, (plain.stderr[-2000:], debug.stderr[-2000:])
     assert _first(plain.stderr) == _first(debug.stderr) == f"• building {folder}"
     line = plain.stderr.splitlines()[-1]
-    assert line.startswith("error: ValueError: ") and line.endswith(" (--debug shows the traceback)")
+    assert line.startswith("error: RuntimeError: ") and line.endswith(" (--debug shows the traceback)")
     assert "Traceback (most recent call last):" in debug.stderr and "Traceback" not in plain.stderr
     assert debug.stderr.splitlines()[-1] == line.removesuffix(" (--debug shows the traceback)")
     assert not (tmp_path / "out").exists()
