@@ -416,3 +416,15 @@ def test_a_malformed_model_folder_is_one_usage_error(
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and errors[0].startswith(error.format(folder=folder)), stderr[-2000:]
     assert "Traceback" not in stderr and not output.exists()
+
+
+def test_an_output_path_that_is_not_utf8_saves_and_loads(tmp_path: Path) -> None:
+    """A folder name of bytes that are not UTF-8 (as file systems allow) is written and read back: torch's .pt2
+    writer aborted the process on such a path (exit 134) before it was given a file object."""
+    output = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/out-\xff\xfe"))
+    export = ["export", "--model", "tiny-llama", "--output", str(output), "--validate"]
+    for args in (export, ["check", str(output), "--trust"]):
+        # Bytes, not text: the command prints the path as the file system spells it.
+        result = subprocess.run([sys.executable, "-m", "hfexport", *args], capture_output=True, env=ENV, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert (output / "model.pt2").is_file()

@@ -24,8 +24,13 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     # the full unpickler and logs the failure. With them the weights-only load succeeds for a cache. A
     # `ModelOutput` (an encoder-decoder's `encoder_outputs`, a VLM's image features) still falls back: the
     # weights-only unpickler sets items only on plain dicts. The fallback is what `trust=True` allows.
-    with torch.serialization.safe_globals(list(cache_module_classes())), _quiet_fallback_record():
-        return torch.export.load(str(path))
+    # A file object, as `torch.export.save` is given one: a path that is not UTF-8 fails in torch's reader.
+    with (
+        torch.serialization.safe_globals(list(cache_module_classes())),
+        _quiet_fallback_record(),
+        open(path, "rb") as f,
+    ):
+        return torch.export.load(f)
 
 
 class _FallbackRecord(logging.Filter):

@@ -12,7 +12,10 @@ from hfexport.naming import signature_names
 def _write_dynamo(program: Any, main: Path, config: Any) -> None:
     import torch
 
-    torch.export.save(program, str(main))
+    # A file object, not the path: torch's archive writer takes a path through C++ as UTF-8, and a path that is
+    # not (bytes from the file system, Python's surrogate escapes) aborts the whole process (exit 134, torch 2.13).
+    with open(main, "wb") as file:
+        torch.export.save(program, file)
 
 
 def _dynamo_signature(program: Any) -> Signature:
