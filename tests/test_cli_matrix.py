@@ -63,11 +63,12 @@ Runs = Callable[[str, str, str], CliRun]
 
 
 def _jobs() -> int:
-    """Commands run at once: one per core (the exports are mostly single-threaded Python), up to 4; one under
-    pytest-xdist, whose workers already share the cores (`HFEXPORT_TEST_JOBS` overrides)."""
+    """Commands run at once: one per core (the exports are mostly single-threaded Python), up to 4, also under
+    pytest-xdist: the matrix is the longest file, and the other workers finish theirs first and leave their cores
+    to it (`HFEXPORT_TEST_JOBS` overrides)."""
     if os.environ.get("HFEXPORT_TEST_JOBS"):
         return max(1, int(os.environ["HFEXPORT_TEST_JOBS"]))
-    return 1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(4, os.cpu_count() or 1))
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session")
