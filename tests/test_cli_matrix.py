@@ -33,6 +33,12 @@ SKIPPED = {
     ("tiny-llava", export_format, "validate"): ["batch+1: the export keeps it static (pixel_values holds 2 image(s)"]
     for export_format in FORMATS
 }
+# Mamba's scan is unrolled on ExecuTorch, so the sequence is the sample's (the export says so and records it in
+# `used.static_axes`): the longer sequences are skipped with that reason.
+SKIPPED[("tiny-mamba", "executorch", "validate")] = [
+    "grown: the export keeps it static (",
+    "long: the export keeps it static (",
+]
 # The Hugging Face files an export of a built-in model writes beside the artifact.
 HF_FILES = ("config.json", "generation_config.json")
 CELLS = [(model, export_format) for model in TINY_MODELS for export_format in FORMATS]
@@ -144,7 +150,7 @@ def test_export_validate(cli_runs: Runs, model: str, export_format: str) -> None
     assert validation["ok"] is True and validation["tolerance_source"].startswith("the default for float32")
     assert f"ok   {manifest['outputs'][0]} " in run.stdout and "FAIL" not in run.stdout
     # The sample and the three other shapes, each compared or skipped with its reason; never a crash.
-    assert [s["name"] for s in validation["shapes"]] == ["grown", "long", "batch+1"]
+    assert sorted(s["name"] for s in validation["shapes"]) == ["batch+1", "grown", "long"]
     skipped = skipped_checks(manifest)
     expected = SKIPPED.get(key, [])
     assert len(skipped) == len(expected) and all(s.startswith(e) for s, e in zip(skipped, expected, strict=True))

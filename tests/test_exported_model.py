@@ -105,13 +105,15 @@ def test_folder_loads_like_a_hugging_face_folder(saved, llama, tokenizer) -> Non
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert name in manifest["files"], name
         assert manifest["checksums"][name]["size"] == (folder / name).stat().st_size
-    assert _fields(AutoConfig.from_pretrained(folder)) == _fields(llama.config)
+    # As `save_pretrained` writes it: the exported class named in `architectures`.
+    expected = {**_fields(llama.config), "architectures": [type(llama).__name__]}
+    assert _fields(AutoConfig.from_pretrained(folder)) == expected
     reloaded = AutoTokenizer.from_pretrained(folder)
     texts = ["w5 w17 w99", "w3"]
     assert reloaded(texts, padding=True)["input_ids"] == tokenizer(texts, padding=True)["input_ids"]
     model = AutoExportedModel.from_pretrained(folder, trust=True)
     assert type(model) is ExportedModelForCausalLM and model.export_format == backend
-    assert _fields(model.config) == _fields(llama.config)
+    assert _fields(model.config) == expected
     assert model.generation_config.eos_token_id == llama.generation_config.eos_token_id
     assert model.device == torch.device("cpu") and model.dtype == torch.float32 and model.can_generate()
 

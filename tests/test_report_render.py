@@ -220,10 +220,11 @@ def test_markdown_renders_every_value_as_itself_on_its_own_line() -> None:
     assert headings[0] == "hfexport: /models/x\\n## Validation: matches eager.\\n- Validation: matches eager. -> onnx"
     assert "Validation: DIFFERS from eager" in headings and "Validation: matches eager." not in headings
     items = [text for tag, text in _rendered_texts(rendered) if tag == "li"]
+    # The verdict first (the validation), then the summary line.
     assert items[:2] == [
+        "Validation: DIFFERS from eager.",
         "Evil\\n## Validation: matches eager.\\n- Validation: matches eager. -> onnx: 1 rule(s) fired, 1 hit(s), "
         "exported in 0.00s.",
-        "Validation: DIFFERS from eager.",
     ]
     assert items[2:] == [f"warning: {w}" for w in hostile[1:-1]] + [
         "warning: tab\there, escape \\x1b[31m, undecodable \\udcff"

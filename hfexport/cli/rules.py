@@ -63,8 +63,11 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     # Aligned to the terminal: the `why` is cut to fit (`rules show ID` prints it whole).
     width = shutil.get_terminal_size((120, 24)).columns
     for row in rows:
-        line = "  ".join(c.ljust(w) for c, w in zip(row[:columns], widths, strict=True)) + "  " + row[-1]
-        print(line if len(line) <= width else line[: max(width - 1, 40)] + "…")
+        # Only the `why` is cut, never the columns before it (a narrow terminal still shows id, kind, origin).
+        start = "  ".join(c.ljust(w) for c, w in zip(row[:columns], widths, strict=True)) + "  "
+        room = max(width - len(start), 24)
+        why = row[-1]
+        print(start + (why if len(why) <= room else why[: room - 1] + "…"))
     external_count = sum(rule.origin is not None for rule in rules)
     from_outside = f", {external_count} from outside hfexport" if external_count else ""
     print(f"{len(rules)} rule(s){from_outside}; `hfexport rules show ID` prints one whole")

@@ -351,7 +351,9 @@ def test_a_merged_rule_answers_to_its_former_ids() -> None:
     assert registry.get("patch/executorch-jetmoe-rowwise-experts").id == "patch/jetmoe-rowwise-experts"
     # The longest pattern still decides: the family's own id re-enables it over a former id's prefix.
     assert RuleSelection(enable=("patch/mamba-selective-scan-hop",), disable=("patch/mamba",)).is_enabled(mamba.meta)
-    with pytest.raises(RuleDefinitionError, match="already a rule id or alias"):
+    with pytest.raises(
+        RuleDefinitionError, match="is already taken: it is a former id of patch/mamba-selective-scan-hop"
+    ):
         registry_copy = RuleRegistry()
         registry_copy.register(mamba)
         registry_copy.register(
