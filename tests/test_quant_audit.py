@@ -13,8 +13,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("nncf")
 
 from hfexport import ConfigError, OnnxConfig, OnnxExporter
+from hfexport.backends.onnx.ops import quantized_op_counts
 from hfexport.quant_audit import audit_quantization, linear_groups
-from hfexport.quantizers.apply import onnx_op_counts
 from hfexport.quantizers.onnxruntime import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
 from hfexport.quantizers.scopes import module_matches
 from tests.quant_checks import FIXTURE, HELDOUT, MEASURE, WrongScale, code_lm, sample, trained
@@ -44,7 +44,7 @@ def test_keep_float_leaves_a_module_unquantized_in_onnx_runtime() -> None:
     exporter = OnnxExporter()
     program = exporter.export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer))
     # 4 layers x 7 linears + the head, less the 3 of layer 0's MLP and the head.
-    assert onnx_op_counts(program.model)["MatMulInteger"] == 4 * 7 + 1 - 3 - 1
+    assert quantized_op_counts(program.model)["MatMulInteger"] == 4 * 7 + 1 - 3 - 1
     assert exporter.report.quantization.settings["keep_float"] == ["model.layers.0.mlp", "lm_head"]
 
 
