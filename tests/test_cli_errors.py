@@ -353,7 +353,7 @@ def test_portable_opset_and_sample_shape_flags_reach_the_export(tmp_path: Path) 
 
 
 # Small enough that a probe which let the folder through would load it quickly, never a 7B default Llama.
-_SMALL_LLAMA = {
+SMALL_LLAMA = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 8,
@@ -387,6 +387,13 @@ def _folder_with_weights(tmp_path: Path, config: dict | bytes) -> Path:
             id="crop-size-2^31",
         ),
         pytest.param(
+            {"model_type": "vit", "architectures": ["ViTForImageClassification"], "num_hidden_layers": 1},
+            {"crop_size": 16384},
+            "image-classification",
+            "error: the folder's config files make pixel_values of shape [2, 3, 16384, 16384] (1610612736 elements",
+            id="pixels-over-the-cap",
+        ),
+        pytest.param(
             b"\xbd{not json",
             None,
             "auto",
@@ -394,7 +401,7 @@ def _folder_with_weights(tmp_path: Path, config: dict | bytes) -> Path:
             id="config-not-utf8",
         ),
         pytest.param(
-            {**_SMALL_LLAMA, "vocab_size": -5},
+            {**SMALL_LLAMA, "vocab_size": -5},
             None,
             "auto",
             "error: config vocab_size gives vocabulary -5: a sample needs a whole number from 1 to 2147483648",

@@ -101,19 +101,11 @@ def test_the_exit_code_does_not_depend_on_debug(tmp_path: Path) -> None:
     # unexpected error, exit 3 (a config transformers cannot read is refused earlier, as a usage error).
     from safetensors.torch import save_file
 
+    from tests.test_cli_errors import SMALL_LLAMA
+
     folder = tmp_path / "model"
     folder.mkdir()
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 8,
-        "intermediate_size": 16,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 1,
-        "num_key_value_heads": 1,
-        "vocab_size": 64,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(SMALL_LLAMA))
     save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(folder / "model.safetensors"))
     args = ("export", "--model", str(folder), "--output", str(tmp_path / "out"))
     plain, debug = _run(*args), _run(*args, "--debug")

@@ -229,6 +229,7 @@ def folder_sample_inputs(
     length = sequence_length or DEFAULT_TEXT_LENGTH.get(task, 0)
     if task == "image-classification":
         channels, height, width = image_shape(spec)
+        check_sample_size((batch, channels, height, width), "pixel_values")
         return {"pixel_values": torch.randn(batch, channels, height, width, generator=generator)}
     if task == "speech-seq2seq":
         return _speech_inputs(spec, batch, length, generator)
