@@ -13,6 +13,7 @@ from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
 from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, flat
+from hfexport.runtime.executorch import contiguous
 
 
 class ExecutorchDriver(NamedDriver):
@@ -56,7 +57,7 @@ class ExecutorchDriver(NamedDriver):
         that does not fit the program's planned shapes (e.g. a batch of 2 for a program traced at batch 1)."""
         program = self.programs[name]  # an ExecutorchProgram: its planned shapes were read when it was loaded
         try:
-            return program.method.execute(inputs_in_order)
+            return program.method.execute(contiguous(inputs_in_order))
         except RuntimeError:
             from hfexport.runtime.executorch import check_feed  # the failure path only: nothing added per step
 
@@ -112,22 +113,25 @@ def _saved_order(spec: GenerationSpec, name: str, method: Any) -> list[tuple[str
     """The method's inputs of a saved component, by flat name: its forward kwargs in the recorded order, the
     cache (`spec.cache_key`) expanded to its recorded leaves, in pytree order, as the capture flattened it.
 
-    Checked against the program's own input count: a kwarg that flattens to several leaves other than the
-    cache (an encoder-decoder's `encoder_outputs`, a VLM's features) cannot be placed from the layout alone, and
-    is refused rather than fed in a guessed order."""
+    An encoder-decoder's `encoder_outputs` is expanded to the fields the layout records, named as `generate`
+    feeds a loaded artifact's encoder output (`encoder_outputs.last_hidden_state`; `encoder_outputs.0` for a
+    tuple). Checked against the program's own input count: another kwarg that flattens to several leaves (a
+    VLM's features) cannot be placed from the layout alone, and is refused rather than fed in a guessed order."""
     component = spec.components[name]
     order: list[tuple[str, Any]] = []
     for kwarg in component.inputs:
         if kwarg == spec.cache_key:
             order += [(leaf.name, None) for leaf in component.cache_leaves]
+        elif kwarg == "encoder_outputs" and spec.is_encoder_decoder:
+            order += [(f"{kwarg}.{field}", None) for field in spec.encoder_output_fields or ["0"]]
         else:
             order.append((kwarg, None))
     count = method.metadata.num_inputs()
     if len(order) != count:
         raise InputError(
             f"the saved ExecuTorch component {name!r} takes {count} inputs; its generation layout names {len(order)} "
-            f"({[n for n, _ in order]}): generate() runs a loaded ExecuTorch artifact of a decoder-only text model; "
-            "pass the export_for_generation result for this one"
+            f"({[n for n, _ in order]}): generate() runs a loaded ExecuTorch artifact of a text model (decoder-only "
+            "or encoder-decoder); pass the export_for_generation result for this one"
         )
     return order
 
