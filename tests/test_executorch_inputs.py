@@ -49,8 +49,10 @@ def test_a_strided_view_is_fed_as_its_copy(program: Any) -> None:
     assert fed[0] is ids and fed[1].is_contiguous() and torch.equal(fed[1], hidden) and fed[2] is None
 
 
-def _spec(inputs: list[str], fields: list[str], encoder_decoder: bool = True) -> GenerationSpec:
-    component = ComponentSpec(inputs=inputs, constants={}, mask_rank=None, cache_leaves=[])
+def _spec(
+    inputs: list[str], fields: list[str], encoder_decoder: bool = True, leaves: dict[str, list[str]] | None = None
+) -> GenerationSpec:
+    component = ComponentSpec(inputs=inputs, constants={}, mask_rank=None, cache_leaves=[], leaves=leaves or {})
     return GenerationSpec(
         components={"decode": component},
         cache_key=None,
@@ -63,12 +65,17 @@ def _spec(inputs: list[str], fields: list[str], encoder_decoder: bool = True) ->
     )
 
 
-def test_a_saved_decoder_takes_encoder_outputs_by_the_recorded_field_names(program: Any) -> None:
-    """`generate` feeds a loaded artifact's encoder output as `encoder_outputs.<field>` (or `.0` for a tuple): the
-    saved order names it so, not `encoder_outputs`, which no value has (T5 and Whisper were fed None)."""
+def test_a_saved_component_takes_nested_inputs_by_their_recorded_leaf_names(program: Any) -> None:
+    """A nested input of a saved component is placed by the flat names of its tensors the layout records, as
+    `generate` names what it feeds (`mm_encoder_outputs.image.pooler_output.0`); a layout without them places
+    `encoder_outputs` as `encoder_outputs.<field>` (or `.0` for a tuple), not `encoder_outputs`, which no value
+    has (T5 and Whisper were fed None)."""
     from hfexport.backends.executorch.driver import _saved_order
 
     method = program.method
+    nested = {"mm_encoder_outputs": ["mm_encoder_outputs.image.pooler_output.0"]}
+    order = _saved_order(_spec(["input_ids", "mm_encoder_outputs"], [], False, nested), "decode", method)
+    assert [name for name, _ in order] == ["input_ids", "mm_encoder_outputs.image.pooler_output.0"]
     order = _saved_order(_spec(["decoder_input_ids", "encoder_outputs"], ["last_hidden_state"]), "decode", method)
     assert [name for name, _ in order] == ["decoder_input_ids", "encoder_outputs.last_hidden_state"]
     order = _saved_order(_spec(["decoder_input_ids", "encoder_outputs"], []), "decode", method)
