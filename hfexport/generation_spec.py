@@ -100,6 +100,10 @@ class ComponentSpec:
     cache_leaves: list[CacheLeaf]
     # Layout inputs baked into the graph (`LayoutSpecialised`): the only values the component accepts.
     layout: dict[str, list[Any]] = field(default_factory=dict)
+    # The flat names of the tensors each nested input other than the cache flattens to, in pytree order (a VLM
+    # prefill's `mm_encoder_outputs.image.last_hidden_state`, ...): a runtime that takes its inputs by position
+    # (a loaded ExecuTorch program) places them by these names.
+    leaves: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,6 +160,7 @@ class GenerationSpec:
                 mask_rank=c["mask_rank"],
                 cache_leaves=[CacheLeaf(**leaf) for leaf in c["cache_leaves"]],
                 layout=dict(c.get("layout", {})),
+                leaves={k: list(v) for k, v in c.get("leaves", {}).items()},
             )
             for name, c in data["components"].items()
         }

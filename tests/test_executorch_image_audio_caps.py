@@ -60,6 +60,22 @@ def test_image_axes_are_capped_at_the_config_image_size_not_the_sequence_cap() -
     ]
 
 
+def test_a_nested_tensor_axis_is_never_capped_below_its_sample() -> None:
+    """A VLM prefill takes its image features nested (`mm_encoder_outputs.image.pooler_output.0`: one image's 16
+    rows); capped at the batch cap, that axis was planned for 8 rows, and the program refused its own sample."""
+    from transformers import LlamaConfig
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    image = BaseModelOutputWithPooling(last_hidden_state=torch.rand(2, 16, 8), pooler_output=(torch.rand(16, 8),))
+    sample = {"input_ids": torch.ones(2, 20, dtype=torch.long), "mm_encoder_outputs": {"image": image}}
+    model = _WithConfig(LlamaConfig(max_position_embeddings=64))
+    shapes = bounded_dynamic_shapes(model, sample, ExecutorchConfig(dynamic=True))
+    hidden, (pooled,) = shapes["mm_encoder_outputs"]["image"]  # a ModelOutput's spec: the list of its fields
+    assert [d.max for d in pooled.values()] == [16, 64]
+    assert [d.max for d in hidden.values()] == [MAX_BATCH, 64, 64]
+    assert _maxes(shapes, "input_ids") == [MAX_BATCH, 64]
+
+
 def test_image_cap_from_a_vision_sub_config_else_the_sample_size() -> None:
     from transformers import CLIPConfig
 

@@ -503,6 +503,8 @@ GENERATION_VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mask-rank", {"components.model.mask_rank": 99}, "mask_rank"),
     ("inputs-not-names", {"components.model.inputs": [1]}, "inputs"),
     ("layout-huge", {"components.model.layout": {"image_grid_thw": [[1, 2, 3]] * 100}}, "layout"),
+    ("leaves-not-names", {"components.model.leaves": {"encoder_outputs": [0]}}, "leaves"),
+    ("leaves-not-an-object", {"components.model.leaves": ["encoder_outputs.0"]}, "leaves"),
     ("sample-batch", {"sample_batch": 0}, "sample_batch"),
     ("max-cache-len", {"max_cache_len": -5}, "max_cache_len"),
     ("static-cache-flag", {"static_cache": "yes"}, "static_cache"),

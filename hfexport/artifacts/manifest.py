@@ -342,6 +342,11 @@ def _check_generation(
         layout = comp.get("layout", {})
         if not isinstance(layout, dict) or any(_count_values(v) > LAYOUT_MAX_NUMEL * 3 for v in layout.values()):
             raise ManifestError(f"{at}.layout holds small integer tensors (at most {LAYOUT_MAX_NUMEL} values each)")
+        nested = comp.get("leaves", {})
+        if not isinstance(nested, dict) or len(nested) > MAX_FILES:
+            raise ManifestError(f"{at}.leaves must be an object of name lists")
+        for kwarg, names in nested.items():
+            _str_list(names, f"{at}.leaves[{kwarg!r}]")
         if not isinstance(comp["cache_leaves"], list) or len(comp["cache_leaves"]) > MAX_FILES:
             raise ManifestError(f"{at}.cache_leaves must be a list")
         for i, leaf in enumerate(comp["cache_leaves"]):

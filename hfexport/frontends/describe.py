@@ -11,6 +11,7 @@ from hfexport.errors import InputError
 from hfexport.frontends.calls import _LOOP_KWARGS, Components, _cache_key, _is_static, _linear_only, _query_length
 from hfexport.frontends.torch_export import scalar_sequence
 from hfexport.generation_spec import CacheLeaf, ComponentSpec, GenerationSpec
+from hfexport.naming import tensor_leaves
 from hfexport.positions import MultimodalPositions
 from hfexport.positions import derive as derive_positions
 
@@ -46,6 +47,10 @@ def _masks_current_only(cache: Any, kwargs: Mapping[str, Any]) -> bool:
     if isinstance(cache, Cache) or not isinstance(mask, torch.Tensor) or mask.ndim != 2:
         return False
     return mask.shape[-1] == _query_length(kwargs)
+
+
+def _nested(value: Any) -> bool:
+    return isinstance(value, (tuple, list, Mapping))
 
 
 def describe(
@@ -96,6 +101,7 @@ def describe(
             constants=constants,
             mask_rank=mask.ndim if isinstance(mask, torch.Tensor) else None,
             cache_leaves=leaves,
+            leaves={k: list(tensor_leaves({k: kwargs[k]})) for k in tensors if k != key and _nested(kwargs[k])},
         )
     from transformers.utils import ModelOutput
 

@@ -211,8 +211,11 @@ def _cap_axes(
     caps: DimCaps,
     named: dict[str, Any],
     out: list[str],
+    value: Any = None,
 ) -> Any:
-    """Cap the axes of one tensor's spec (dict {axis: dim} or list per axis); recurse into containers."""
+    """Cap the axes of one tensor's spec (dict {axis: dim} or list per axis); recurse into containers, with the
+    sample's subtree `value`, so that a nested tensor's axis is never capped below its sample size (a VLM's
+    per-image features `mm_encoder_outputs.image.pooler_output.0` of 16 rows were planned for 8, the batch cap)."""
 
     def cap_for(axis: int) -> int:
         if shape is not None and axis < 0:
@@ -253,10 +256,29 @@ def _cap_axes(
                 out.append(note(axis))
         return type(spec)(dims)
     if isinstance(spec, Mapping):
-        return {k: _cap_axes(v, None, {}, caps, named, out) for k, v in spec.items()}
+        return {
+            k: _cap_axes(v, _shape(_part(value, k)), {}, caps, named, out, _part(value, k)) for k, v in spec.items()
+        }
     if isinstance(spec, (list, tuple)):
-        return type(spec)(_cap_axes(v, None, {}, caps, named, out) for v in spec)
+        parts = [_part(value, i) for i in range(len(spec))]
+        return type(spec)(_cap_axes(v, _shape(p), {}, caps, named, out, p) for v, p in zip(spec, parts, strict=True))
     return spec
+
+
+def _part(value: Any, key: Any) -> Any:
+    """The sample's leaf or subtree at `key` of a container spec (a dict, ModelOutput, tuple or list), or None."""
+    if isinstance(value, Mapping):
+        if key in value:
+            return value[key]
+        fields = list(value.values())  # a ModelOutput's spec is the list of its fields (`auto_dynamic_shapes`)
+        return fields[key] if isinstance(key, int) and key < len(fields) else None
+    if isinstance(value, (list, tuple)) and isinstance(key, int) and key < len(value):
+        return value[key]
+    return None
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def bounded_dynamic_shapes(
@@ -292,7 +314,7 @@ def bounded_dynamic_shapes(
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         axes: list[str] = []
         kinds = axis_kinds(name, value) or _waveform_mask_kinds(name, value, sample_inputs)
-        bounded[name] = _cap_axes(spec, shape, kinds, caps, named, axes)
+        bounded[name] = _cap_axes(spec, shape, kinds, caps, named, axes, value)
         capped += [f"{name} {a}" for a in dict.fromkeys(axes)]
     if capped:
         listed = " ".join(capped)

@@ -21,7 +21,14 @@ import torch
 from hfexport.errors import InputError
 from hfexport.naming import executorch_named_feed, manager_input_names
 
-__all__ = ["ExecutorchProgram", "executorch_feed", "executorch_named_feed", "manager_input_names", "run_program"]
+__all__ = [
+    "ExecutorchProgram",
+    "contiguous",
+    "executorch_feed",
+    "executorch_named_feed",
+    "manager_input_names",
+    "run_program",
+]
 
 
 def executorch_feed(inputs: Mapping[str, Any]) -> list[Any]:
@@ -89,6 +96,15 @@ def check_feed(slots: Mapping[int, InputSlot], named_feed: list[tuple[str, Any]]
                 )
 
 
+def contiguous(values: list[Any]) -> list[Any]:
+    """The method's inputs with every strided view copied to a tensor of its own: the ExecuTorch runtime refuses a
+    tensor whose strides are not those of its dim order ("Input 0 for method forward should be contiguous or
+    channels-last"), e.g. LLaVA's projector input `hidden_states[-2][:, 1:]` as the model slices it, or a mask's
+    last columns. A contiguous tensor is passed as it is (`Tensor.contiguous` returns it), so a static cache the
+    program writes in place is still the caller's tensor."""
+    return [value.contiguous() if isinstance(value, torch.Tensor) else value for value in values]
+
+
 def load_kernel_libraries() -> None:
     """Register the kernels of ExecuTorch's optional operator libraries that exported programs may call with the
     runtime: `llama::custom_sdpa` (rule `executorch/unmasked-sdpa-as-custom-sdpa`). Without it a method that
@@ -136,7 +152,7 @@ class ExecutorchProgram:
             inputs = {name: inputs[name] for name in self.input_names}
         named = executorch_named_feed(inputs)
         check_feed(self.slots, named)
-        return list(self.method.execute([value for _, value in named]))
+        return list(self.method.execute(contiguous([value for _, value in named])))
 
     __call__ = run
 

@@ -13,6 +13,7 @@ from hfexport.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
 from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, flat
+from hfexport.runtime.executorch import contiguous
 
 
 class ExecutorchDriver(NamedDriver):
@@ -25,30 +26,41 @@ class ExecutorchDriver(NamedDriver):
         self.programs: dict[str, Any] = {}
         self.order: dict[str, list[tuple[str, Any]]] = {}
         self.output_names: dict[str, list[str]] = {}
+        # Saved components: the names of their tensor outputs, as the manifest lists them (see `_named`).
+        self.saved_outputs: dict[str, list[str]] = {}
         for name, native in components.items():
             if isinstance(native, SavedExecutorch):  # a loaded artifact: no manager, the layout says the order
                 self.programs[name] = native.program
                 self.order[name] = _saved_order(self.spec, name, native.program.method)
-                self.output_names[name] = _saved_output_names(name, native)
+                self.saved_outputs[name] = _saved_output_names(name, native)
             else:
                 self.programs[name] = ExecutorchProgram(native)
                 self.order[name] = executorch_named_feed(self.samples[name])
                 self.output_names[name] = _executorch_output_names(native)
 
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
-        return self.features(name, inputs)[self.output_names[name][-1]]
+        return list(self.features(name, inputs).values())[-1]
 
     def features(self, name: str, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         values = flat(self._encoder_kwargs(name, inputs))
         inputs_in_order = [values.get(leaf, constant) for leaf, constant in self.order[name]]
-        outputs = self._execute(name, inputs_in_order)
-        return dict(zip(self.output_names[name], outputs, strict=False))
+        return self._named(name, self._execute(name, inputs_in_order))
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         values = {**flat(self._kwargs(name, step)), **self.cache}
         inputs_in_order = [values.get(leaf, constant) for leaf, constant in self.order[name]]
-        outputs = self._execute(name, inputs_in_order)
-        return self._take_outputs(dict(zip(self.output_names[name], outputs, strict=False)))
+        return self._take_outputs(self._named(name, self._execute(name, inputs_in_order)))
+
+    def _named(self, name: str, outputs: list[Any]) -> dict[str, Any]:
+        """The method's outputs by name. A saved component's manifest names its tensor outputs only: a `None` leaf
+        of the model's output (LLaVA's image features return `hidden_states` with `None` in place of the layers
+        they do not keep) is a method output too, so tensors are named, after the input mutations before them."""
+        saved = self.saved_outputs.get(name)
+        if saved is None:
+            return dict(zip(self.output_names[name], outputs, strict=False))
+        tensors = [value for value in outputs if isinstance(value, torch.Tensor)]
+        names = [f"buffer.{i}" for i in range(len(tensors) - len(saved))] + saved
+        return dict(zip(names, tensors, strict=False))
 
     def _execute(self, name: str, inputs_in_order: list[Any]) -> Any:
         """`method.execute` unchecked (a check per decode step costs Python time on every input); when the
@@ -56,7 +68,7 @@ class ExecutorchDriver(NamedDriver):
         that does not fit the program's planned shapes (e.g. a batch of 2 for a program traced at batch 1)."""
         program = self.programs[name]  # an ExecutorchProgram: its planned shapes were read when it was loaded
         try:
-            return program.method.execute(inputs_in_order)
+            return program.method.execute(contiguous(inputs_in_order))
         except RuntimeError:
             from hfexport.runtime.executorch import check_feed  # the failure path only: nothing added per step
 
@@ -112,34 +124,40 @@ def _saved_order(spec: GenerationSpec, name: str, method: Any) -> list[tuple[str
     """The method's inputs of a saved component, by flat name: its forward kwargs in the recorded order, the
     cache (`spec.cache_key`) expanded to its recorded leaves, in pytree order, as the capture flattened it.
 
-    Checked against the program's own input count: a kwarg that flattens to several leaves other than the
-    cache (an encoder-decoder's `encoder_outputs`, a VLM's features) cannot be placed from the layout alone, and
+    A nested kwarg (an encoder-decoder's `encoder_outputs`, a VLM's `mm_encoder_outputs`) is expanded to the flat
+    names of its tensors the layout records (`ComponentSpec.leaves`), as `generate` names what it feeds; a layout
+    without them places `encoder_outputs` by its recorded fields (`encoder_outputs.last_hidden_state`, or
+    `encoder_outputs.0` for a tuple). Checked against the program's own input count: what the layout cannot place
     is refused rather than fed in a guessed order."""
     component = spec.components[name]
     order: list[tuple[str, Any]] = []
     for kwarg in component.inputs:
         if kwarg == spec.cache_key:
             order += [(leaf.name, None) for leaf in component.cache_leaves]
+        elif kwarg in component.leaves:
+            order += [(leaf, None) for leaf in component.leaves[kwarg]]
+        elif kwarg == "encoder_outputs" and spec.is_encoder_decoder:  # a layout that records no `leaves`
+            order += [(f"{kwarg}.{field}", None) for field in spec.encoder_output_fields or ["0"]]
         else:
             order.append((kwarg, None))
     count = method.metadata.num_inputs()
     if len(order) != count:
         raise InputError(
             f"the saved ExecuTorch component {name!r} takes {count} inputs; its generation layout names {len(order)} "
-            f"({[n for n, _ in order]}): generate() runs a loaded ExecuTorch artifact of a decoder-only text model; "
-            "pass the export_for_generation result for this one"
+            f"({[n for n, _ in order]}): generate() places a loaded ExecuTorch artifact's inputs by "
+            "its generation layout; pass the export_for_generation result for this one, or export it again"
         )
     return order
 
 
 def _saved_output_names(name: str, saved: SavedExecutorch) -> list[str]:
-    """The method's outputs: the input mutations first (a static cache written in place; unnamed here, since the
-    cache the model returns follows as user outputs), then the user outputs the manifest names."""
+    """The names of the method's tensor user outputs, as the manifest lists them. The method returns the input
+    mutations first (a static cache written in place; unnamed, since the cache the model returns follows as user
+    outputs), then the user outputs, `None` leaves included (`ExecutorchDriver._named`)."""
     count = saved.program.method.metadata.num_outputs()
-    mutations = count - len(saved.outputs)
-    if mutations < 0:
+    if count < len(saved.outputs):
         raise InputError(f"the saved ExecuTorch component {name!r} returns {count} outputs, its manifest names more")
-    return [f"buffer.{i}" for i in range(mutations)] + list(saved.outputs)
+    return list(saved.outputs)
 
 
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
