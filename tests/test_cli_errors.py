@@ -47,7 +47,7 @@ def _model_folder(tmp_path: Path, weights: bool) -> Path:
         pytest.param(
             ["--format", "onxx"],
             "error: argument --format: invalid choice: 'onxx' (choose from 'dynamo', 'onnx', 'executorch', "
-            "'openvino'); did you mean 'onnx'?",
+            "'openvino', 'aoti'); did you mean 'onnx'?",
             id="format-typo",
         ),
         pytest.param(

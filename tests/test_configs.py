@@ -204,7 +204,7 @@ def test_config_error_is_a_type_error() -> None:
 
 
 def test_export_format_values() -> None:
-    assert {f.value for f in ExportFormat} == {"dynamo", "onnx", "executorch", "openvino"}
+    assert {f.value for f in ExportFormat} == {"dynamo", "onnx", "executorch", "openvino", "aoti"}
     assert ExportFormat.DYNAMO == "dynamo"
     assert ExportFormat("onnx") is ExportFormat.ONNX
     assert str(ExportFormat.EXECUTORCH) == "executorch"

@@ -65,7 +65,7 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     for row in rows:
         # Only the `why` is cut, never the columns before it (a narrow terminal still shows id, kind, origin).
         start = "  ".join(c.ljust(w) for c, w in zip(row[:columns], widths, strict=True)) + "  "
-        room = max(width - len(start), 24)
+        room = max(width - len(start), 2)
         why = row[-1]
         print(start + (why if len(why) <= room else why[: room - 1] + "…"))
     external_count = sum(rule.origin is not None for rule in rules)
