@@ -10,6 +10,7 @@ placeholder tokens an image takes in a LLaVA-style prompt.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,9 +72,7 @@ def bounded(value: Any, what: str, source: str) -> int:
 
 def check_sample_size(shape: tuple[int, ...], what: str) -> None:
     """Refuse a sample tensor the config makes larger than `MAX_SAMPLE_ELEMENTS`, before it is allocated."""
-    elements = 1
-    for size in shape:
-        elements *= size
+    elements = math.prod(shape)
     if elements > MAX_SAMPLE_ELEMENTS:
         raise UsageError(
             f"the folder's config files make {what} of shape {list(shape)} ({elements} elements; at most "
