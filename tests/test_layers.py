@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.rewrites.examples", "hfexport.rewrites.declines", "hfexport.rewrites.upstream"),
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
-    ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),
+    ("hfexport.rewrites.example_models", "hfexport.rewrites.experts", "hfexport.rewrites.rules"),
     ("hfexport.rewrites.external",),
     ("hfexport.rewrites.registry",),
     ("hfexport.rewrites.engine", "hfexport.rewrites"),
@@ -51,7 +51,9 @@ LAYERS: list[tuple[str, ...]] = [
         "hfexport.sweep",
         "hfexport.sweep_ray",
         "hfexport.bench",
+        "hfexport.bench_peers",
         "hfexport.render",
+        "hfexport.docgen",
     ),
     ("hfexport.cli", "hfexport.__main__", "hfexport"),
 ]

@@ -57,18 +57,18 @@ def build(model: str, layers: int) -> Any:
 
 
 def export(model: Any, backend: str, precision: str, cache: int, disable: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """`export_for_generation` as the benchmark runs it (`hfexport.bench._generation_export`: one config, or one per
+    """`export_for_generation` as the benchmark runs it (`hfexport.bench.generation_export`: one config, or one per
     component for the static-decode variant), with `disable` switched off: the components and each component's
     report (one per exported graph)."""
     import torch
     from transformers import GenerationConfig
 
     from hfexport.auto import AutoHfExporter
-    from hfexport.bench import _generation_export
+    from hfexport.bench import generation_export
 
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    config, configs, sample, multi_token = _generation_export(backend, precision, sample)
+    config, configs, sample, multi_token = generation_export(backend, precision, sample)
     if disable:
 
         def without(c: Any) -> Any:

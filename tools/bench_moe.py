@@ -40,7 +40,7 @@ def _model(args: argparse.Namespace, form: str) -> Any:
     from transformers import Qwen3MoeConfig, Qwen3MoeModel
     from transformers.integrations import moe
 
-    from hfexport.rewrites.rules._moe_batched import routed_experts_forward
+    from hfexport.rewrites.experts import routed_experts_forward
 
     moe.ALL_EXPERTS_FUNCTIONS.register(ROUTED, routed_experts_forward)
     config = Qwen3MoeConfig(

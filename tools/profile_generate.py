@@ -165,7 +165,7 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
     import onnxruntime as ort
 
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import _SESSIONS, generate
+    from hfexport.runtime.generation import generate, generation_driver
 
     options = ort.SessionOptions()
     options.enable_profiling = True
@@ -177,7 +177,7 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
     for _ in range(PREFILLS - 1):
         generate(components, ids, max_new_tokens=1)  # the prompt alone
     generate(components, ids, max_new_tokens=new, min_new_tokens=new)  # its first call is a prefill too
-    session = _SESSIONS.get(components).driver.sessions["decode"]
+    session = generation_driver(components).sessions["decode"]
     events = json.loads(Path(session.end_profiling()).read_text())
     constants = _constant_bytes(options.optimized_model_filepath)
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[2:]
@@ -287,12 +287,12 @@ def profile_openvino(components: Any, ids: Any, new: int, vocab: int) -> tuple[C
     """(the mean of `PREFILLS` prompt calls, [the mean of the decode steps after the first]): OpenVINO's counters
     give means over windows of calls, not single calls (`_openvino_counters`)."""
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import _SESSIONS, generate
+    from hfexport.runtime.generation import generate, generation_driver
 
     runtime = RuntimeOptions(openvino_properties={"PERF_COUNT": "YES"})
     # Warm-up: 2 calls (the prompt, one decode step).
     generate(components, ids, max_new_tokens=2, min_new_tokens=2, runtime_options=runtime)
-    driver = _SESSIONS.get(components).driver
+    driver = generation_driver(components)
     request = driver.requests["decode"]
     head, weights = _openvino_layout(driver.runners["decode"].compiled, vocab)
     before = _openvino_counters(request)
@@ -329,7 +329,7 @@ def _openvino_infer_only(driver: Any, position: int, repeats: int = 10) -> float
     from hfexport.runtime.drivers import Step
 
     names = [port.get_any_name() for port in driver.runners["decode"].compiled.inputs]
-    from hfexport.runtime.generation import _static_mask
+    from hfexport.runtime.generation import static_mask
 
     caches = [t for t in driver.cache.values() if t.ndim == 4]
     # Stateful: the cache is in the request, its variables give the slots.
@@ -337,8 +337,8 @@ def _openvino_infer_only(driver: Any, position: int, repeats: int = 10) -> float
     slots = caches[0].shape[2] if caches else list(next(iter(states.values())).state.shape)[2]
     valid = torch.zeros(1, slots, dtype=torch.long)
     valid[:, : position + 1] = 1
-    step = Step(torch.tensor([[5]]), _static_mask(valid, position, 1), torch.tensor([[position]]))
-    feed = {k: v.numpy() for k, v in driver._flat_feed("decode", step, names).items()}
+    step = Step(torch.tensor([[5]]), static_mask(valid, position, 1), torch.tensor([[position]]))
+    feed = {k: v.numpy() for k, v in driver.flat_feed("decode", step, names).items()}
     request = driver.requests["decode"]
     times = []
     for _ in range(repeats):

@@ -87,6 +87,13 @@ class _PerObject:
 _SESSIONS = _PerObject()
 
 
+def generation_driver(components: Any) -> Driver | None:
+    """The runtime driver `generate` keeps for `components` (its sessions, compiled models or loaded programs),
+    or None before the first call: what profilers read counters from."""
+    session = _SESSIONS.get(components)
+    return session.driver if session is not None else None
+
+
 def _saved(components: Any) -> bool:
     return isinstance(components, SavedGeneration) and not isinstance(components, Mapping)
 
@@ -157,7 +164,7 @@ def _session(
     return driver, samples, spec
 
 
-def _static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tensor:
+def static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tensor:
     """4-D mask rows for `query` tokens written at cache slots `first_slot...`: causal over slots, padding off."""
     slots = torch.arange(valid.shape[1])
     rows = torch.arange(first_slot, first_slot + query)
@@ -232,7 +239,7 @@ def prompt_logits(
     if spec.static_cache and spec.components[first].mask_rank == 4 and length is not None:
         valid = torch.zeros((batch, length), dtype=torch.long)
         valid[:, :prompt] = mask2d
-        mask = _static_mask(valid, 0, prompt)
+        mask = static_mask(valid, 0, prompt)
     driver.start(first, batch, length)
     return driver.run(first, Step(input_ids, mask, torch.as_tensor(position_ids), {}))
 
@@ -328,7 +335,7 @@ def generate(
 
         def mask_for(name: str, query: int, written: int) -> torch.Tensor:
             if spec.components[name].mask_rank == 4 and valid is not None:
-                return _static_mask(valid, written, query)
+                return static_mask(valid, written, query)
             # The current tokens' columns as their own tensor: a column slice is a strided view, which the
             # ExecuTorch runtime refuses ("Input 1 ... should be contiguous"; Mamba's decode on XNNPACK).
             return mask2d[:, -query:].contiguous() if spec.mask_current_only else mask2d

@@ -131,12 +131,12 @@ def _build_hfexport(backend: str, precision: str, model_dir: Path, out: Path, ma
 
     from hfexport.artifacts import save
     from hfexport.auto import AutoHfExporter
-    from hfexport.bench import _generation_export
+    from hfexport.bench import generation_export
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    config, configs, call_sample, multi_token = _generation_export(backend, precision, sample)
+    config, configs, call_sample, multi_token = generation_export(backend, precision, sample)
     static = GenerationConfig(cache_implementation="static", max_cache_len=max_length)
     components = AutoHfExporter.from_config(config).export_for_generation(
         model, call_sample, configs, generation_config=static, multi_token_decode=multi_token
