@@ -34,9 +34,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hfexport.backends.registry import backend
+from hfexport.sweep_generation import GenerationCheck, generation_case
 from hfexport.timing import eta
 
 Progress = Callable[[str], None]
+# The key of a case's settings that makes it a generation case (`GenerationCheck.to_dict()`).
+GENERATION = "generation"
 
 
 @dataclass
@@ -53,6 +56,11 @@ class SweepRow:
     export_s: float | None = None
     wall_s: float = 0.0
     shapes: list[str] = field(default_factory=list)  # the inputs checked against eager: sample, grown, long, ...
+    # Generation cases (`--generation`): the components exported, the share of new tokens that differ from the
+    # model's own `generate`, and whether the prompt ran unpadded (the model's own generate refused the padding).
+    components: list[str] = field(default_factory=list)
+    tokens_differ: float | None = None
+    unpadded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -67,6 +75,7 @@ class Sweep:
     rows: list[SweepRow]
     rules: list[str]  # every rule of the format, in registry order (the matrix's columns)
     expired: dict[str, str] = field(default_factory=dict)  # rule id -> why (installed version)
+    check: str = "export"  # what each case checked: "export" (outputs against eager) or "generation" (tokens)
 
     @property
     def fired(self) -> list[str]:
@@ -83,14 +92,16 @@ class Sweep:
 
     def summary(self) -> str:
         n = len(self.rows)
+        what = self.export_format + (f" {self.check}" if self.check != "export" else "")
         return (
-            f"{self.export_format}: {self.passed}/{n} models ok; {len(self.fired)} of {len(self.rules)} rules fired, "
+            f"{what}: {self.passed}/{n} models ok; {len(self.fired)} of {len(self.rules)} rules fired, "
             f"{len(self.dead)} dead, {len(self.expired)} expired"
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": self.export_format,
+            "check": self.check,
             "summary": self.summary(),
             "rules": self.rules,
             "fired": self.fired,
@@ -131,6 +142,28 @@ class Sweep:
         lines.append(f"expired rules: {expired or 'none'}")
         lines.append(self.summary())
         return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """One table row per model (status, export seconds, max diff or share of tokens that differ, rules fired,
+        the error's first 240 characters), then the summary line."""
+        lines = [
+            "| model | status | export s | diff | rules fired | error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in self.rows:
+            diff = row.tokens_differ if self.check == "generation" else row.max_abs_diff
+            fired = ", ".join(f"{k}×{v}" for k, v in row.hits.items())
+            export_s = "" if row.export_s is None else str(row.export_s)
+            cells = [
+                row.model,
+                row.status,
+                export_s,
+                "" if diff is None else f"{diff:.2g}",
+                fired,
+                _shorten(row.error, 240),
+            ]
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        return "\n".join([*lines, "", self.summary()]) + "\n"
 
     def to_html(self) -> str:
         """A static heatmap: models x fired rules, cell shade by hit count; dead and expired rules below."""
@@ -379,29 +412,36 @@ def run_sweep(
     timeout: float = 600.0,
     progress: Progress | None = None,
     runner: CaseRunner | None = None,
+    generation: GenerationCheck | None = None,
 ) -> Sweep:
     """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix.
 
-    The cases run on `runner` (default: `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray
-    tasks): the rows are the same records whichever runs them.
+    With `generation`, each case exports for generation and compares `hfexport.runtime.generate`'s tokens with
+    the model's own `generate` instead (`hfexport.sweep_generation`). The cases run on `runner` (default:
+    `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray tasks): the rows are the same records
+    whichever runs them.
     """
     from hfexport.auto import AutoExportConfig
 
-    # Each backend's comparison settings (`Backend.compare_config`: OpenVINO keeps float32 weights), then the caller's.
-    merged = {**backend(export_format).compare_config, **(config or {})}
+    # Each backend's comparison settings (`Backend.compare_config`: OpenVINO keeps float32 weights), then the
+    # caller's; a generation case exports as `export_for_generation` does by default.
+    merged = {**(backend(export_format).compare_config if generation is None else {}), **(config or {})}
     # A bad format or config field fails here, once, not in every child.
     AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
+    if generation is not None:
+        merged[GENERATION] = generation.to_dict()
     rules, expired = _rule_columns(export_format)
     counter = SweepProgress(len(paths), export_format, progress or (lambda _message: None))
     rows = (runner or LocalRunner(jobs)).run(paths, export_format, merged, timeout, counter)
-    return Sweep(export_format, rows, rules, expired)
+    return Sweep(export_format, rows, rules, expired, check="export" if generation is None else "generation")
 
 
 # -- the child: one model ----------------------------------------------------------------------------------
 
 
 def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
-    """Export, save, load and run one corpus entry; the row as a dict (also on failure)."""
+    """Export, save, load and run one corpus entry; the row as a dict (also on failure). `config_json` holds the
+    export config fields, and under `GENERATION` the settings of a generation case."""
     import torch
 
     from hfexport.artifacts import load, save
@@ -417,14 +457,17 @@ def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
         entry = load_entry(path)
         row["model"], row["model_type"] = entry.name, entry.model_type
         row["status"] = "eager-error"
+        settings = json.loads(config_json)
+        generation = settings.pop(GENERATION, None)
+        if generation is not None:
+            generation_case(entry, export_format, settings, GenerationCheck(**generation), row)
+            return row
         model = entry.build_model()
         inputs = entry.sample_inputs()
         with torch.no_grad():
             model(**inputs)  # the sample must run in eager: it is every check's reference
         row["status"] = "export-error"
-        config = AutoExportConfig.from_dict(
-            {"export_format": export_format, "dynamic": True, **json.loads(config_json)}
-        )
+        config = AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **settings})
         exporter = AutoHfExporter.from_config(config)
         start = time.perf_counter()
         program = exporter.export(model, inputs, config=config)

@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
         "hfexport.quant_audit",
         "hfexport.scan",
         "hfexport.sweep",
+        "hfexport.sweep_generation",
         "hfexport.sweep_ray",
         "hfexport.bench",
         "hfexport.bench_peers",

@@ -17,6 +17,7 @@ LOCAL_RAY = "local"  # `--ray` alone: start a local cluster
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hfexport.sweep import find_configs, run_sweep
+    from hfexport.sweep_generation import GenerationCheck
 
     if args.png:
         try:
@@ -34,11 +35,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.static and not args.generation:
+        raise UsageError("--static sizes the cache of a generation sweep: add --generation")
+    if args.static < 0:
+        raise UsageError(f"--static must be a number of cache slots, not {args.static}")
+    generation = GenerationCheck(static=args.static) if args.generation else None
     with _runner(args) as runner:
-        _step(f"sweeping {len(paths)} model(s) to {args.format} {runner.describe()}")
-        sweep = run_sweep(paths, args.format, config=extra, timeout=args.timeout, progress=_step, runner=runner)
+        purpose = " for generation" if generation else ""
+        _step(f"sweeping {len(paths)} model(s) to {args.format}{purpose} {runner.describe()}")
+        sweep = run_sweep(
+            paths,
+            args.format,
+            config=extra,
+            timeout=args.timeout,
+            progress=_step,
+            runner=runner,
+            generation=generation,
+        )
     print(sweep.table())
-    for path, text in ((args.csv, sweep.to_csv()), (args.json, sweep.to_json()), (args.html, sweep.to_html())):
+    outputs = (
+        (args.markdown, sweep.to_markdown()),
+        (args.csv, sweep.to_csv()),
+        (args.json, sweep.to_json()),
+        (args.html, sweep.to_html()),
+    )
+    for path, text in outputs:
         if path:
             Path(path).write_text(text)
             _step(f"wrote {path}")

@@ -20,8 +20,8 @@ The per-family counts of types in transformers' mappings and of built entries co
 not built counts as not passed. Rows of variants (``<type>@<variant>``, the entries of
 ``tests/fixtures/corpus_variants/<family>``, made by tools/gen_variants.py) are counted apart from the types', and
 that folder's ``_coverage.json`` gives the branch coverage of the variants. Generation parity comes from
-``docs/sweeps/generation/<format>_<family>.<part>.json`` (tools/sweep_generation.py's ``--json``; later parts
-replace a model's earlier rows).
+``docs/sweeps/generation/<format>_<family>.<part>.json`` (the ``--json`` of ``hfexport sweep --generation``, or a
+list of such rows; later parts replace a model's earlier rows).
 """
 
 from __future__ import annotations
@@ -271,7 +271,8 @@ def load_generation(root: Path, corpus: Path) -> dict[tuple[str, str], dict[str,
         rows = json.loads(path.read_text())
         rows = rows.get("rows", []) if isinstance(rows, dict) else rows
         for row in rows:
-            out.setdefault((export_format, family), {})[str(row["model"])] = row
+            # `hfexport sweep` names a row `family/type`: the table keys it by the type (`type@variant`).
+            out.setdefault((export_format, family), {})[str(row["model"]).rpartition("/")[2]] = row
     return out
 
 
@@ -284,7 +285,7 @@ def render_generation(
         "### Generation token parity",
         "",
         _fill(
-            "`python tools/sweep_generation.py --format <format> --family <family> --root tests/fixtures/corpus_all "
+            "`hfexport sweep --generation --configs tests/fixtures/corpus_all/<family> --format <format> "
             "--json docs/sweeps/generation/<format>_<family>.<part>.json`: `export_for_generation(dynamic=True)`, "
             "then 8 greedy tokens with `hfexport.runtime.generate` from a left-padded batch of 2 against the model's "
             "own `generate`; equal = every token equal. Types not built or not measured count as not equal."
