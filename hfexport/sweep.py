@@ -278,7 +278,7 @@ def find_configs(root: str | Path, only: Sequence[str] | None = None) -> list[Pa
 
 
 def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
-    from hfexport.audit import expiry_status
+    from hfexport.rewrites.catalogue import expiry_status
     from hfexport.rewrites.engine import default_registry
 
     rules = [r for r in default_registry().rules() if r.applies_to(backend(export_format).rules)]

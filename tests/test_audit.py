@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.audit import expiry_status, rule_diff, with_rule_disabled
+from hfexport.audit import with_rule_disabled
 from hfexport.cli import main
+from hfexport.rewrites.catalogue import expiry_status, rule_diff
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("onnxscript")
 import onnxruntime as ort
 
 from hfexport import OnnxConfig, OnnxExporter
-from hfexport.lowerings.onnx import onnx_feed
+from hfexport.naming import onnx_feed
 from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
 from hfexport.testing.corpus_check import check_entry, failures
 

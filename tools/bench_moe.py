@@ -90,7 +90,7 @@ def _runner(backend: str, model: Any, inputs: dict[str, Any], tmp: str, run: Any
         import onnxruntime as ort
 
         from hfexport import OnnxConfig, OnnxExporter
-        from hfexport.lowerings.onnx import onnx_feed
+        from hfexport.naming import onnx_feed
 
         path = os.path.join(tmp, "model.onnx")
         OnnxExporter().export(model, inputs, OnnxConfig(output_path=path))

@@ -36,7 +36,7 @@ def _upstream(meta: object) -> str:
 
 
 def _source_link(rule: object) -> str:
-    from hfexport.audit import rule_location
+    from hfexport.rewrites.catalogue import rule_location
 
     location = rule_location(rule)  # type: ignore[arg-type]
     if location is None:
@@ -47,7 +47,7 @@ def _source_link(rule: object) -> str:
 
 def render() -> str:
     """The catalogue text for the rules registered in this checkout."""
-    from hfexport.audit import rule_target
+    from hfexport.rewrites.catalogue import rule_target
     from hfexport.rewrites.engine import default_registry
     from hfexport.rewrites.rule import STAGES
 
