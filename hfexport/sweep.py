@@ -24,7 +24,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,12 +33,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hfexport.backends.registry import backend
-from hfexport.sweep_generation import GenerationCheck, generation_case
+from hfexport.sweep_case import GENERATION, GenerationCheck
 from hfexport.timing import eta
 
 Progress = Callable[[str], None]
-# The key of a case's settings that makes it a generation case (`GenerationCheck.to_dict()`).
-GENERATION = "generation"
 
 
 @dataclass
@@ -314,9 +311,9 @@ def crash_row(path: Path, error: str, wall_s: float) -> SweepRow:
 
 
 def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:
-    """Run one corpus entry in a child process (`python -m hfexport.sweep --child ...`); return its row."""
+    """Run one corpus entry in a child process (`python -m hfexport.sweep_case ...`); return its row."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "hfexport.sweep", "--child", str(path), export_format, json.dumps(config)]
+    command = [sys.executable, "-m", "hfexport.sweep_case", str(path), export_format, json.dumps(config)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -417,7 +414,7 @@ def run_sweep(
     """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix.
 
     With `generation`, each case exports for generation and compares `hfexport.runtime.generate`'s tokens with
-    the model's own `generate` instead (`hfexport.sweep_generation`). The cases run on `runner` (default:
+    the model's own `generate` instead (`hfexport.sweep_case.generation_case`). The cases run on `runner` (default:
     `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray tasks): the rows are the same records
     whichever runs them.
     """
@@ -434,87 +431,3 @@ def run_sweep(
     counter = SweepProgress(len(paths), export_format, progress or (lambda _message: None))
     rows = (runner or LocalRunner(jobs)).run(paths, export_format, merged, timeout, counter)
     return Sweep(export_format, rows, rules, expired, check="export" if generation is None else "generation")
-
-
-# -- the child: one model ----------------------------------------------------------------------------------
-
-
-def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
-    """Export, save, load and run one corpus entry; the row as a dict (also on failure). `config_json` holds the
-    export config fields, and under `GENERATION` the settings of a generation case."""
-    import torch
-
-    from hfexport.artifacts import load, save
-    from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.testing.corpus import load_entry
-    from hfexport.testing.corpus_check import check_entry, failures
-
-    row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}
-    # Relative to max(1, max|eager|), the backend's (`Backend.tolerance`).
-    tolerance = backend(export_format).tolerance
-    exporter = None
-    try:
-        entry = load_entry(path)
-        row["model"], row["model_type"] = entry.name, entry.model_type
-        row["status"] = "eager-error"
-        settings = json.loads(config_json)
-        generation = settings.pop(GENERATION, None)
-        if generation is not None:
-            generation_case(entry, export_format, settings, GenerationCheck(**generation), row)
-            return row
-        model = entry.build_model()
-        inputs = entry.sample_inputs()
-        with torch.no_grad():
-            model(**inputs)  # the sample must run in eager: it is every check's reference
-        row["status"] = "export-error"
-        config = AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **settings})
-        exporter = AutoHfExporter.from_config(config)
-        start = time.perf_counter()
-        program = exporter.export(model, inputs, config=config)
-        row["export_s"] = round(time.perf_counter() - start, 2)
-        with tempfile.TemporaryDirectory(prefix="hfexport-sweep-") as tmp:
-            row["status"] = "save-error"
-            save(program, Path(tmp) / "artifact", config=config, report=exporter.report)
-            row["status"] = "load-error"
-            loaded = load(Path(tmp) / "artifact", trust=True)  # we wrote it a moment ago
-            row["status"] = "check-error"
-            # The sample, then the shapes that find baked lengths: grown, long, longer (past windows and
-            # chunks) and another batch, compared as the corpus tests and `export --validate` do.
-            component = next(iter(loaded.components.values()))
-            checks = check_entry(entry, model, loaded.run, tolerance, image_count=component.image_count)
-            diffs = [o for c in checks for o in c.outputs if not o.problem]
-            row["max_abs_diff"] = max((o.max_abs_diff for o in diffs), default=0.0)
-            row["tolerance"] = max((o.tolerance for o in diffs), default=tolerance)
-            row["shapes"] = [c.name for c in checks if not c.skipped]
-            failed = [c for c in checks if not c.ok]
-            if failed:
-                first = failed[0]
-                broke = first.problem or any(o.problem for o in first.outputs)
-                row["status"] = f"{first.name}-{'run-error' if broke else 'mismatch'}"
-                row["error"] = "; ".join(failures(failed))[:400]
-                return row
-            row["status"] = "ok"
-    except Exception as exc:
-        text = " ".join(str(exc).split())
-        row["error"] = f"{type(exc).__name__}: {text[:400]}"
-    finally:
-        if exporter is not None and exporter.report is not None:
-            row["hits"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
-    return row
-
-
-def quiet_child() -> None:
-    """A case's process prints nothing but its row: third-party warnings and logs would bury it."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        quiet_child()
-        print("ROW " + json.dumps(child(sys.argv[2], sys.argv[3], sys.argv[4])), flush=True)
-        raise SystemExit(0)
-    raise SystemExit("usage: python -m hfexport.sweep --child ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")

@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
         "hfexport.scan_patterns",
         "hfexport.scan_rules",
         "hfexport.sweep",
-        "hfexport.sweep_generation",
+        "hfexport.sweep_case",
         "hfexport.sweep_ray",
         "hfexport.bench",
         "hfexport.bench_peers",

@@ -17,7 +17,7 @@ LOCAL_RAY = "local"  # `--ray` alone: start a local cluster
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hfexport.sweep import find_configs, run_sweep
-    from hfexport.sweep_generation import GenerationCheck
+    from hfexport.sweep_case import GenerationCheck
 
     if args.png:
         try:

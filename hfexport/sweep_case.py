@@ -1,10 +1,12 @@
-"""A generation case of `hfexport sweep --generation`: `export_for_generation` on one corpus entry, then
-`hfexport.runtime.generate` against the model's own `generate`.
+"""One case of `hfexport sweep`, in its own process (`python -m hfexport.sweep_case`, or a Ray task): `child`
+builds one corpus entry and exports, saves, loads and compares it with eager, or with `--generation`
+(`generation_case`) exports it for generation and compares `hfexport.runtime.generate` with the model's own
+`generate`. The row comes back as a dict (a `hfexport.sweep.SweepRow`'s fields), also on failure.
 
-Decompose and export with `dynamic=True` (a growing cache, or with `static` slots a static cache and one
-multi-token decode graph), then generate `NEW_TOKENS` greedy tokens from a left-padded batch of 2 and compare them
-with the model's own `generate` (same cache kind): `ok` means every token is equal. When the model's own
-`generate` fails on the padded prompt (GLM-4V's multimodal rope index), both sides run unpadded and the row says
+A generation case: decompose and export with `dynamic=True` (a growing cache, or with `static` slots a static cache
+and one multi-token decode graph), then generate `NEW_TOKENS` greedy tokens from a left-padded batch of 2 and
+compare them with the model's own `generate` (same cache kind): `ok` means every token is equal. When the model's
+own `generate` fails on the padded prompt (GLM-4V's multimodal rope index), both sides run unpadded and the row says
 so (`unpadded`). Encoder-decoder, speech and vision-language entries drop the entry's `generate_exclude` inputs,
 give `input_ids`/`attention_mask` as the prompt and every other input (pixel_values, input_features,
 image_grid_thw...) as `encoder_inputs`. CTC entries have no generate loop and are reported `not-generative`.
@@ -13,11 +15,19 @@ image_grid_thw...) as `encoder_inputs`. CTC entries have no generate loop and ar
 from __future__ import annotations
 
 import copy
+import json
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from hfexport.backends.registry import backend
+
 NEW_TOKENS = 8
+# The key of a case's settings that makes it a generation case (`GenerationCheck.to_dict()`).
+GENERATION = "generation"
 _IMAGE_TOKENS = ("image_token_id", "image_token_index", "video_token_id")
 
 
@@ -126,3 +136,84 @@ def generation_case(
     agree = (new_expected == new_got).float().mean().item() if new_got.shape == new_expected.shape else 0.0
     row["tokens_differ"] = 1.0 - agree
     row["status"] = "ok" if got.shape == expected.shape and torch.equal(got, expected) else "token-mismatch"
+
+
+def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
+    """Export, save, load and run one corpus entry; the row as a dict (also on failure). `config_json` holds the
+    export config fields, and under `GENERATION` the settings of a generation case."""
+    import torch
+
+    from hfexport.artifacts import load, save
+    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.testing.corpus import load_entry
+    from hfexport.testing.corpus_check import check_entry, failures
+
+    row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}
+    # Relative to max(1, max|eager|), the backend's (`Backend.tolerance`).
+    tolerance = backend(export_format).tolerance
+    exporter = None
+    try:
+        entry = load_entry(path)
+        row["model"], row["model_type"] = entry.name, entry.model_type
+        row["status"] = "eager-error"
+        settings = json.loads(config_json)
+        generation = settings.pop(GENERATION, None)
+        if generation is not None:
+            generation_case(entry, export_format, settings, GenerationCheck(**generation), row)
+            return row
+        model = entry.build_model()
+        inputs = entry.sample_inputs()
+        with torch.no_grad():
+            model(**inputs)  # the sample must run in eager: it is every check's reference
+        row["status"] = "export-error"
+        config = AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **settings})
+        exporter = AutoHfExporter.from_config(config)
+        start = time.perf_counter()
+        program = exporter.export(model, inputs, config=config)
+        row["export_s"] = round(time.perf_counter() - start, 2)
+        with tempfile.TemporaryDirectory(prefix="hfexport-sweep-") as tmp:
+            row["status"] = "save-error"
+            save(program, Path(tmp) / "artifact", config=config, report=exporter.report)
+            row["status"] = "load-error"
+            loaded = load(Path(tmp) / "artifact", trust=True)  # we wrote it a moment ago
+            row["status"] = "check-error"
+            # The sample, then the shapes that find baked lengths: grown, long, longer (past windows and
+            # chunks) and another batch, compared as the corpus tests and `export --validate` do.
+            component = next(iter(loaded.components.values()))
+            checks = check_entry(entry, model, loaded.run, tolerance, image_count=component.image_count)
+            diffs = [o for c in checks for o in c.outputs if not o.problem]
+            row["max_abs_diff"] = max((o.max_abs_diff for o in diffs), default=0.0)
+            row["tolerance"] = max((o.tolerance for o in diffs), default=tolerance)
+            row["shapes"] = [c.name for c in checks if not c.skipped]
+            failed = [c for c in checks if not c.ok]
+            if failed:
+                first = failed[0]
+                broke = first.problem or any(o.problem for o in first.outputs)
+                row["status"] = f"{first.name}-{'run-error' if broke else 'mismatch'}"
+                row["error"] = "; ".join(failures(failed))[:400]
+                return row
+            row["status"] = "ok"
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        row["error"] = f"{type(exc).__name__}: {text[:400]}"
+    finally:
+        if exporter is not None and exporter.report is not None:
+            row["hits"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
+    return row
+
+
+def quiet_child() -> None:
+    """A case's process prints nothing but its row: third-party warnings and logs would bury it."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4:
+        quiet_child()
+        print("ROW " + json.dumps(child(sys.argv[1], sys.argv[2], sys.argv[3])), flush=True)
+        raise SystemExit(0)
+    raise SystemExit("usage: python -m hfexport.sweep_case ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")
