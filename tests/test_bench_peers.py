@@ -1,5 +1,5 @@
-"""tools/bench_peers.py's pure parts (`hfexport.bench_peers`): rows chosen, arguments, token agreement and the table
-(no peer is imported)."""
+"""tools/bench_peers.py's pure parts (`hfexport.apps.bench_peers`): rows chosen, arguments, token agreement and the
+table (no peer is imported)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import ModuleType
 
 import pytest
 
-from hfexport import bench_peers
-from hfexport.bench import token_agreement
+from hfexport.apps import bench_peers
+from hfexport.apps.bench import token_agreement
 
 
 @pytest.fixture(scope="module")

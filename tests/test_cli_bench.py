@@ -72,7 +72,7 @@ def test_bench_executorch_int8_generates_eager_tokens(capsys: pytest.CaptureFixt
 def test_static_decode_variant_exports_a_dynamic_prefill_and_a_static_one_token_decode_at_batch_one() -> None:
     import torch
 
-    from hfexport.bench import generation_export
+    from hfexport.apps.bench import generation_export
 
     two_rows = {"input_ids": torch.ones(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
     config, configs, sample, multi_token = generation_export("executorch-static-decode", "int8", two_rows)

@@ -1,4 +1,4 @@
-"""docs/coverage.md's release-wide table is generated from the sweeps in docs/sweeps/ (hfexport.docgen.coverage,
+"""docs/coverage.md's release-wide table is generated from the sweeps in docs/sweeps/ (hfexport.apps.docgen.coverage,
 written by tools/coverage_report.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hfexport.docgen import coverage as report
+from hfexport.apps.docgen import coverage as report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.docgen import write_or_check
-from hfexport.docgen.rules import render
+from hfexport.apps.docgen import write_or_check
+from hfexport.apps.docgen.rules import render
 
 ROOT = Path(__file__).resolve().parents[1]
 

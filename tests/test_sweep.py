@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hfexport.apps.sweep import Sweep, SweepRow
 from hfexport.rewrites.engine import default_registry
-from hfexport.sweep import Sweep, SweepRow
 from hfexport.testing.corpus import default_root
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -122,7 +122,7 @@ def test_sweep_png_heatmap(tmp_path: Path) -> None:
 
 
 def test_rows_of_cases_without_a_report_are_named_like_finished_rows(tmp_path: Path) -> None:
-    from hfexport.sweep import crash_row, timeout_row
+    from hfexport.apps.sweep import crash_row, timeout_row
 
     entry = Path(__file__).parent / "fixtures" / "corpus_all" / "image_classification" / "hiera.json"
     row = timeout_row(entry, 300)

@@ -40,17 +40,17 @@ def private_uses(source: str) -> list[str]:
 
 def test_the_check_sees_each_way_of_reaching_a_private_name() -> None:
     source = (
-        "from hfexport.bench import _private, public\n"
+        "from hfexport.apps.bench import _private, public\n"
         "from hfexport.rewrites.rules._moe_batched import routed\n"
         "import hfexport.runtime.generation as gen\n"
         "from hfexport import runtime\n"
         "gen._SESSIONS.get(x)\n"
         "runtime.generation._static_mask(v)\n"
         "other._private()\n"  # not a name from hfexport: a tool's own object
-        "from hfexport.bench import generation_export\n"
+        "from hfexport.apps.bench import generation_export\n"
     )
     assert private_uses(source) == [
-        "1: from hfexport.bench import _private",
+        "1: from hfexport.apps.bench import _private",
         "2: from hfexport.rewrites.rules._moe_batched import ...",
         "5: gen._SESSIONS",
         "6: runtime.generation._static_mask",

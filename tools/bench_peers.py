@@ -6,7 +6,7 @@
 
 Rows (`--rows` takes these names, or a family such as `optimum-intel`): eager `generate` (the reference),
 hfexport's `export_for_generation` on ONNX Runtime, OpenVINO (stateful) and ExecuTorch at fp32 and int4 (the
-recipes of `hfexport.bench.quantizer_for`), and each backend's peer with its own build and generation loop:
+recipes of `hfexport.apps.bench.quantizer_for`), and each backend's peer with its own build and generation loop:
 onnxruntime-genai 0.18 (`onnxruntime_genai.models.builder -p fp32|int4 -e cpu`, `Generator`), optimum-intel 2.2
 (`OVModelForCausalLM`, stateful; f32 inference hint like ours, int4 with our OpenVINO recipe: symmetric, groups of
 32, every layer; also its default hint, bf16 where the CPU has it) and optimum-executorch 1.1 (XNNPACK, custom SDPA
@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hfexport.bench import cpu_description
-from hfexport.bench_peers import RowResult, RowSpec, parse_args, table
+from hfexport.apps.bench import cpu_description
+from hfexport.apps.bench_peers import RowResult, RowSpec, parse_args, table
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_SCRIPT = ROOT / "tools" / "peers" / "row.py"

@@ -1,4 +1,5 @@
-"""Write docs/coverage.md's release-wide table from the sweeps of the generated corpus (`hfexport.docgen.coverage`).
+"""Write docs/coverage.md's release-wide table from the sweeps of the generated corpus
+(`hfexport.apps.docgen.coverage`).
 
 python tools/coverage_report.py                 # reads docs/sweeps/*.json, rewrites docs/coverage.md
 python tools/coverage_report.py --check         # exit 1 if docs/coverage.md is stale
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hfexport.docgen import write_or_check
-from hfexport.docgen.coverage import update
+from hfexport.apps.docgen import write_or_check
+from hfexport.apps.docgen.coverage import update
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Write docs/rules.md, the rule catalogue, from the rule registry (`hfexport.docgen.rules.render`).
+"""Write docs/rules.md, the rule catalogue, from the rule registry (`hfexport.apps.docgen.rules.render`).
 
 python tools/gen_rule_docs.py          # rewrite docs/rules.md
 python tools/gen_rule_docs.py --check  # exit 1 when docs/rules.md is not current (CI)
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hfexport.docgen import write_or_check
-from hfexport.docgen.rules import render
+from hfexport.apps.docgen import write_or_check
+from hfexport.apps.docgen.rules import render
 
 CATALOGUE = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
 

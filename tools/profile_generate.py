@@ -4,10 +4,10 @@
         --precision {fp32,int8,int4} [--layers 30] [--prompt 128] [--new 16] [--cache 256] [--threads N]
         [--json FILE] [--trace-dir DIR]
 
-The model and export are `tools/bench_generate.py`'s (`hfexport.bench.bench_generation`): the SmolLM2-135M-shaped
+The model and export are `tools/bench_generate.py`'s (`hfexport.apps.bench.bench_generation`): the SmolLM2-135M-shaped
 Llama of `tools/bench_onnx.build_model` (random weights, seed 0), `export_for_generation` with a static cache of
 `--cache` slots (256: the benchmark's 128 + 128) and one multi-token decode graph, each backend's recipe from
-`hfexport.bench.quantizer_for`, run by `hfexport.runtime.generate` on one random prompt (batch 1). After a warm-up
+`hfexport.apps.bench.quantizer_for`, run by `hfexport.runtime.generate` on one random prompt (batch 1). After a warm-up
 generation, the prompt alone is profiled (4 calls) and then one generation of `--new` tokens, whose calls after the
 first are the decode steps. ONNX Runtime traces single calls: per node, the median over the calls. OpenVINO's
 counters are means over all calls so far: the mean call of a window (the 4 prompts; the decode steps after the
@@ -30,7 +30,7 @@ in torch (`F.linear` over `prompt` rows vs 1 row), a bound for backends that are
 
 Weight ops (MatMul / Gemm / MatMulInteger / MatMulNBits / FullyConnected...): their bytes of constant inputs
 per decode step over their time, against this machine's matrix-vector bandwidth
-(`hfexport.bench.matvec_bandwidth`, measured in the same run).
+(`hfexport.apps.bench.matvec_bandwidth`, measured in the same run).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 
 from bench_onnx import build_model  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import matvec_bandwidth, quantizer_for, weight_bytes_per_token
+from hfexport.apps.bench import matvec_bandwidth, quantizer_for, weight_bytes_per_token
 
 BACKENDS = ("onnx", "openvino", "openvino-stateful", "dynamo")
 # Prefill calls profiled (ONNX Runtime, OpenVINO): per node, the median over them.
@@ -479,8 +479,8 @@ def export_like_bench(
     import torch
     from transformers import GenerationConfig
 
+    from hfexport.apps.bench import VARIANTS
     from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.bench import VARIANTS
 
     model = build_model(layers)
     bandwidth = matvec_bandwidth(512, 10)

@@ -266,7 +266,7 @@ def write_report_files(args: argparse.Namespace, reports: Any, validation: dict[
     targets = [("html", args.report_html), ("markdown", args.report_markdown)]
     if not any(path for _, path in targets):
         return
-    from hfexport.render import export_document, write_documents
+    from hfexport.apps.render import export_document, write_documents
 
     for path in write_documents(export_document(reports, validation, model=args.model), targets):
         print(f"report written to {path}", file=sys.stderr)

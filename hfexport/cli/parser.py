@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hfexport.apps.bench import BACKENDS as BENCH_BACKENDS
 from hfexport.backends.registry import backend, backends
-from hfexport.bench import BACKENDS as BENCH_BACKENDS
 from hfexport.cli.audit import cmd_audit
 from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check

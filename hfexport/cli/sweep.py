@@ -16,8 +16,8 @@ LOCAL_RAY = "local"  # `--ray` alone: start a local cluster
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hfexport.sweep import find_configs, run_sweep
-    from hfexport.sweep_case import GenerationCheck
+    from hfexport.apps.sweep import find_configs, run_sweep
+    from hfexport.apps.sweep_case import GenerationCheck
 
     if args.png:
         try:
@@ -72,11 +72,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _runner(args: argparse.Namespace) -> Any:
     """The local runner, or the Ray one connected before any case runs (a missing ray or an unreachable
     cluster is refused as a usage error, exit 2)."""
-    from hfexport.sweep import LocalRunner
+    from hfexport.apps.sweep import LocalRunner
 
     if args.ray is None:
         return nullcontext(LocalRunner(args.jobs or 1))
-    from hfexport.sweep_ray import RayRunner, RayUnavailableError
+    from hfexport.apps.sweep_ray import RayRunner, RayUnavailableError
 
     runner = RayRunner(address=None if args.ray == LOCAL_RAY else args.ray, jobs=args.jobs)
     try:

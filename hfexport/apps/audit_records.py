@@ -1,5 +1,5 @@
 """What an audit found (`Audit`: a `RuleAudit` per rule, with its `Ablation` and `GraphStats` when ablated) and its
-terminal table; `hfexport.audit.run_audit` makes one, `hfexport.render` writes it as Markdown or HTML."""
+terminal table; `hfexport.apps.audit.run_audit` makes one, `hfexport.apps.render` writes it as Markdown or HTML."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 
 Each config is a corpus entry (the JSON format of `tests/fixtures/corpus`, read by
 `hfexport.testing.corpus`). Each model runs in its own process, so a crash or hang costs one row, not
-the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.sweep_ray.RayRunner`,
+the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.apps.sweep_ray.RayRunner`,
 Ray tasks): build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
 load with `hfexport.load` and run in the format's runtime on the sample input and on a longer one, and
 compare the entry's main output with eager (|diff| <= tolerance * max(1, max|eager|)).
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfexport.apps.sweep_case import GENERATION, GenerationCheck
 from hfexport.backends.registry import backend
-from hfexport.sweep_case import GENERATION, GenerationCheck
 from hfexport.timing import eta
 
 Progress = Callable[[str], None]
@@ -311,9 +311,9 @@ def crash_row(path: Path, error: str, wall_s: float) -> SweepRow:
 
 
 def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:
-    """Run one corpus entry in a child process (`python -m hfexport.sweep_case ...`); return its row."""
+    """Run one corpus entry in a child process (`python -m hfexport.apps.sweep_case ...`); return its row."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "hfexport.sweep_case", str(path), export_format, json.dumps(config)]
+    command = [sys.executable, "-m", "hfexport.apps.sweep_case", str(path), export_format, json.dumps(config)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -414,8 +414,8 @@ def run_sweep(
     """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix.
 
     With `generation`, each case exports for generation and compares `hfexport.runtime.generate`'s tokens with
-    the model's own `generate` instead (`hfexport.sweep_case.generation_case`). The cases run on `runner` (default:
-    `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray tasks): the rows are the same records
+    the model's own `generate` instead (`hfexport.apps.sweep_case.generation_case`). The cases run on `runner` (default:
+    `LocalRunner(jobs)`; `hfexport.apps.sweep_ray.RayRunner` runs them as Ray tasks): the rows are the same records
     whichever runs them.
     """
     from hfexport.auto import AutoExportConfig

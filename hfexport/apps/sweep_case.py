@@ -1,7 +1,7 @@
-"""One case of `hfexport sweep`, in its own process (`python -m hfexport.sweep_case`, or a Ray task): `child`
+"""One case of `hfexport sweep`, in its own process (`python -m hfexport.apps.sweep_case`, or a Ray task): `child`
 builds one corpus entry and exports, saves, loads and compares it with eager, or with `--generation`
 (`generation_case`) exports it for generation and compares `hfexport.runtime.generate` with the model's own
-`generate`. The row comes back as a dict (a `hfexport.sweep.SweepRow`'s fields), also on failure.
+`generate`. The row comes back as a dict (a `hfexport.apps.sweep.SweepRow`'s fields), also on failure.
 
 A generation case: decompose and export with `dynamic=True` (a growing cache, or with `static` slots a static cache
 and one multi-token decode graph), then generate `NEW_TOKENS` greedy tokens from a left-padded batch of 2 and
@@ -216,4 +216,4 @@ if __name__ == "__main__":
         quiet_child()
         print("ROW " + json.dumps(child(sys.argv[1], sys.argv[2], sys.argv[3])), flush=True)
         raise SystemExit(0)
-    raise SystemExit("usage: python -m hfexport.sweep_case ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")
+    raise SystemExit("usage: python -m hfexport.apps.sweep_case ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hfexport.audit_records import Ablation, Audit, GraphStats, RuleAudit, shorten
+from hfexport.apps.audit_records import Ablation, Audit, GraphStats, RuleAudit, shorten
 from hfexport.backends.registry import backend, find
 from hfexport.rewrites.catalogue import expiry_status
 from hfexport.rewrites.rule import STAGES, Rule, RuleMeta, RuleSelection

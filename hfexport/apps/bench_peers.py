@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hfexport.bench import token_agreement
+from hfexport.apps.bench import token_agreement
 
 SHAPES = ("smollm2-135m", "qwen2.5-0.5b")
 DEFAULT_PEERS = Path.home() / ".cache" / "hfexport-peers"

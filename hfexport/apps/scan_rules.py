@@ -1,5 +1,5 @@
 """Which registered rules a scan's sites belong to: the causes the rules declare (`causes()`, each a pattern of
-`hfexport.scan_patterns` in the functions it names) and the rules that target a module, class or function or were
+`hfexport.apps.scan_patterns` in the functions it names) and the rules that target a module, class or function or were
 written for a model type (`RuleIndex`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.scan_patterns import Site
+from hfexport.apps.scan_patterns import Site
 
 
 @dataclass(frozen=True)

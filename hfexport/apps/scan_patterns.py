@@ -1,5 +1,5 @@
 """The patterns of a static scan: Python code that breaks `torch.export`, found in a source with LibCST matchers
-(`scan_source`); `hfexport.scan` runs it over the installed transformers.
+(`scan_source`); `hfexport.apps.scan` runs it over the installed transformers.
 
 Patterns (`Site.kind`):
 
@@ -50,7 +50,7 @@ Patterns (`Site.kind`):
   are left out: under export their forward dispatches to a batched function, not to this loop.
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
-`hfexport.scan_rules.causes()` maps the patterns that registered rules fix (each rule declares them:
+`hfexport.apps.scan_rules.causes()` maps the patterns that registered rules fix (each rule declares them:
 `RuleMeta.scan`) to those rules, so a scan of a newer transformers shows the copies of a cause that no rule targets
 yet (tests/test_scan.py asserts each is targeted or a known gap).
 These are heuristics over syntax (no types): they point at code to read, and each site says whether a
@@ -445,7 +445,7 @@ def _is_state_attribute(node: cst.BaseExpression) -> bool:
 
 
 class RulesFor(Protocol):
-    """What a scan asks of its rule index (`hfexport.scan_rules.RuleIndex`): the rules that target a site."""
+    """What a scan asks of its rule index (`hfexport.apps.scan_rules.RuleIndex`): the rules that target a site."""
 
     def rules_for(self, module: str, scope: str, kind: str | None = None) -> tuple[str, ...]: ...
 

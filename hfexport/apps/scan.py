@@ -1,6 +1,6 @@
 """Static scan of model sources for Python patterns that break `torch.export`: `scan` runs the pattern finder
-(`hfexport.scan_patterns`, where each pattern is described) over the modeling sources of the installed transformers
-or given paths, and names the registered rules that target each site (`hfexport.scan_rules`).
+(`hfexport.apps.scan_patterns`, where each pattern is described) over the modeling sources of the installed transformers
+or given paths, and names the registered rules that target each site (`hfexport.apps.scan_rules`).
 
 These are heuristics over syntax (no types): they point at code to read, and each site says whether a
 registered rule targets its module, class or function.
@@ -17,8 +17,8 @@ from typing import Any
 
 import libcst as cst
 
-from hfexport.scan_patterns import KINDS, Site, scan_source
-from hfexport.scan_rules import RuleIndex
+from hfexport.apps.scan_patterns import KINDS, Site, scan_source
+from hfexport.apps.scan_rules import RuleIndex
 
 # Sources outside `models/` whose code runs inside every model's forward.
 _SHARED_SOURCES = ("cache_utils.py",)
