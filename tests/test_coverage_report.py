@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hfexport.apps.docgen import coverage as report
+from hfexport.apps.docgen.coverage_runs import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
     (sweeps / "dynamo_fam.part0.json").write_text(json.dumps({"rows": rows[:2]}))
     (sweeps / "dynamo_fam.part1.json").write_text(json.dumps({"rows": rows[2:]}))
     (sweeps / "onnx_fam.json").write_text(json.dumps({"rows": rows[:1]}))
-    runs = report.load_runs(sweeps, corpus, tmp_path / "variants")
+    runs = load_runs(sweeps, corpus, tmp_path / "variants")
     assert [(r.export_format, r.in_mapping, r.built, len(r.rows), r.passed) for r in runs] == [
         ("dynamo", 6, 4, 3, 1),
         ("onnx", 6, 4, 1, 1),
@@ -44,7 +45,7 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
     # The architecture subset is counted out of its size, entries not swept included.
     (sweeps / "openvino_fam.json").write_text(json.dumps({"rows": rows}))
     subset = {"fam": ["a", "b", "d"]}
-    lines = report.subset_summary(report.load_runs(sweeps, corpus, tmp_path / "variants"), subset, target=60)
+    lines = report.subset_summary(load_runs(sweeps, corpus, tmp_path / "variants"), subset, target=60)
     expected = "1 of 3 pass (33 %; 2 swept; 1 not swept), target 60 % (not met)."
     assert "- openvino on the 3-architecture subset (`docs/sweeps/subset40.json`): " + expected in lines
     assert any(line.startswith("- executorch on the 3-architecture subset") and "0 swept" in line for line in lines)
@@ -67,9 +68,9 @@ def test_a_rerun_listed_in_meta_replaces_the_entry_s_earlier_rows(tmp_path: Path
     # Sorts before the first file by name: only the meta's order makes it the later run.
     (sweeps / "dynamo_fam.0fix.json").write_text(json.dumps({"rows": [_row("b", "ok")]}))
     # Not listed: both rows of b count.
-    assert [(len(r.rows), r.passed) for r in report.load_runs(sweeps, corpus, tmp_path / "variants")] == [(3, 2)]
+    assert [(len(r.rows), r.passed) for r in load_runs(sweeps, corpus, tmp_path / "variants")] == [(3, 2)]
     (sweeps / "meta.json").write_text(json.dumps({"reruns": ["dynamo_fam.0fix.json"]}))
-    assert [(len(r.rows), r.passed) for r in report.load_runs(sweeps, corpus, tmp_path / "variants")] == [(2, 2)]
+    assert [(len(r.rows), r.passed) for r in load_runs(sweeps, corpus, tmp_path / "variants")] == [(2, 2)]
 
 
 def test_variant_rows_are_counted_apart_from_the_types(tmp_path: Path) -> None:
@@ -85,7 +86,7 @@ def test_variant_rows_are_counted_apart_from_the_types(tmp_path: Path) -> None:
         {"model": "fam/a@sliding_window=3", "model_type": "a", "status": "grown-run-error", "error": "Guard"},
     ]
     (sweeps / "dynamo_fam.json").write_text(json.dumps({"rows": rows}))
-    (run,) = report.load_runs(sweeps, corpus, variants)
+    (run,) = load_runs(sweeps, corpus, variants)
     assert (run.passed, len(run.type_rows), run.variants_built, len(run.variant_rows), run.passed_variants) == (
         1,
         1,

@@ -29,105 +29,27 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfexport.apps.docgen.coverage_runs import (
+    FORMATS,
+    FamilyRun,
+    corpus_counts,
+    entry_name,
+    load_generation,
+    load_runs,
+    variants_built,
+)
+
 START, END = "<!-- sweep:start -->", "<!-- sweep:end -->"
-FORMATS = ("dynamo", "onnx", "executorch", "openvino")
-# The families the issue sets targets for first, then the rest by name.
-FIRST = ("causal_lm", "encoder", "seq2seq", "vlm")
 # Issue #17: ExecuTorch and OpenVINO pass this share of the architecture subset (docs/sweeps/subset40.json).
 SUBSET_TARGET = 90
 
 
-@dataclass
-class FamilyRun:
-    """One family swept to one format: the corpus counts and the sweep's rows (types' and variants')."""
-
-    family: str
-    export_format: str
-    in_mapping: int
-    built: int
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    variants_built: int = 0
-
-    @property
-    def type_rows(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if "@" not in _entry(r)]
-
-    @property
-    def variant_rows(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if "@" in _entry(r)]
-
-    @property
-    def passed(self) -> int:
-        """Types (not variants) that pass."""
-        return sum(1 for r in self.type_rows if r["status"] == "ok")
-
-    @property
-    def passed_variants(self) -> int:
-        return sum(1 for r in self.variant_rows if r["status"] == "ok")
-
-    @property
-    def failures(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["status"] != "ok"]
-
-
-def corpus_counts(family: str, corpus: Path) -> tuple[int, int]:
-    """(types in transformers' mapping, entries built) for one family of the generated corpus."""
-    folder = corpus / family
-    built = sum(1 for p in folder.glob("*.json") if not p.name.startswith("_"))
-    skipped_file = folder / "_skipped.json"
-    skipped = len(json.loads(skipped_file.read_text())) if skipped_file.exists() else 0
-    return built + skipped, built
-
-
-def _entry(row: dict[str, Any]) -> str:
-    """The row's entry: ``type`` or ``type@variant``."""
-    name = str(row["model"]).rpartition("/")[2]
-    return name if "@" in name else (row.get("model_type") or name)
-
-
-def variants_built(family: str, variants: Path) -> int:
-    """Variant entries of a family (tests/fixtures/corpus_variants/<family>/<type>@<variant>.json)."""
-    return sum(1 for p in (variants / family).glob("*@*.json")) if (variants / family).is_dir() else 0
-
-
-def load_runs(sweeps: Path, corpus: Path, variants: Path) -> list[FamilyRun]:
-    """Every ``<format>_<family>.json`` under `sweeps`, in format then family order.
-
-    The files `meta.json` lists under `reruns` (re-sweeps after a fix) are read last, in that order, and their
-    rows replace the earlier rows of the same entry."""
-    meta_file = sweeps / "meta.json"
-    reruns = json.loads(meta_file.read_text()).get("reruns", []) if meta_file.exists() else []
-    paths = sorted(p for p in sweeps.glob("*_*.json") if p.name not in reruns)
-    paths += [sweeps / name for name in reruns if (sweeps / name).exists()]
-    runs: dict[tuple[str, str], FamilyRun] = {}
-    for path in paths:
-        # `<format>_<family>.json`, or `<format>_<family>.<part>.json` for a family swept in several runs.
-        export_format, _, family = path.name.split(".")[0].partition("_")
-        if export_format not in FORMATS or not (corpus / family).is_dir():
-            continue
-        if (export_format, family) not in runs:
-            runs[export_format, family] = FamilyRun(
-                family, export_format, *corpus_counts(family, corpus), variants_built=variants_built(family, variants)
-            )
-        run = runs[export_format, family]
-        new = json.loads(path.read_text())["rows"]
-        replaced = {_entry(row) for row in new} if path.name in reruns else set()
-        run.rows = [row for row in run.rows if _entry(row) not in replaced] + new
-
-    def order(run: FamilyRun) -> tuple[int, int, str]:
-        first = FIRST.index(run.family) if run.family in FIRST else len(FIRST)
-        return FORMATS.index(run.export_format), first, run.family
-
-    return sorted(runs.values(), key=order)
-
-
 def cause_of(row: dict[str, Any], run: FamilyRun, causes: dict[str, Any]) -> str | None:
     """The triaged cause id of a failed row: the format-specific key first, then the family/type key."""
-    name = f"{run.family}/{_entry(row)}"
+    name = f"{run.family}/{entry_name(row)}"
     by_row = causes.get("rows", {})
     return by_row.get(f"{run.export_format}:{name}") or by_row.get(name)
 
@@ -158,7 +80,7 @@ def subset_summary(runs: list[FamilyRun], subset: dict[str, list[str]], target: 
             for run in runs
             if run.export_format == export_format
             for row in run.rows
-            if _entry(row) in subset.get(run.family, ())
+            if entry_name(row) in subset.get(run.family, ())
         ]
         passed = sum(1 for row in rows if row["status"] == "ok")
         verdict = "met" if 100 * passed >= target * size else "not met"
@@ -222,14 +144,14 @@ def render(
     lines += ["", "Entries swept:", ""]
     for run in runs:
         how = subsets.get(run.export_format, {}).get(run.family, "")
-        names = ", ".join(sorted(_entry(r) for r in run.rows))
+        names = ", ".join(sorted(entry_name(r) for r in run.rows))
         lines.append(_fill(f"- {run.export_format} {run.family}{f' ({how})' if how else ''}: {names}.", "  "))
     # Causes with their counts (each failure once per format), then every failure under its cause.
     grouped: dict[str, list[str]] = defaultdict(list)
     untriaged: list[str] = []
     for run in runs:
         for row in run.failures:
-            model = _entry(row)
+            model = entry_name(row)
             cause = cause_of(row, run, causes)
             label = f"{run.export_format}: {run.family}/{model}"
             if cause:
@@ -256,24 +178,6 @@ def render(
 
 GENERATIVE = ("causal_lm", "seq2seq", "vlm", "speech_seq2seq")
 CLUSTER_WORKERS = 64  # the cluster the release-wide estimate is given for: one case per worker CPU
-
-
-def load_generation(root: Path, corpus: Path) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """``{(format, family): {model: row}}`` from ``<format>_<family>.<part>.json`` lists of rows, in name order,
-    a later part replacing a model's earlier row; static-cache parts (``static`` in the part) are another mode
-    and left out."""
-    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for path in sorted(root.glob("*_*.*.json")) if root.is_dir() else []:
-        stem, _, part = path.name.removesuffix(".json").partition(".")
-        export_format, _, family = stem.partition("_")
-        if export_format not in FORMATS or not (corpus / family).is_dir() or "static" in part:
-            continue
-        rows = json.loads(path.read_text())
-        rows = rows.get("rows", []) if isinstance(rows, dict) else rows
-        for row in rows:
-            # `hfexport sweep` names a row `family/type`: the table keys it by the type (`type@variant`).
-            out.setdefault((export_format, family), {})[str(row["model"]).rpartition("/")[2]] = row
-    return out
 
 
 def render_generation(
