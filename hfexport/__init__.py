@@ -25,7 +25,7 @@ _EXPORTS = {
     "AccuracyRecord": "hfexport.report",
     "AccuracyBudget": "hfexport.artifacts.accuracy",
     "quantization_accuracy": "hfexport.artifacts.accuracy",
-    "audit_quantization": "hfexport.quant_audit",
+    "audit_quantization": "hfexport.apps.quant_audit",
     "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
     "register_rules": "hfexport.rewrites.registry",

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.audit import expiry_status, rule_diff, with_rule_disabled
+from hfexport.apps.audit import with_rule_disabled
 from hfexport.cli import main
+from hfexport.rewrites.catalogue import expiry_status, rule_diff
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 
 
@@ -84,7 +85,7 @@ def _example(rule_id: str, index: int) -> tuple:
 
 def test_explain_keeps_the_reason_an_onnx_rule_check_gave_for_each_match_it_declined() -> None:
     from hfexport import OnnxConfig
-    from hfexport.audit import run_audit
+    from hfexport.apps.audit import run_audit
 
     # Attention at opset 24 is run by ONNX Runtime's own kernel: the fusion's check refuses it and says so.
     example = next(e for e in _rule("onnx/attention-as-matmul").meta.examples if type(e).__name__ == "NoMatch")
@@ -106,7 +107,7 @@ def test_explain_keeps_the_reason_an_onnx_rule_check_gave_for_each_match_it_decl
 
 def test_ablating_an_optimization_counts_the_runtime_nodes_it_saves_and_names_its_dependents() -> None:
     from hfexport import OnnxConfig
-    from hfexport.audit import run_audit
+    from hfexport.apps.audit import run_audit
 
     # A pre-norm layer: RMSNorm fusion, then the residual Add folded into SkipSimplifiedLayerNormalization,
     # which requires the RMSNorm fusion and so goes with it.

@@ -44,7 +44,7 @@ def test_quick_run_prints_one_row_per_backend_and_precision() -> None:
 def test_timed_alternately_runs_every_setting_each_round_and_keeps_its_last_output() -> None:
     """The A/B tools' timing: round 0 warms up, then each round calls every setting with 1 token and `new` tokens
     in turn, so the settings interleave; each keeps the output of its last `new`-token call."""
-    from hfexport.bench import timed_alternately
+    from hfexport.apps.bench import timed_alternately
 
     calls: list[tuple[str, int]] = []
 

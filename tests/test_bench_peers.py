@@ -1,29 +1,22 @@
-"""tools/bench_peers.py's pure parts: rows chosen, arguments, token agreement and the table (no peer is imported)."""
+"""tools/bench_peers.py's pure parts (`hfexport.apps.bench_peers`): rows chosen, arguments, token agreement and the
+table (no peer is imported)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import pytest
 
-from hfexport.bench import token_agreement
-
-ROOT = Path(__file__).resolve().parents[1]
+from hfexport.apps import bench_peers
+from hfexport.apps.bench import token_agreement
 
 
 @pytest.fixture(scope="module")
-def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "tools" / "bench_peers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_peers"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+def bench() -> ModuleType:
+    return bench_peers
 
 
-def test_default_rows_pair_each_hfexport_row_with_its_peer(bench: Any) -> None:
+def test_default_rows_pair_each_hfexport_row_with_its_peer(bench: ModuleType) -> None:
     keys = [row.key for row in bench.select_rows(None)]
     assert keys[0] == "eager:fp32" and len(keys) == len(set(keys)) == 14
     for ours, theirs in (
@@ -34,7 +27,7 @@ def test_default_rows_pair_each_hfexport_row_with_its_peer(bench: Any) -> None:
         assert keys.index(theirs) == keys.index(ours) + 1
 
 
-def test_a_row_selection_keeps_eager_and_the_build_a_row_runs(bench: Any) -> None:
+def test_a_row_selection_keeps_eager_and_the_build_a_row_runs(bench: ModuleType) -> None:
     keys = [row.key for row in bench.select_rows("optimum-intel:default,hfexport-onnx:int4")]
     # optimum-intel's default-hint row runs its fp32 row's artifact: that build comes along.
     assert keys == ["eager:fp32", "hfexport-onnx:int4", "optimum-intel:fp32", "optimum-intel:default"]
@@ -47,7 +40,7 @@ def test_a_row_selection_keeps_eager_and_the_build_a_row_runs(bench: Any) -> Non
         bench.select_rows("onnx-genai")
 
 
-def test_arguments(bench: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_arguments(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     args = bench.parse_args(["--layers", "2", "--shapes", "qwen2.5-0.5b", "--rows", "hfexport-executorch"])
     assert args.layers == 2 and args.shapes == ["qwen2.5-0.5b"] and args.rounds == 2 and args.new == 64
     assert [row.key for row in args.rows] == ["eager:fp32", "hfexport-executorch:fp32", "hfexport-executorch:int4"]
@@ -66,7 +59,7 @@ def test_token_agreement_counts_positions_and_the_common_prefix() -> None:
     assert token_agreement([5, 5, 9, 7, 7, 7], eager) == (5, 2)
 
 
-def test_table_has_one_row_per_result_with_ratios_to_eager_and_the_ceiling(bench: Any) -> None:
+def test_table_has_one_row_per_result_with_ratios_to_eager_and_the_ceiling(bench: ModuleType) -> None:
     eager = bench.RowResult("eager:fp32", "fp32", ttft_s=[0.3, 0.5], decode_tokens_per_s=[10.0, 20.0], tokens=[1, 2, 3])
     ours = bench.RowResult(
         "hfexport-onnx:int4",

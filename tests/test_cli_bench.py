@@ -72,10 +72,10 @@ def test_bench_executorch_int8_generates_eager_tokens(capsys: pytest.CaptureFixt
 def test_static_decode_variant_exports_a_dynamic_prefill_and_a_static_one_token_decode_at_batch_one() -> None:
     import torch
 
-    from hfexport.bench import _generation_export
+    from hfexport.apps.bench import generation_export
 
     two_rows = {"input_ids": torch.ones(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
-    config, configs, sample, multi_token = _generation_export("executorch-static-decode", "int8", two_rows)
+    config, configs, sample, multi_token = generation_export("executorch-static-decode", "int8", two_rows)
     assert not multi_token and set(configs) == {"prefill", "decode"}
     assert configs["prefill"].dynamic and not configs["decode"].dynamic
     assert configs["decode"].quantizer is config.quantizer is not None, "both graphs quantized alike"
@@ -84,7 +84,7 @@ def test_static_decode_variant_exports_a_dynamic_prefill_and_a_static_one_token_
         "attention_mask": (1, 8),
     }
     # The plain backend: one dynamic multi-token decode graph on the two-row sample (the batch stays dynamic).
-    config, configs, sample, multi_token = _generation_export("executorch", "fp32", two_rows)
+    config, configs, sample, multi_token = generation_export("executorch", "fp32", two_rows)
     assert multi_token and configs is config and config.dynamic and sample is two_rows
 
 

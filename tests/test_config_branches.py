@@ -98,12 +98,8 @@ def test_a_variant_sets_the_attribute_where_the_config_tree_has_it() -> None:
 def test_the_variants_readme_sums_the_sides_each_type_takes(tmp_path: Path) -> None:
     import json
 
-    spec = importlib.util.spec_from_file_location(
-        "gen_variants", Path(__file__).parents[1] / "tools" / "gen_variants.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules["gen_variants"] = tool
-    spec.loader.exec_module(tool)
+    from hfexport.testing.corpus_readmes import write_variants_readme
+
     (tmp_path / "fam").mkdir()
     coverage = {
         "a": {
@@ -119,7 +115,7 @@ def test_the_variants_readme_sums_the_sides_each_type_takes(tmp_path: Path) -> N
         "b": {"error": "timeout: no result within 600s"},
     }
     (tmp_path / "fam" / "_coverage.json").write_text(json.dumps(coverage))
-    totals = tool.write_readme(tmp_path, "fam")
+    totals = write_variants_readme(tmp_path, "fam")
     assert (totals["types"], totals["measured"], totals["variants"], totals["not_built"]) == (2, 1, 1, 1)
     text = (tmp_path / "fam" / "README.md").read_text()
     assert "| a | 1 | 5 (2) | 2/4 | 3/4 | y=0: ValueError: no |" in text

@@ -67,7 +67,7 @@ def _run(backend: str, result: Any, entry: CorpusEntry, feed: dict[str, torch.Te
     if backend == "onnx":
         import onnxruntime as ort
 
-        from hfexport.lowerings.onnx import onnx_feed
+        from hfexport.naming import onnx_feed
 
         session = ort.InferenceSession(result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
@@ -126,7 +126,7 @@ def test_onnx_bfloat16_inputs_and_cache_are_exported_as_float32_and_left_as_they
 
     from hfexport import OnnxExporter
     from hfexport.cache_pytree import flatten_cache, unflatten_cache
-    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.naming import onnx_feed
     from tests.test_reliability_invariants import micro_llama, sample_inputs
 
     model = micro_llama().to(torch.bfloat16)

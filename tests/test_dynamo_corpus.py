@@ -3,7 +3,7 @@
 Every architecture is exported once with `dynamic=True`; the program must match eager on the sample
 inputs and on the shapes that find baked lengths (`CorpusEntry.shape_inputs`: grown, 73 and 138 tokens
 across windows and chunks, another batch size). A representative set runs by default; the whole causal-LM corpus
-runs with `-m slow` (and as `tools/sweep.py`).
+runs with `-m slow` (and as `hfexport sweep`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ sequence <= the model's max_position_embeddings, images <= its image_size, raw a
 saved as `model.pte`, loaded with `executorch.runtime`, and must
 match eager within 1e-4 on the sample and on other shapes (grown, 73 and 138 tokens, another batch). One
 architecture runs by default (the ExecuTorch lowering costs about a minute per model on 2 cores); the rest of the
-causal-LM and encoder corpus runs with `-m slow` (and as `tools/sweep_executorch.py`).
+causal-LM and encoder corpus runs with `-m slow` (and as `hfexport sweep`).
 """
 
 from __future__ import annotations

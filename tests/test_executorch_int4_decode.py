@@ -29,7 +29,7 @@ pytest.importorskip("torchao")
 from transformers import GenerationConfig
 
 from hfexport import AutoHfExporter, ExecutorchConfig
-from hfexport.bench import quantizer_for
+from hfexport.apps.bench import quantizer_for
 from hfexport.runtime.generation import generate, prompt_logits
 from hfexport.tiny import TINY_MODELS
 

@@ -1,12 +1,11 @@
-"""tools/extract_tester_configs.py reads the values of transformers' model testers, never running their code."""
+"""`hfexport.testing.tester_extract` (tools/extract_tester_configs.py) reads the values of transformers' model testers,
+never running their code."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from hfexport.testing.tester_extract import extract
 
 BASE = """
 class CausalLMModelTester:
@@ -55,15 +54,6 @@ class GPT2ModelTester:
 """
 
 
-def _tool():
-    path = ROOT / "tools" / "extract_tester_configs.py"
-    spec = importlib.util.spec_from_file_location("extract_tester_configs", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["extract_tester_configs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_values_of_a_tester_and_its_base_become_the_config_kwargs(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     (tests / "models" / "llama").mkdir(parents=True)
@@ -71,7 +61,7 @@ def test_values_of_a_tester_and_its_base_become_the_config_kwargs(tmp_path: Path
     (tests / "causal_lm_tester.py").write_text(BASE)
     (tests / "models" / "llama" / "test_modeling_llama.py").write_text(LLAMA)
     (tests / "models" / "gpt2" / "test_modeling_gpt2.py").write_text(GPT2)
-    found = _tool().extract(tests, "abc123")
+    found = extract(tests, "abc123")
     llama = found["llama"][0]
     assert llama["tester"] == "tests/models/llama/test_modeling_llama.py@abc123::LlamaModelTester"
     assert llama["config_class"] == "LlamaConfig"

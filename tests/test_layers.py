@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hfexport.rewrites.examples", "hfexport.rewrites.declines", "hfexport.rewrites.upstream"),
     ("hfexport.rewrites.rule",),
     ("hfexport.rewrites.kinds",),
-    ("hfexport.rewrites.example_models", "hfexport.rewrites.rules"),
+    ("hfexport.rewrites.example_models", "hfexport.rewrites.experts", "hfexport.rewrites.rules"),
     ("hfexport.rewrites.external",),
     ("hfexport.rewrites.registry",),
     ("hfexport.rewrites.engine", "hfexport.rewrites"),
@@ -45,13 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "hfexport.tiny",
         "hfexport.testing",
-        "hfexport.audit",
-        "hfexport.quant_audit",
-        "hfexport.scan",
-        "hfexport.sweep",
-        "hfexport.sweep_ray",
-        "hfexport.bench",
-        "hfexport.render",
+        "hfexport.apps",
     ),
     ("hfexport.cli", "hfexport.__main__", "hfexport"),
 ]

@@ -27,7 +27,8 @@ from hfexport import ConfigError, InputError, OnnxConfig, OnnxExporter, empty_mo
 from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
 from hfexport.checkpoints import Checkpoint
 from hfexport.frontends.empty_weights import weight_sources
-from hfexport.lowerings.onnx import STREAMED_KEY, onnx_feed
+from hfexport.lowerings.onnx import STREAMED_KEY
+from hfexport.naming import onnx_feed
 from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]

@@ -2,7 +2,7 @@
 
 Every architecture is exported once with `dynamic=True` and saved; a plain `onnxruntime.InferenceSession` must match
 eager on the sample inputs and on other shapes (grown, 73 and 138 tokens, another batch). A few representative
-architectures run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_onnx.py`).
+architectures run by default; the rest of the corpus runs with `-m slow` (and as `hfexport sweep`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ pytest.importorskip("onnxscript")
 import onnxruntime as ort
 
 from hfexport import OnnxConfig, OnnxExporter
-from hfexport.lowerings.onnx import onnx_feed
+from hfexport.naming import onnx_feed
 from hfexport.testing.corpus import CorpusEntry, corpus_params, load_corpus
 from hfexport.testing.corpus_check import check_entry, failures
 

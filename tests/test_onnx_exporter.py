@@ -27,7 +27,8 @@ from hfexport import (
     OnnxConfig,
     OnnxExporter,
 )
-from hfexport.lowerings.onnx import newest_opset, onnx_feed
+from hfexport.lowerings.onnx import newest_opset
+from hfexport.naming import onnx_feed
 from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]

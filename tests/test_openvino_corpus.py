@@ -3,7 +3,7 @@
 Every causal LM and encoder of tests/fixtures/corpus is exported once with `dynamic=True`; the `openvino.Model`,
 compiled with the f32 inference-precision hint, must match eager within 1e-4 x max(1, max|eager|) on the sample
 inputs and on other shapes (grown, 73 and 138 tokens, another batch), and keep its input axes dynamic. A few
-architectures run by default; the rest of the corpus runs with `-m slow` (and as `tools/sweep_openvino.py`).
+architectures run by default; the rest of the corpus runs with `-m slow` (and as `hfexport sweep`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from hfexport import (
     OpenVINOConfig,
     OpenVINOExporter,
 )
-from hfexport.runtime.openvino import F32_HINT, OpenVINORunner, openvino_feed
+from hfexport.naming import openvino_feed
+from hfexport.runtime.openvino import F32_HINT, OpenVINORunner
 from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]

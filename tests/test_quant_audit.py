@@ -13,8 +13,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("nncf")
 
 from hfexport import ConfigError, OnnxConfig, OnnxExporter
+from hfexport.apps.quant_audit import audit_quantization, linear_groups
 from hfexport.backends.onnx.ops import quantized_op_counts
-from hfexport.quant_audit import audit_quantization, linear_groups
 from hfexport.quantizers.onnxruntime import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
 from hfexport.quantizers.scopes import module_matches
 from tests.quant_checks import FIXTURE, HELDOUT, MEASURE, WrongScale, code_lm, sample, trained

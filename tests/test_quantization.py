@@ -53,7 +53,8 @@ from hfexport import (
     OpenVINOExporter,
     PT2EQuantizer,
 )
-from hfexport.quantizers import CalibrationSet, onnx_feed, openvino_feed, traced_inputs
+from hfexport.naming import onnx_feed, openvino_feed
+from hfexport.quantizers import CalibrationSet, traced_inputs
 from hfexport.tiny import TINY_MODELS
 
 # Float noise allowed between two runs of the same quantization (export vs the toolkit called directly).

@@ -98,7 +98,7 @@ def run_logits(program: Any, backend: str, inputs: Mapping[str, Any]) -> torch.T
         import onnx_ir as ir
         import onnxruntime as ort
 
-        from hfexport.quantizers import onnx_feed
+        from hfexport.naming import onnx_feed
 
         session = ort.InferenceSession(
             ir.to_proto(program.model).SerializeToString(), providers=["CPUExecutionProvider"]
@@ -108,7 +108,7 @@ def run_logits(program: Any, backend: str, inputs: Mapping[str, Any]) -> torch.T
     if backend == "openvino":
         import openvino as ov
 
-        from hfexport.quantizers import openvino_feed
+        from hfexport.naming import openvino_feed
         from hfexport.runtime.openvino import output_tensor
 
         compiled = ov.Core().compile_model(program, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hfexport.render import export_document, to_html, to_markdown
+from hfexport.apps.render import export_document, to_html, to_markdown
 from hfexport.report import ExportReport
 from hfexport.rewrites.engine import RuleOutcome
 

@@ -52,9 +52,9 @@ def test_onnx_session_options_reach_onnx_runtime(llama: torch.nn.Module, tmp_pat
         components, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, runtime_options=RuntimeOptions(options)
     )
     assert torch.equal(profiled, plain)
-    from hfexport.runtime.generation import _SESSIONS
+    from hfexport.runtime.generation import generation_driver
 
-    driver = _SESSIONS.get(components).driver
+    driver = generation_driver(components)
     assert driver.options.onnx_session_options is options
     written = Path(driver.sessions["decode"].end_profiling())
     assert written.parent == tmp_path and written.name.startswith("ortprof")
@@ -64,7 +64,7 @@ def test_onnx_session_options_reach_onnx_runtime(llama: torch.nn.Module, tmp_pat
     assert any(e.get("cat") == "Node" and e["name"].endswith("_kernel_time") for e in events)
     # A later call without options keeps the profiled driver rather than opening the sessions again.
     generate(components, ids, mask, max_new_tokens=1)
-    assert _SESSIONS.get(components).driver is driver
+    assert generation_driver(components) is driver
 
 
 def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) -> None:
@@ -83,9 +83,9 @@ def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) ->
     )
     assert torch.equal(got, plain)
     assert len(counted) == NEW - 1 and all(n > 0 for n in counted)
-    from hfexport.runtime.generation import _SESSIONS
+    from hfexport.runtime.generation import generation_driver
 
-    compiled = _SESSIONS.get(components).driver.runners["decode"].compiled
+    compiled = generation_driver(components).runners["decode"].compiled
     assert compiled.get_property("PERF_COUNT") in (True, "YES")
     # The caller's properties come over hfexport's f32 hint, which stays.
     assert "f32" in str(compiled.get_property("INFERENCE_PRECISION_HINT")) or "float32" in str(

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from hfexport.apps.scan import ScanResult, scan
+from hfexport.apps.scan_patterns import KINDS, scan_source
+from hfexport.apps.scan_rules import RuleIndex, causes, causes_of
 from hfexport.cli import main
 from hfexport.rewrites.engine import default_registry
-from hfexport.scan import KINDS, RuleIndex, ScanResult, causes, causes_of, scan, scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scan"
 
@@ -80,9 +82,9 @@ def test_scan_command_prints_sites_per_class_and_writes_json(tmp_path: Path, cap
     assert "did you mean" in capsys.readouterr().err
 
 
-# Sites of a cause (hfexport.scan.causes(), declared by the rules) in the installed transformers that no rule of that
-# cause targets, each with the reason; keyed by (module, scope). A new copy of a cause's code fails the test below
-# until a rule targets it or it is listed here.
+# Sites of a cause (hfexport.apps.scan_rules.causes(), declared by the rules) in the installed transformers that no rule
+# of that cause targets, each with the reason; keyed by (module, scope). A new copy of a cause's code fails the test
+# below until a rule targets it or it is listed here.
 KNOWN_GAPS = {
     ("transformers.models.deepseek_v4.modeling_deepseek_v4", "DeepseekV4HCACache.update"): "DeepSeek-V4's cache "
     "layer overrides `update` (keys and values share storage), so the sliding-window rule, which binds to layers "
@@ -140,7 +142,7 @@ def _cause_models() -> list[str]:
 
 def test_sites_of_causes_in_small_files_are_targeted_by_their_rules() -> None:
     """The default tier: the shared cache layers and two small model files, a site of four causes each."""
-    from hfexport.scan import transformers_root
+    from hfexport.apps.scan import transformers_root
 
     root = transformers_root()
     files = [

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hfexport.apps.sweep import Sweep, SweepRow
 from hfexport.rewrites.engine import default_registry
-from hfexport.sweep import Sweep, SweepRow
 from hfexport.testing.corpus import default_root
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -66,6 +66,28 @@ def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Pat
     assert "dead rules (0 hits on every model):" in result.stdout and "[3/3]" in result.stderr
 
 
+def test_generation_sweep_compares_tokens_with_the_model_s_own_generate(tmp_path: Path) -> None:
+    out = {k: tmp_path / f"gen.{k}" for k in ("json", "markdown")}
+    entry = default_root() / "causal_lm" / "llama.json"
+    args = ["sweep", "--configs", str(entry), "--format", "dynamo", "--generation"]
+    result = _hfexport(*args, "--json", str(out["json"]), "--markdown", str(out["markdown"]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out["json"].read_text())
+    (row,) = data["rows"]
+    assert data["check"] == "generation" and data["summary"].startswith("dynamo generation: 1/1 models ok")
+    assert row["status"] == "ok" and row["tokens_differ"] == 0.0 and row["components"] == ["prefill", "decode"]
+    assert row["max_abs_diff"] is None and row["export_s"] > 0
+    table = out["markdown"].read_text().splitlines()
+    assert table[0] == "| model | status | export s | diff | rules fired | error |"
+    assert table[2].startswith("| causal_lm/llama | ok |") and table[-1] == data["summary"]
+    assert "to dynamo for generation" in result.stderr
+
+
+def test_static_slots_without_generation_are_refused() -> None:
+    result = _hfexport("sweep", "--configs", str(default_root() / "causal_lm" / "llama.json"), "--static", "64")
+    assert result.returncode == 2 and "add --generation" in result.stderr and "sweeping" not in result.stderr
+
+
 def test_sweep_refuses_png_without_matplotlib_before_running_anything(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:
         pytest.skip("matplotlib is installed: the PNG is tested below")
@@ -100,7 +122,7 @@ def test_sweep_png_heatmap(tmp_path: Path) -> None:
 
 
 def test_rows_of_cases_without_a_report_are_named_like_finished_rows(tmp_path: Path) -> None:
-    from hfexport.sweep import crash_row, timeout_row
+    from hfexport.apps.sweep import crash_row, timeout_row
 
     entry = Path(__file__).parent / "fixtures" / "corpus_all" / "image_classification" / "hiera.json"
     row = timeout_row(entry, 300)

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from hfexport.apps.sweep import LocalRunner, SweepRow, run_sweep
 from hfexport.cli import main
-from hfexport.sweep import LocalRunner, SweepRow, run_sweep
 from hfexport.testing.corpus import default_root
 
 BROKEN = '{"not": "a corpus entry"}'
@@ -139,7 +139,7 @@ def test_ray_runner_turns_a_dead_worker_a_failed_task_and_a_hang_into_rows(
     tmp_path: Path, ray_tmpdir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("ray")
-    from hfexport.sweep_ray import RayRunner
+    from hfexport.apps.sweep_ray import RayRunner
 
     def faulty(stem: str, entry_json: str, export_format: str, config_json: str) -> dict[str, Any]:
         # A local function, so Ray ships it by value to workers that know only hfexport.

@@ -7,7 +7,7 @@ The model is the benchmark's SmolLM2-135M-shaped Llama (`--model llama`), a GPT-
 gpt2`: LayerNorm, tanh GELU and biased projections, which the Llama does not have) or another causal LM's
 `model_type` at that width (`--model nanochat`: RMSNorms without a weight), cut to `--layers`, random weights (seed
 0). It is exported once with every rule (`export_for_generation`, static cache of prompt + new slots,
-one multi-token decode graph, `hfexport.bench.quantizer_for`'s recipe, as `hfexport bench` does); the export's
+one multi-token decode graph, `hfexport.apps.bench.quantizer_for`'s recipe, as `hfexport bench` does); the export's
 reports say which `kind="optimization"` rules fired (or `--rules` names them), and it is exported again once per
 such rule with that rule disabled. Rounds then alternate every export, each round a 1-token generate (TTFT) and a
 `--new`-token one; decode tok/s = (new - 1) / (time(new) - TTFT). Alternating rounds in one process puts a change of
@@ -28,7 +28,7 @@ from typing import Any
 
 from bench_onnx import SMOLLM2_135M  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import VARIANTS, timed_alternately
+from hfexport.apps.bench import VARIANTS, timed_alternately
 from hfexport.runtime.generation import generate
 
 
@@ -57,18 +57,18 @@ def build(model: str, layers: int) -> Any:
 
 
 def export(model: Any, backend: str, precision: str, cache: int, disable: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """`export_for_generation` as the benchmark runs it (`hfexport.bench._generation_export`: one config, or one per
+    """`export_for_generation` as the benchmark runs it (`hfexport.apps.bench.generation_export`: one config, or one per
     component for the static-decode variant), with `disable` switched off: the components and each component's
     report (one per exported graph)."""
     import torch
     from transformers import GenerationConfig
 
+    from hfexport.apps.bench import generation_export
     from hfexport.auto import AutoHfExporter
-    from hfexport.bench import _generation_export
 
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    config, configs, sample, multi_token = _generation_export(backend, precision, sample)
+    config, configs, sample, multi_token = generation_export(backend, precision, sample)
     if disable:
 
         def without(c: Any) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 from profile_generate import export_like_bench  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import timed_alternately
+from hfexport.apps.bench import timed_alternately
 from hfexport.runtime.generation import generate
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, {tools!r})
 import torch
 from transformers import GenerationConfig
 from bench_onnx import build_model
-from hfexport.bench import PeakRss
+from hfexport.apps.bench import PeakRss
 
 side, fmt, layers = {side!r}, {fmt!r}, {layers}
 if side == "peer":

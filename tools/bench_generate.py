@@ -7,7 +7,7 @@
 timings mean nothing). One table row per backend x precision: TTFT, decode tok/s, % of that precision's
 ceiling, x eager, tokens vs eager (fp32 eager), export seconds and the export's peak RSS over the process's
 before it (polled every 20 ms). Quantized rows use each backend's weight-only (or dynamic) recipe
-(`hfexport.bench.quantizer_for`: int8 with dynamic activations on ONNX Runtime and XNNPACK; int4 on ExecuTorch
+(`hfexport.apps.bench.quantizer_for`: int8 with dynamic activations on ONNX Runtime and XNNPACK; int4 on ExecuTorch
 is XNNPACK's dynamic int8 activations with int4 weights per channel, elsewhere NNCF int4 weights in groups of
 32); their ceiling is the fp32 one times 32/bits (nominal: scales and the unquantized embedding gather are not
 counted).
@@ -22,7 +22,7 @@ TTFT is a 1-token generate; decode tok/s is (new - 1) / (time(new) - TTFT).
 The same run measures this machine's matrix-vector bandwidth (fp32 `torch.mv` over a matrix far larger
 than cache) and the decode ceiling it implies: bandwidth / weight bytes read per token.
 
-The measurement is `hfexport.bench.bench_generation` (also `hfexport bench --model ...` on a user's model); this
+The measurement is `hfexport.apps.bench.bench_generation` (also `hfexport bench --model ...` on a user's model); this
 tool adds the SmolLM2-135M shape and the peer's row, which the package may not import.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 from bench_onnx import build_model  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import BenchRow, PeakRss, bench_generation, timed
+from hfexport.apps.bench import BenchRow, PeakRss, bench_generation, timed
 
 
 def main(argv: list[str] | None = None) -> int:

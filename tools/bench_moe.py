@@ -40,7 +40,7 @@ def _model(args: argparse.Namespace, form: str) -> Any:
     from transformers import Qwen3MoeConfig, Qwen3MoeModel
     from transformers.integrations import moe
 
-    from hfexport.rewrites.rules._moe_batched import routed_experts_forward
+    from hfexport.rewrites.experts import routed_experts_forward
 
     moe.ALL_EXPERTS_FUNCTIONS.register(ROUTED, routed_experts_forward)
     config = Qwen3MoeConfig(
@@ -90,7 +90,7 @@ def _runner(backend: str, model: Any, inputs: dict[str, Any], tmp: str, run: Any
         import onnxruntime as ort
 
         from hfexport import OnnxConfig, OnnxExporter
-        from hfexport.lowerings.onnx import onnx_feed
+        from hfexport.naming import onnx_feed
 
         path = os.path.join(tmp, "model.onnx")
         OnnxExporter().export(model, inputs, OnnxConfig(output_path=path))

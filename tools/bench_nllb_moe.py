@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import NllbMoeConfig
     from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeExperts, NllbMoeTop2Router
 
-    from hfexport.rewrites.rules.patch._nllb_moe import routed_experts
+    from hfexport.rewrites.engine import default_registry
+
+    # The replacement `patch/nllb-moe-routed-experts` installs (it declines only training mode).
+    routed_experts = default_registry().get("patch/nllb-moe-routed-experts").replacement
 
     config = NllbMoeConfig(
         d_model=args.d_model, num_experts=args.experts, expert_capacity=args.tokens, moe_token_dropout=0.2

@@ -43,7 +43,7 @@ def child(form: str, tokens: int, args: argparse.Namespace) -> None:
     import torch
     from transformers.integrations import moe
 
-    from hfexport.rewrites.rules._moe_batched import routed_experts_forward
+    from hfexport.rewrites.experts import routed_experts_forward
 
     experts = _experts(args)
     generator = torch.Generator().manual_seed(1)

@@ -8,7 +8,7 @@ which never imports hfexport): it builds the peer's quantized model from `tests/
 logits on the same 16 windows of 128 tokens of `heldout.txt` that `tools/quant_accuracy.py` measures ours on, its
 greedy tokens after the same two 32-token prompts, and the decode speed of its own generation loop. Here they are
 compared with the float model exactly as `hfexport.quantization_accuracy` compares ours (`LogitComparison`).
-Our rows' accuracy comes from the sweep's JSON (`--sweep`); their decode speed from `hfexport.bench`'s recipes
+Our rows' accuracy comes from the sweep's JSON (`--sweep`); their decode speed from `hfexport.apps.bench`'s recipes
 (`bench_generation`, in this process). Speed: batch 1, a 32-token random prompt (the bench's, seed 1), 64 new
 tokens, decode tokens/s = 63 / (t(64) - t(1)), median of 3; every row in one run, one after the other, on a
 shared machine (the load average is recorded).
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = {(r["backend"], r["recipe"], r["path"]): r for r in json.loads(args.sweep.read_text())["rows"]}
     speeds: dict[tuple[str, str], float] = {}
     if not args.no_ours:
-        from hfexport.bench import bench_generation
+        from hfexport.apps.bench import bench_generation
 
         for backend in ("onnx", "openvino", "executorch"):
             result = bench_generation(

@@ -5,7 +5,7 @@
 
 The model, export and loop are `tools/bench_generate.py`'s (through `profile_generate.export_like_bench`): the
 SmolLM2-135M-shaped Llama (random weights, seed 0) cut to `--layers`, `export_for_generation` with a static cache
-of `--cache` slots and one multi-token decode graph, `hfexport.bench.quantizer_for`'s ExecuTorch recipe, run by
+of `--cache` slots and one multi-token decode graph, `hfexport.apps.bench.quantizer_for`'s ExecuTorch recipe, run by
 `hfexport.runtime.generate`.
 
 Why `perf` and not ExecuTorch's profiler: the executorch wheel's runtime is built without the event tracer
@@ -42,7 +42,7 @@ from typing import Any
 
 from profile_generate import export_like_bench  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import PRECISION_BITS, timed, weight_bytes_per_token
+from hfexport.apps.bench import PRECISION_BITS, timed, weight_bytes_per_token
 
 # (family, test on (dso, symbol)), first match wins: the order matters (a qd8 GEMM is a GEMM, not a conversion).
 FAMILIES: list[tuple[str, Any]] = [

@@ -4,10 +4,10 @@
         --precision {fp32,int8,int4} [--layers 30] [--prompt 128] [--new 16] [--cache 256] [--threads N]
         [--json FILE] [--trace-dir DIR]
 
-The model and export are `tools/bench_generate.py`'s (`hfexport.bench.bench_generation`): the SmolLM2-135M-shaped
+The model and export are `tools/bench_generate.py`'s (`hfexport.apps.bench.bench_generation`): the SmolLM2-135M-shaped
 Llama of `tools/bench_onnx.build_model` (random weights, seed 0), `export_for_generation` with a static cache of
 `--cache` slots (256: the benchmark's 128 + 128) and one multi-token decode graph, each backend's recipe from
-`hfexport.bench.quantizer_for`, run by `hfexport.runtime.generate` on one random prompt (batch 1). After a warm-up
+`hfexport.apps.bench.quantizer_for`, run by `hfexport.runtime.generate` on one random prompt (batch 1). After a warm-up
 generation, the prompt alone is profiled (4 calls) and then one generation of `--new` tokens, whose calls after the
 first are the decode steps. ONNX Runtime traces single calls: per node, the median over the calls. OpenVINO's
 counters are means over all calls so far: the mean call of a window (the 4 prompts; the decode steps after the
@@ -30,7 +30,7 @@ in torch (`F.linear` over `prompt` rows vs 1 row), a bound for backends that are
 
 Weight ops (MatMul / Gemm / MatMulInteger / MatMulNBits / FullyConnected...): their bytes of constant inputs
 per decode step over their time, against this machine's matrix-vector bandwidth
-(`hfexport.bench.matvec_bandwidth`, measured in the same run).
+(`hfexport.apps.bench.matvec_bandwidth`, measured in the same run).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 
 from bench_onnx import build_model  # tools/ is on sys.path when this script runs
 
-from hfexport.bench import matvec_bandwidth, quantizer_for, weight_bytes_per_token
+from hfexport.apps.bench import matvec_bandwidth, quantizer_for, weight_bytes_per_token
 
 BACKENDS = ("onnx", "openvino", "openvino-stateful", "dynamo")
 # Prefill calls profiled (ONNX Runtime, OpenVINO): per node, the median over them.
@@ -165,7 +165,7 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
     import onnxruntime as ort
 
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import _SESSIONS, generate
+    from hfexport.runtime.generation import generate, generation_driver
 
     options = ort.SessionOptions()
     options.enable_profiling = True
@@ -177,7 +177,7 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
     for _ in range(PREFILLS - 1):
         generate(components, ids, max_new_tokens=1)  # the prompt alone
     generate(components, ids, max_new_tokens=new, min_new_tokens=new)  # its first call is a prefill too
-    session = _SESSIONS.get(components).driver.sessions["decode"]
+    session = generation_driver(components).sessions["decode"]
     events = json.loads(Path(session.end_profiling()).read_text())
     constants = _constant_bytes(options.optimized_model_filepath)
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[2:]
@@ -287,12 +287,12 @@ def profile_openvino(components: Any, ids: Any, new: int, vocab: int) -> tuple[C
     """(the mean of `PREFILLS` prompt calls, [the mean of the decode steps after the first]): OpenVINO's counters
     give means over windows of calls, not single calls (`_openvino_counters`)."""
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import _SESSIONS, generate
+    from hfexport.runtime.generation import generate, generation_driver
 
     runtime = RuntimeOptions(openvino_properties={"PERF_COUNT": "YES"})
     # Warm-up: 2 calls (the prompt, one decode step).
     generate(components, ids, max_new_tokens=2, min_new_tokens=2, runtime_options=runtime)
-    driver = _SESSIONS.get(components).driver
+    driver = generation_driver(components)
     request = driver.requests["decode"]
     head, weights = _openvino_layout(driver.runners["decode"].compiled, vocab)
     before = _openvino_counters(request)
@@ -329,7 +329,7 @@ def _openvino_infer_only(driver: Any, position: int, repeats: int = 10) -> float
     from hfexport.runtime.drivers import Step
 
     names = [port.get_any_name() for port in driver.runners["decode"].compiled.inputs]
-    from hfexport.runtime.generation import _static_mask
+    from hfexport.runtime.generation import static_mask
 
     caches = [t for t in driver.cache.values() if t.ndim == 4]
     # Stateful: the cache is in the request, its variables give the slots.
@@ -337,8 +337,8 @@ def _openvino_infer_only(driver: Any, position: int, repeats: int = 10) -> float
     slots = caches[0].shape[2] if caches else list(next(iter(states.values())).state.shape)[2]
     valid = torch.zeros(1, slots, dtype=torch.long)
     valid[:, : position + 1] = 1
-    step = Step(torch.tensor([[5]]), _static_mask(valid, position, 1), torch.tensor([[position]]))
-    feed = {k: v.numpy() for k, v in driver._flat_feed("decode", step, names).items()}
+    step = Step(torch.tensor([[5]]), static_mask(valid, position, 1), torch.tensor([[position]]))
+    feed = {k: v.numpy() for k, v in driver.flat_feed("decode", step, names).items()}
     request = driver.requests["decode"]
     times = []
     for _ in range(repeats):
@@ -479,8 +479,8 @@ def export_like_bench(
     import torch
     from transformers import GenerationConfig
 
+    from hfexport.apps.bench import VARIANTS
     from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.bench import VARIANTS
 
     model = build_model(layers)
     bandwidth = matvec_bandwidth(512, 10)

@@ -65,7 +65,7 @@ def recipes() -> list[Recipe]:
     import nncf
 
     import hfexport.quantizers as q
-    from hfexport.bench import quantizer_for
+    from hfexport.apps.bench import quantizer_for
 
     wc = q.NNCFWeightCompressionConfig
     int4 = wc(mode="int4_sym", group_size=32)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,3 +326,75 @@ def check_reduced_depth(
         save(program, out, config=reduced_config, report=exporter.report)
         validation = validate(out, real, inputs, atol=atol, rtol=rtol, other_inputs=other_inputs)
     return ReducedDepthCheck(layers, validation)
+
+
+@dataclass
+class LowMemoryValidation:
+    """`--low-memory --validate`: the saved weights against the checkpoint, and the first layers exported on the
+    same path against eager (`ReducedDepthCheck`)."""
+
+    weights: StreamedWeights
+    reduced: ReducedDepthCheck
+    quantized: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.weights.ok and self.reduced.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        streamed = {"checked": len(self.weights.checked), "mismatched": self.weights.mismatched}
+        return {**self.reduced.to_dict(), "ok": self.ok, "streamed_weights": streamed}
+
+    def __str__(self) -> str:
+        weights = self.weights
+        if weights.recorded == 0:
+            lines = ["streamed weights: none (every weight is small enough to be read whole)"]
+        else:
+            equal = len(weights.checked) - len(weights.mismatched)
+            lines = [f"streamed weights: {equal} equal their checkpoint tensors, {len(weights.mismatched)} differ"]
+            if self.quantized:
+                lines.append("  (quantized weights: recomputed from the checkpoint with the quantizer's arithmetic)")
+        lines.append(f"reduced depth ({self.reduced.layers} layer(s)): {self.reduced.validation}")
+        return "\n".join(lines)
+
+
+def validate_low_memory(
+    output: str | Path,
+    folder: str | Path,
+    inputs: Mapping[str, Any],
+    config: OnnxConfig | OpenVINOConfig,
+    *,
+    layers: int,
+    auto_class: str,
+    dtype: torch.dtype | None,
+    atol: float,
+    rtol: float,
+    trust_remote_code: bool,
+    other_inputs: Mapping[str, Mapping[str, Any]],
+    progress: Callable[[str], None] = lambda _message: None,
+) -> LowMemoryValidation:
+    """The checks of a low-memory export that fit in memory (docs/low-memory.md): the weights saved under `output`
+    compared with checkpoint `folder` tensor by tensor, and the first `layers` layers of the same checkpoint
+    exported on the same path and run against eager. The full artifact is not run: that needs its weights."""
+    from hfexport.formats import MAIN_FILE
+
+    progress("validating: the saved weights against the checkpoint, one tensor at a time")
+    check = artifact_format(config.export_format).check_streamed
+    if check is None:
+        raise ArtifactError(f"{config.export_format} cannot stream its weights: there is no low-memory export to check")
+    quantized = config.quantizer is not None
+    weights = check(Path(output) / MAIN_FILE[config.export_format], Checkpoint.open(folder), quantized)
+    progress(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
+    reduced = check_reduced_depth(
+        folder,
+        inputs,
+        config,
+        layers=layers,
+        auto_class=auto_class,
+        dtype=dtype,
+        atol=atol,
+        rtol=rtol,
+        trust_remote_code=trust_remote_code,
+        other_inputs=other_inputs,
+    )
+    return LowMemoryValidation(weights, reduced, quantized)

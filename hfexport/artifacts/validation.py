@@ -203,6 +203,54 @@ def validate(
     return validation
 
 
+def validate_export(
+    directory: str | Path,
+    model: Any,
+    inputs: Mapping[str, Any],
+    *,
+    atol: float,
+    rtol: float,
+    other_inputs: Mapping[str, Mapping[str, Any]],
+    used: Mapping[str, Any],
+    trust: bool = False,
+) -> Validation:
+    """`validate` as `hfexport export --validate` runs it: on the traced sample and on `other_inputs`, a shape eager
+    itself refuses a skipped check with eager's reason, and a shape the export keeps static by design (`used`: its
+    report's, see `static_by_design`) a skipped check saying so."""
+    others, skipped = static_by_design(other_inputs, used)
+    validation = validate(
+        directory, model, inputs, atol=atol, rtol=rtol, trust=trust, other_inputs=others, eager_may_refuse=True
+    )
+    validation.checks += skipped
+    return validation
+
+
+def static_by_design(
+    others: Mapping[str, Mapping[str, Any]], used: Mapping[str, Any]
+) -> tuple[dict[str, Mapping[str, Any]], list[ShapeCheck]]:
+    """The other-shape feeds the artifact can take, and a skipped check for each one it refuses by design, as
+    the export said when exporting: another image count than the one it kept (`used["image_count"]`), another
+    size on an axis the trace fixed (`used["static_axes"]`, e.g. Mamba's sequence on ExecuTorch)."""
+    counts = used.get("image_count") or {}
+    axes = used.get("static_axes") or {}
+    kept, skipped = {}, []
+    for name, feed in others.items():
+        why = [f"{k} holds {n} image(s)" for k, n in counts.items() if k in feed and feed[k].shape[0] != n]
+        why += [
+            f"{k} axis {axis} is {size}"
+            for k, fixed in axes.items()
+            for axis, size in fixed.items()
+            if k in feed and feed[k].ndim > int(axis) and feed[k].shape[int(axis)] != size
+        ]
+        if not why:
+            kept[name] = feed
+            continue
+        shapes = {k: list(v.shape) for k, v in feed.items() if hasattr(v, "shape")}
+        reason = f"the export keeps it static ({', '.join(why)} in the sample, said when exporting): refused by design"
+        skipped.append(ShapeCheck(name, shapes, skipped=reason))
+    return kept, skipped
+
+
 def _first_line(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     return f"{type(exc).__name__}: {first}"

@@ -14,7 +14,7 @@ from hfexport.cli.validation import validation_tolerance
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from hfexport.audit import run_audit
+    from hfexport.apps.audit import run_audit
     from hfexport.rewrites.engine import stage_listener
 
     config = export_config(args)
@@ -47,7 +47,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         audit.save(args.json)
         _step(f"wrote {args.json}")
     if args.html or args.markdown:
-        from hfexport.render import audit_document, write_documents
+        from hfexport.apps.render import audit_document, write_documents
 
         for path in write_documents(audit_document(audit), [("html", args.html), ("markdown", args.markdown)]):
             _step(f"wrote {path}")
@@ -58,8 +58,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _quant_audit(args: argparse.Namespace, model: Any, inputs: dict[str, Any], config: Any) -> int:
     """`audit --quant`: the recipe's error by linear group, worst first, and the gain of keeping the worst in float."""
+    from hfexport.apps.quant_audit import audit_quantization
     from hfexport.cli.accuracy import text_and_tokenizer
-    from hfexport.quant_audit import audit_quantization
     from hfexport.rewrites.engine import stage_listener
 
     text, name, tokenizer = text_and_tokenizer(args)

@@ -14,7 +14,7 @@ from hfexport.cli.progress import step as _step
 
 def bench_choices(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The backends and precisions `args` names, refused with the valid choices before anything is loaded."""
-    from hfexport.bench import BACKENDS, DEFAULT_BACKENDS, PRECISION_BITS
+    from hfexport.apps.bench import BACKENDS, DEFAULT_BACKENDS, PRECISION_BITS
 
     backends = list(_split(args.backends)) if args.backends else list(DEFAULT_BACKENDS)
     precisions = list(_split(args.precisions)) if args.precisions else ["fp32"]
@@ -29,7 +29,7 @@ def bench_choices(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from hfexport.bench import bench_generation
+    from hfexport.apps.bench import bench_generation
 
     backends, precisions = bench_choices(args)
     _step(f"loading {args.model}")

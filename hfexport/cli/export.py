@@ -266,7 +266,7 @@ def write_report_files(args: argparse.Namespace, reports: Any, validation: dict[
     targets = [("html", args.report_html), ("markdown", args.report_markdown)]
     if not any(path for _, path in targets):
         return
-    from hfexport.render import export_document, write_documents
+    from hfexport.apps.render import export_document, write_documents
 
     for path in write_documents(export_document(reports, validation, model=args.model), targets):
         print(f"report written to {path}", file=sys.stderr)
@@ -284,7 +284,7 @@ def _validate(
     """`--validate`: the saved artifact loaded back and run in its runtime (on `--device`) against eager, on the
     traced sample and, for a dynamic export, on inputs of other shapes (a shape eager itself refuses is a skipped
     check with eager's reason). Returns the manifest's record and what to print."""
-    from hfexport.artifacts import validate
+    from hfexport.artifacts.validation import validate_export
     from hfexport.runtime.devices import resolve_device, use_device
 
     device = resolve_device(args.format, args.device) if args.device else None
@@ -295,22 +295,20 @@ def _validate(
     others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
     if not config.dynamic:
         progress.step("static export (--no-dynamic): only the traced shape is checked")
-    others, skipped = _static_by_design(others, report.used)
     with use_device(device):
         # trust: the .pt2 is the one this process wrote a moment ago.
-        validation = validate(
+        validation = validate_export(
             output,
             model,
             inputs,
             atol=tolerance.atol,
             rtol=tolerance.rtol,
-            trust=True,
             other_inputs=others,
-            eager_may_refuse=True,
+            used=report.used,
+            trust=True,
         )
         accuracy = quantized.measure(args, model, output, inputs, config)
     validation.tolerance_source = tolerance.source
-    validation.checks += skipped
     report.parity = validation.max_abs_diff
     record = {**validation.to_dict(), "device": device.name if device else "cpu"}
     if accuracy is None:
@@ -341,34 +339,6 @@ def _as_used(config: Any, reports: list[Any]) -> Any:
     return recorded
 
 
-def _static_by_design(
-    others: dict[str, dict[str, Any]], used: dict[str, Any]
-) -> tuple[dict[str, dict[str, Any]], list[Any]]:
-    """The other-shape feeds the artifact can take, and a skipped check for each one it refuses by design, as
-    the export said when exporting: another image count than the one it kept (`used["image_count"]`), another
-    size on an axis the trace fixed (`used["static_axes"]`, e.g. Mamba's sequence on ExecuTorch)."""
-    from hfexport.artifacts.validation import ShapeCheck
-
-    counts = used.get("image_count") or {}
-    axes = used.get("static_axes") or {}
-    kept, skipped = {}, []
-    for name, feed in others.items():
-        why = [f"{k} holds {n} image(s)" for k, n in counts.items() if k in feed and feed[k].shape[0] != n]
-        why += [
-            f"{k} axis {axis} is {size}"
-            for k, fixed in axes.items()
-            for axis, size in fixed.items()
-            if k in feed and feed[k].ndim > int(axis) and feed[k].shape[int(axis)] != size
-        ]
-        if not why:
-            kept[name] = feed
-            continue
-        shapes = {k: list(v.shape) for k, v in feed.items() if hasattr(v, "shape")}
-        reason = f"the export keeps it static ({', '.join(why)} in the sample, said when exporting): refused by design"
-        skipped.append(ShapeCheck(name, shapes, skipped=reason))
-    return kept, skipped
-
-
 def _say_failed(args: argparse.Namespace, exc: Exception) -> None:
     """A failed export in a few lines (stage, the model's line, next steps); the whole error with `--debug`."""
     if _debug(args):
@@ -391,48 +361,29 @@ def _validate_low_memory(
     output: Path,
     progress: Progress,
 ) -> tuple[dict[str, Any], str]:
-    """`--low-memory --validate`: the checks that fit in memory (docs/low-memory.md). The saved weights are
-    compared with the checkpoint tensor by tensor; the first `--check-layers` layers of the same checkpoint are
-    exported on the same path and run against eager. The full artifact is not run: that needs its weights.
-    Returns the manifest's record and what to print."""
+    """`--low-memory --validate` (`hfexport.artifacts.low_memory.validate_low_memory`). Returns the manifest's record
+    and what to print."""
     import torch
 
-    from hfexport.artifacts.formats import artifact_format
-    from hfexport.artifacts.low_memory import check_reduced_depth
-    from hfexport.checkpoints import Checkpoint
+    from hfexport.artifacts.low_memory import validate_low_memory
 
-    progress.step("validating: the saved weights against the checkpoint, one tensor at a time")
-    check = artifact_format(args.format).check_streamed
-    assert check is not None  # --low-memory is refused for a format that cannot stream (cli/parser.py)
-    weights = check(output / MAIN_FILE[args.format], Checkpoint.open(args.model), config.quantizer is not None)
-    layers = args.check_layers or 2
-    progress.step(f"validating: an export of the first {layers} layer(s) of the same checkpoint against eager")
     tolerance = validation_tolerance(args, config, model)
     others = other_samples(args.model, inputs, task=args.task, **model_options(args)) if config.dynamic else {}
-    reduced = check_reduced_depth(
+    checked = validate_low_memory(
+        output,
         args.model,
         inputs,
         config,
-        layers=layers,
+        layers=args.check_layers or 2,
         auto_class=auto_class or "AutoModelForCausalLM",
         dtype=getattr(torch, args.dtype) if args.dtype else None,
         atol=tolerance.atol,
         rtol=tolerance.rtol,
         trust_remote_code=args.trust_remote_code,
         other_inputs=others,
+        progress=progress.step,
     )
-    ok = weights.ok and reduced.ok
-    streamed = {"checked": len(weights.checked), "mismatched": weights.mismatched}
-    record = {**reduced.to_dict(), "ok": ok, "streamed_weights": streamed, "tolerance_source": tolerance.source}
-    if weights.recorded == 0:
-        lines = ["streamed weights: none (every weight is small enough to be read whole)"]
-    else:
-        equal = len(weights.checked) - len(weights.mismatched)
-        lines = [f"streamed weights: {equal} equal their checkpoint tensors, {len(weights.mismatched)} differ"]
-        if config.quantizer is not None:
-            lines.append("  (quantized weights: recomputed from the checkpoint with the quantizer's arithmetic)")
-    lines.append(f"reduced depth ({layers} layer(s)): {reduced.validation}")
-    return record, "\n".join(lines)
+    return {**checked.to_dict(), "tolerance_source": tolerance.source}, str(checked)
 
 
 # hfexport's warning for a size-1 sample axis (`frontends.torch_export.size_one_axis_warnings`).

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hfexport.apps.bench import BACKENDS as BENCH_BACKENDS
 from hfexport.backends.registry import backend, backends
-from hfexport.bench import BACKENDS as BENCH_BACKENDS
 from hfexport.cli.audit import cmd_audit
 from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check
@@ -268,7 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the models as Ray tasks (pip install 'hfexport[ray]'): alone, on a local cluster of --jobs CPUs; "
         "with `auto`, HOST:PORT or ray://HOST:PORT, on that running cluster",
     )
+    sweep.add_argument(
+        "--generation",
+        action="store_true",
+        help="export each model for generation and compare hfexport.runtime.generate's 8 greedy tokens from a "
+        "left-padded batch of 2 with the model's own generate (instead of outputs against eager)",
+    )
+    sweep.add_argument(
+        "--static",
+        type=int,
+        default=0,
+        metavar="SLOTS",
+        help="with --generation: a static cache of SLOTS slots and one multi-token decode graph",
+    )
     sweep.add_argument("--timeout", type=float, default=600, help="seconds per model before it counts as a hang")
+    sweep.add_argument("--markdown", help="write one table row per model and the summary as Markdown")
     sweep.add_argument("--csv", help="write the hit matrix (one column per rule of the format) as CSV")
     sweep.add_argument("--json", help="write rows, dead and expired rules as JSON")
     sweep.add_argument("--html", help="write the heatmap as a static HTML table")

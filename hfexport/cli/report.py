@@ -13,8 +13,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render the report the manifest holds (one per component of a generation export) with its validation:
     to `--html` / `--markdown` files, or as Markdown on stdout when neither is given. Reads the manifest only
     (checked like `load` checks it); no model file is opened."""
+    from hfexport.apps.render import export_document, to_markdown, write_documents
     from hfexport.artifacts import ArtifactError, read_manifest
-    from hfexport.render import export_document, to_markdown, write_documents
     from hfexport.report import ExportReport
 
     try:

@@ -92,7 +92,7 @@ def _did_you_mean(rule_id: str, ids: list[str]) -> str:
 
 
 def cmd_rules_show(args: argparse.Namespace) -> int:
-    from hfexport.audit import expiry_status, rule_diff, rule_location, rule_sources, rule_target
+    from hfexport.rewrites.catalogue import expiry_status, rule_diff, rule_location, rule_sources, rule_target
     from hfexport.rewrites.engine import default_registry
 
     registry = default_registry()

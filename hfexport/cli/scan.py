@@ -11,7 +11,7 @@ from hfexport.cli.progress import step as _step
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from hfexport.scan import scan
+    from hfexport.apps.scan import scan
 
     models = list(_split(args.models)) or None
     try:

@@ -16,7 +16,8 @@ LOCAL_RAY = "local"  # `--ray` alone: start a local cluster
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hfexport.sweep import find_configs, run_sweep
+    from hfexport.apps.sweep import find_configs, run_sweep
+    from hfexport.apps.sweep_case import GenerationCheck
 
     if args.png:
         try:
@@ -34,11 +35,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.static and not args.generation:
+        raise UsageError("--static sizes the cache of a generation sweep: add --generation")
+    if args.static < 0:
+        raise UsageError(f"--static must be a number of cache slots, not {args.static}")
+    generation = GenerationCheck(static=args.static) if args.generation else None
     with _runner(args) as runner:
-        _step(f"sweeping {len(paths)} model(s) to {args.format} {runner.describe()}")
-        sweep = run_sweep(paths, args.format, config=extra, timeout=args.timeout, progress=_step, runner=runner)
+        purpose = " for generation" if generation else ""
+        _step(f"sweeping {len(paths)} model(s) to {args.format}{purpose} {runner.describe()}")
+        sweep = run_sweep(
+            paths,
+            args.format,
+            config=extra,
+            timeout=args.timeout,
+            progress=_step,
+            runner=runner,
+            generation=generation,
+        )
     print(sweep.table())
-    for path, text in ((args.csv, sweep.to_csv()), (args.json, sweep.to_json()), (args.html, sweep.to_html())):
+    outputs = (
+        (args.markdown, sweep.to_markdown()),
+        (args.csv, sweep.to_csv()),
+        (args.json, sweep.to_json()),
+        (args.html, sweep.to_html()),
+    )
+    for path, text in outputs:
         if path:
             Path(path).write_text(text)
             _step(f"wrote {path}")
@@ -51,11 +72,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _runner(args: argparse.Namespace) -> Any:
     """The local runner, or the Ray one connected before any case runs (a missing ray or an unreachable
     cluster is refused as a usage error, exit 2)."""
-    from hfexport.sweep import LocalRunner
+    from hfexport.apps.sweep import LocalRunner
 
     if args.ray is None:
         return nullcontext(LocalRunner(args.jobs or 1))
-    from hfexport.sweep_ray import RayRunner, RayUnavailableError
+    from hfexport.apps.sweep_ray import RayRunner, RayUnavailableError
 
     runner = RayRunner(address=None if args.ray == LOCAL_RAY else args.ray, jobs=args.jobs)
     try:

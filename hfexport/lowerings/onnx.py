@@ -10,7 +10,7 @@ translation each such initializer gets a lazy value that reads its checkpoint te
 (`stream_weights`), so the optimizer and the `onnx` rules see the same values as on the in-memory path and
 the save writes the `.onnx.data` file tensor by tensor.
 
-Naming follows `hfexport.naming` (`onnx_feed` and `leaf_names` are re-exported here for existing callers).
+Naming follows `hfexport.naming`.
 """
 
 from __future__ import annotations
@@ -27,15 +27,12 @@ from hfexport.checkpoints import WeightSource
 from hfexport.configs import OnnxConfig
 from hfexport.errors import HfExportError
 from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
-from hfexport.naming import leaf_names, onnx_feed, paired_names, user_input_names, user_output_names
+from hfexport.naming import paired_names, user_input_names, user_output_names
 
 __all__ = [
-    "WeightSource",
-    "leaf_names",
     "lower",
     "name_inputs_and_outputs",
     "newest_opset",
-    "onnx_feed",
     "stream_weights",
 ]
 from hfexport.rewrites import engine

@@ -1,14 +1,14 @@
 """Quantization during export: one quantizer class per toolkit and representation.
 
-`CalibrationSet` and the feeds (`traced_inputs`, `onnx_feed`, `openvino_feed`) are here for quantizers
-written outside hfexport. The quantizer classes load lazily, and their toolkits (torchao, nncf,
-onnxruntime.quantization) only inside `quantize`.
+`CalibrationSet` and `traced_inputs` are here for quantizers written outside hfexport (the ONNX and OpenVINO
+feeds are `hfexport.naming.onnx_feed` and `openvino_feed`). The quantizer classes load lazily, and their toolkits
+(torchao, nncf, onnxruntime.quantization) only inside `quantize`.
 """
 
 from __future__ import annotations
 
 from hfexport._lazy import lazy_getattr
-from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, onnx_feed, openvino_feed, traced_inputs
+from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, traced_inputs
 
 _LAZY = {
     "PT2EQuantizer": "hfexport.quantizers.pt2e",
@@ -25,8 +25,6 @@ _LAZY = {
 __all__ = [  # noqa: RUF022 - the eager names first, then the lazy ones
     "CalibrationSet",
     "ExportQuantizer",
-    "onnx_feed",
-    "openvino_feed",
     "traced_inputs",
     "PT2EQuantizer",
     "NNCFTorchFXQuantizer",

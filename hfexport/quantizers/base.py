@@ -25,7 +25,6 @@ import torch
 
 from hfexport.errors import ConfigError, InputError
 from hfexport.formats import ExportFormat
-from hfexport.naming import onnx_feed, openvino_feed
 from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")
@@ -34,8 +33,6 @@ __all__ = [
     "CalibrationSet",
     "ExportQuantizer",
     "jsonable",
-    "onnx_feed",
-    "openvino_feed",
     "traced_inputs",
 ]
 
@@ -87,8 +84,9 @@ class CalibrationSet:
     calibration_dataset: an iterable of forward-kwargs mappings (a list of tokenizer outputs, a DataLoader
         whose batches collate to model inputs). A one-shot iterator is read once and kept.
     sample_inputs: the export's own sample inputs; used, with one warning, when there is no dataset.
-    feed: maps one sample to what the model takes (`traced_inputs` for the FX graph, `onnx_feed`,
-        `openvino_feed`); by default `traced_inputs` against `sample_inputs`.
+    feed: maps one sample to what the model takes (`traced_inputs` for the FX graph,
+        `hfexport.naming.onnx_feed`, `hfexport.naming.openvino_feed`); by default `traced_inputs` against
+        `sample_inputs`.
     """
 
     def __init__(

@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 
 from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
-from hfexport.quantizers.base import ExportQuantizer, jsonable, onnx_feed, openvino_feed, traced_inputs
+from hfexport.naming import onnx_feed, openvino_feed
+from hfexport.quantizers.base import ExportQuantizer, jsonable, traced_inputs
 
 logger = logging.getLogger("hfexport")
 

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 
 from hfexport.errors import ConfigError
 from hfexport.formats import ExportFormat
-from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, jsonable, onnx_feed, traced_inputs
+from hfexport.naming import onnx_feed
+from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, jsonable, traced_inputs
 
 _QUANT_TYPES = ("qint8", "quint8")
 _CALIBRATE_METHODS = ("minmax", "entropy", "percentile", "distribution")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from hfexport.quantizers.base import CalibrationSet, onnx_feed, openvino_feed, traced_inputs
+from hfexport.naming import onnx_feed, openvino_feed
+from hfexport.quantizers.base import CalibrationSet, traced_inputs
 
 __all__ = ["CalibrationSet", "onnx_feed", "openvino_feed", "traced_inputs"]

@@ -43,11 +43,12 @@ class RuleDefinitionError(ValueError):
 @dataclass(frozen=True)
 class ScanCause:
     """A pattern of Python source that this rule fixes, as `hfexport scan` finds it: sites of `kind` (a scan
-    pattern, `hfexport.scan.KINDS`) whose scope's last name matches `function` (a regex; one with an escaped dot,
-    `Class\\.method`, matches the whole scope). `id` names the cause; `what` says what goes wrong, in a line.
+    pattern, `hfexport.apps.scan_patterns.KINDS`) whose scope's last name matches `function` (a regex; one with an
+    escaped dot, `Class\\.method`, matches the whole scope). `id` names the cause; `what` says what goes wrong, in a
+    line.
 
-    `hfexport.scan.causes()` is the table of every registered rule's causes; tests/test_scan.py asserts that each
-    site of a cause in the installed transformers is targeted by a rule of it or is a documented known gap.
+    `hfexport.apps.scan_rules.causes()` is the table of every registered rule's causes; tests/test_scan.py asserts that
+    each site of a cause in the installed transformers is targeted by a rule of it or is a documented known gap.
     """
 
     id: str

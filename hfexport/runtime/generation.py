@@ -87,6 +87,13 @@ class _PerObject:
 _SESSIONS = _PerObject()
 
 
+def generation_driver(components: Any) -> Driver | None:
+    """The runtime driver `generate` keeps for `components` (its sessions, compiled models or loaded programs),
+    or None before the first call: what profilers read counters from."""
+    session = _SESSIONS.get(components)
+    return session.driver if session is not None else None
+
+
 def _saved(components: Any) -> bool:
     return isinstance(components, SavedGeneration) and not isinstance(components, Mapping)
 
@@ -157,7 +164,7 @@ def _session(
     return driver, samples, spec
 
 
-def _static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tensor:
+def static_mask(valid: torch.Tensor, first_slot: int, query: int) -> torch.Tensor:
     """4-D mask rows for `query` tokens written at cache slots `first_slot...`: causal over slots, padding off."""
     slots = torch.arange(valid.shape[1])
     rows = torch.arange(first_slot, first_slot + query)
@@ -232,7 +239,7 @@ def prompt_logits(
     if spec.static_cache and spec.components[first].mask_rank == 4 and length is not None:
         valid = torch.zeros((batch, length), dtype=torch.long)
         valid[:, :prompt] = mask2d
-        mask = _static_mask(valid, 0, prompt)
+        mask = static_mask(valid, 0, prompt)
     driver.start(first, batch, length)
     return driver.run(first, Step(input_ids, mask, torch.as_tensor(position_ids), {}))
 
@@ -279,142 +286,240 @@ def generate(
     with driver.running(torch_threads):
         extra: dict[str, Any] = {}
         if spec.is_encoder_decoder:
-            # The encoder runs once; its output and mask are inputs of every decoder step. Decoding starts
-            # from the decoder start token, as transformers' generate does.
-            encoder = {**dict(encoder_inputs or {})}
-            if input_ids is not None:
-                encoder["input_ids"] = torch.as_tensor(input_ids)
-            if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
-                encoder["attention_mask"] = torch.as_tensor(attention_mask)
-            extra["encoder_outputs"] = _encoder_outputs(driver.features("encoder", encoder), samples, spec)
-            hidden = _first_tensor(extra["encoder_outputs"])
-            if "attention_mask" in encoder:
-                extra["attention_mask"] = encoder["attention_mask"]
-            if spec.decoder_start_token_id is None:
-                raise InputError("the export records no decoder_start_token_id; set it on the model's config")
-            input_ids = torch.full((hidden.shape[0], 1), spec.decoder_start_token_id, dtype=torch.long)
-            attention_mask = None
+            input_ids, attention_mask, extra = _encode(driver, samples, spec, input_ids, attention_mask, encoder_inputs)
         elif input_ids is None:
             raise InputError("generate() needs input_ids")
         input_ids = torch.as_tensor(input_ids)
-        batch, prompt = input_ids.shape
-        mask2d = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
-        # A static cache with multi-token decode needs one graph: the prompt goes through `decode` too.
-        single = "prefill" not in driver.names or (spec.static_cache and spec.multi_token_decode)
         length = max_cache_len or spec.max_cache_len
-        if spec.static_cache and length is not None and prompt + max_new_tokens > length:
+        if spec.static_cache and length is not None and input_ids.shape[1] + max_new_tokens > length:
             raise InputError(
-                f"prompt ({prompt}) + max_new_tokens ({max_new_tokens}) exceed the static cache ({length} slots); "
-                "pass a larger max_cache_len (the exported graphs take any length when exported with dynamic=True)"
+                f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceed the static cache "
+                f"({length} slots); pass a larger max_cache_len (the exported graphs take any length when exported "
+                "with dynamic=True)"
             )
+        state, logits = _prefill(driver, samples, spec, input_ids, attention_mask, extra, encoder_inputs, length)
         eos = eos_token_id if eos_token_id is not None else spec.eos_token_id
-        eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
         pad = pad_token_id if pad_token_id is not None else (spec.pad_token_id if spec.pad_token_id is not None else 0)
-        sampler = Sampler(do_sample, temperature, top_k, top_p, generator)
+        choose = _TokenChoice(
+            Sampler(do_sample, temperature, top_k, top_p, generator),
+            torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long),
+            pad,
+            min_new_tokens,
+            max_new_tokens,
+        )
+        return _decode(driver, spec, state, logits, choose, streamer, on_step)
 
-        first = "decode" if single else "prefill"
-        driver.start(first, batch, length)
-        positions = text_positions(mask2d)
-        first_positions, rope_delta = positions, None
-        if spec.positions is not None and not single:
-            # Multimodal rotary positions (Qwen2-VL style), which generate computes with model code: rebuilt from
-            # the export's template; decode steps add each row's delta to the plain position.
-            template = spec.positions
-            types = (encoder_inputs or {}).get(template.type_key) if template.type_key else None
-            if template.type_key and types is None:
-                raise InputError(f"this export builds multimodal positions from {template.type_key}: pass it too")
-            first_positions, rope_delta = rebuild_positions(template, input_ids, mask2d, types)
-        valid = torch.zeros((batch, length), dtype=torch.long) if spec.static_cache else None
 
-        def mask_for(name: str, query: int, written: int) -> torch.Tensor:
-            if spec.components[name].mask_rank == 4 and valid is not None:
-                return _static_mask(valid, written, query)
-            # The current tokens' columns as their own tensor: a column slice is a strided view, which the
-            # ExecuTorch runtime refuses ("Input 1 ... should be contiguous"; Mamba's decode on XNNPACK).
-            return mask2d[:, -query:].contiguous() if spec.mask_current_only else mask2d
+def _encode(
+    driver: Driver,
+    samples: Mapping[str, Any],
+    spec: GenerationSpec,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    encoder_inputs: Mapping[str, Any] | None,
+) -> tuple[torch.Tensor, None, dict[str, Any]]:
+    """An encoder-decoder's encoder, run once: (the decoder start ids, no decoder mask, the inputs of every decoder
+    step: the encoder's output and mask). Decoding starts from the decoder start token, as transformers'
+    generate does."""
+    extra: dict[str, Any] = {}
+    encoder = {**dict(encoder_inputs or {})}
+    if input_ids is not None:
+        encoder["input_ids"] = torch.as_tensor(input_ids)
+    if attention_mask is not None:  # the mask of input_ids, or of input_values / input_features
+        encoder["attention_mask"] = torch.as_tensor(attention_mask)
+    extra["encoder_outputs"] = _encoder_outputs(driver.features("encoder", encoder), samples, spec)
+    hidden = _first_tensor(extra["encoder_outputs"])
+    if "attention_mask" in encoder:
+        extra["attention_mask"] = encoder["attention_mask"]
+    if spec.decoder_start_token_id is None:
+        raise InputError("the export records no decoder_start_token_id; set it on the model's config")
+    return torch.full((hidden.shape[0], 1), spec.decoder_start_token_id, dtype=torch.long), None, extra
 
-        if valid is not None:
-            valid[:, :prompt] = mask2d
-        first_extra = extra
-        if encoder_inputs and not spec.is_encoder_decoder:
-            # Modality inputs the first forward takes itself (Fuyu's image_patches, token_type_ids...).
-            taken = spec.components[first].inputs
-            first_extra = {**extra, **{k: v for k, v in encoder_inputs.items() if k in taken}}
-        modalities = [n for n in spec.components if n.endswith("_features")]
-        if modalities and not spec.is_encoder_decoder:
-            # As transformers' generate: the modality features first, handed to the first forward, which merges
-            # them at the image tokens; later steps read them from the cache.
-            from hfexport.frontends.generation import tensor_fields
 
-            if not encoder_inputs:
-                raise InputError(
-                    f"this export takes {modalities}: pass their inputs (pixel_values...) as encoder_inputs"
-                )
-            features = {n.removesuffix("_features"): driver.features(n, encoder_inputs) for n in modalities}
-            given = tensor_fields(features)
-            sample = samples.get(first, {}).get("mm_encoder_outputs")
-            if isinstance(sample, Mapping) and not driver.feeds_by_name:
-                # The fields the first forward was exported with, in its order (the features graph may return more,
-                # e.g. hidden_states, which generate does not hand over). Named drivers feed by flat input name.
-                given = {m: _like(features[m], sample[m]) if m in sample else v for m, v in given.items()}
-            first_extra = {**first_extra, "mm_encoder_outputs": given}
-        logits = driver.run(first, Step(input_ids, mask_for(first, prompt, 0), first_positions, first_extra))
-        # Per-token inputs besides the ids (PaliGemma's token_type_ids) that decode steps take too: generate
-        # extends them by repeating their last column, so each new token gets the prompt's last value.
-        decode_inputs = spec.components["decode"].inputs if "decode" in spec.components else []
-        per_token = {
-            k: torch.as_tensor(v)[:, -1:]
-            for k, v in (encoder_inputs or {}).items()
-            if k in decode_inputs and torch.is_tensor(v) and v.ndim == 2 and tuple(v.shape) == (batch, prompt)
+@dataclass
+class _Prompt:
+    """What the first forward leaves for the decode loop: the ids and 2-D mask so far, the static cache's valid
+    slots (None for a growing cache), the last position and the multimodal rope delta, and the inputs decode steps
+    take besides the new token (`extra` every step; `every_step` the image features of a model without a cache;
+    `per_token` the prompt's last column of a per-token input; `constant` inputs passed unchanged)."""
+
+    input_ids: torch.Tensor
+    mask2d: torch.Tensor
+    valid: torch.Tensor | None
+    last_position: torch.Tensor
+    rope_delta: torch.Tensor | None
+    extra: dict[str, Any]
+    every_step: dict[str, Any]
+    per_token: dict[str, Any]
+    constant: dict[str, Any]
+
+    def mask_for(self, spec: GenerationSpec, name: str, query: int, written: int) -> torch.Tensor:
+        """The mask input of component `name` for `query` tokens written at cache slot `written`."""
+        if spec.components[name].mask_rank == 4 and self.valid is not None:
+            return static_mask(self.valid, written, query)
+        # The current tokens' columns as their own tensor: a column slice is a strided view, which the
+        # ExecuTorch runtime refuses ("Input 1 ... should be contiguous"; Mamba's decode on XNNPACK).
+        return self.mask2d[:, -query:].contiguous() if spec.mask_current_only else self.mask2d
+
+
+def _prefill(
+    driver: Driver,
+    samples: Mapping[str, Any],
+    spec: GenerationSpec,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    extra: dict[str, Any],
+    encoder_inputs: Mapping[str, Any] | None,
+    length: int | None,
+) -> tuple[_Prompt, torch.Tensor]:
+    """The prompt's forward (the `prefill` component, or `decode` where one graph takes the prompt too): the
+    cache started, positions (multimodal ones rebuilt from the export's template), modality features handed to
+    it. Returns the loop's state and the prompt's logits."""
+    batch, prompt = input_ids.shape
+    mask2d = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask).long()
+    # A static cache with multi-token decode needs one graph: the prompt goes through `decode` too.
+    single = "prefill" not in driver.names or (spec.static_cache and spec.multi_token_decode)
+    first = "decode" if single else "prefill"
+    driver.start(first, batch, length)
+    positions = text_positions(mask2d)
+    first_positions, rope_delta = positions, None
+    if spec.positions is not None and not single:
+        # Multimodal rotary positions (Qwen2-VL style), which generate computes with model code: rebuilt from
+        # the export's template; decode steps add each row's delta to the plain position.
+        template = spec.positions
+        types = (encoder_inputs or {}).get(template.type_key) if template.type_key else None
+        if template.type_key and types is None:
+            raise InputError(f"this export builds multimodal positions from {template.type_key}: pass it too")
+        first_positions, rope_delta = rebuild_positions(template, input_ids, mask2d, types)
+    valid = torch.zeros((batch, length), dtype=torch.long) if spec.static_cache else None
+    if valid is not None:
+        valid[:, :prompt] = mask2d
+    first_extra = extra
+    if encoder_inputs and not spec.is_encoder_decoder:
+        # Modality inputs the first forward takes itself (Fuyu's image_patches, token_type_ids...).
+        taken = spec.components[first].inputs
+        first_extra = {**extra, **{k: v for k, v in encoder_inputs.items() if k in taken}}
+    modalities = [n for n in spec.components if n.endswith("_features")]
+    if modalities and not spec.is_encoder_decoder:
+        first_extra = {
+            **first_extra,
+            "mm_encoder_outputs": _modality_features(driver, samples, first, modalities, encoder_inputs),
         }
-        # A model without a cache (use_cache=False) merges the image features again at every step.
-        features_every_step = "mm_encoder_outputs" in decode_inputs and "mm_encoder_outputs" in first_extra
-        every_step = {"mm_encoder_outputs": first_extra["mm_encoder_outputs"]} if features_every_step else {}
-        # Inputs generate keeps passing to every step unchanged (Qwen2-Audio's feature_attention_mask).
-        constant = {k: v for k, v in (encoder_inputs or {}).items() if k in decode_inputs and k not in per_token}
-        sequences = input_ids
-        unfinished = torch.ones(batch, dtype=torch.bool)
+    state = _Prompt(input_ids, mask2d, valid, positions[:, -1:], rope_delta, extra, {}, {}, {})
+    logits = driver.run(first, Step(input_ids, state.mask_for(spec, first, prompt, 0), first_positions, first_extra))
+    # Per-token inputs besides the ids (PaliGemma's token_type_ids) that decode steps take too: generate
+    # extends them by repeating their last column, so each new token gets the prompt's last value.
+    decode_inputs = spec.components["decode"].inputs if "decode" in spec.components else []
+    state.per_token = {
+        k: torch.as_tensor(v)[:, -1:]
+        for k, v in (encoder_inputs or {}).items()
+        if k in decode_inputs and torch.is_tensor(v) and v.ndim == 2 and tuple(v.shape) == (batch, prompt)
+    }
+    # A model without a cache (use_cache=False) merges the image features again at every step.
+    if "mm_encoder_outputs" in decode_inputs and "mm_encoder_outputs" in first_extra:
+        state.every_step = {"mm_encoder_outputs": first_extra["mm_encoder_outputs"]}
+    # Inputs generate keeps passing to every step unchanged (Qwen2-Audio's feature_attention_mask).
+    state.constant = {
+        k: v for k, v in (encoder_inputs or {}).items() if k in decode_inputs and k not in state.per_token
+    }
+    return state, logits
+
+
+def _modality_features(
+    driver: Driver,
+    samples: Mapping[str, Any],
+    first: str,
+    modalities: list[str],
+    encoder_inputs: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """As transformers' generate: the modality features first, handed to the first forward, which merges them at
+    the image tokens; later steps read them from the cache."""
+    from hfexport.frontends.generation import tensor_fields
+
+    if not encoder_inputs:
+        raise InputError(f"this export takes {modalities}: pass their inputs (pixel_values...) as encoder_inputs")
+    features = {n.removesuffix("_features"): driver.features(n, encoder_inputs) for n in modalities}
+    given = tensor_fields(features)
+    sample = samples.get(first, {}).get("mm_encoder_outputs")
+    if isinstance(sample, Mapping) and not driver.feeds_by_name:
+        # The fields the first forward was exported with, in its order (the features graph may return more,
+        # e.g. hidden_states, which generate does not hand over). Named drivers feed by flat input name.
+        given = {m: _like(features[m], sample[m]) if m in sample else v for m, v in given.items()}
+    return given
+
+
+@dataclass
+class _TokenChoice:
+    """Sampling: the next token of each row from the last logits (EOS kept away before `min_new_tokens`, the
+    logits processed as the export recorded, the sampler's pick), a finished row padded."""
+
+    sampler: Sampler
+    eos_ids: torch.Tensor
+    pad: int
+    min_new_tokens: int
+    max_new_tokens: int
+
+    def __call__(
+        self, logits: torch.Tensor, index: int, prompt: int, spec: GenerationSpec, unfinished: torch.Tensor
+    ) -> torch.Tensor:
+        scores = logits[:, -1, :]
+        if index < self.min_new_tokens and len(self.eos_ids):
+            scores = keep_eos_away(scores, self.eos_ids)
+        scores = process_logits(scores, spec, index, self.max_new_tokens, prompt)
+        token = self.sampler(scores)
+        return torch.where(unfinished, token, torch.full_like(token, self.pad))
+
+
+def _decode(
+    driver: Driver,
+    spec: GenerationSpec,
+    state: _Prompt,
+    logits: torch.Tensor,
+    choose: _TokenChoice,
+    streamer: Any,
+    on_step: Callable[[Driver], None] | None,
+) -> torch.Tensor:
+    """The decode loop: a token per step from `logits` until `max_new_tokens` or every row's EOS, each fed back
+    through the `decode` component (or the whole sequence, for a model without a cache)."""
+    input_ids, mask2d, valid = state.input_ids, state.mask2d, state.valid
+    batch, prompt = input_ids.shape
+    sequences = input_ids
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    if streamer is not None:
+        streamer.put(input_ids)
+    written = prompt
+    last_position = state.last_position
+    for index in range(choose.max_new_tokens):
+        token = choose(logits, index, prompt, spec, unfinished)
+        sequences = torch.cat([sequences, token[:, None]], dim=-1)
         if streamer is not None:
-            streamer.put(input_ids)
-        written = prompt
-        last_position = positions[:, -1:]
-        for index in range(max_new_tokens):
-            scores = logits[:, -1, :]
-            if index < min_new_tokens and len(eos_ids):
-                scores = keep_eos_away(scores, eos_ids)
-            scores = process_logits(scores, spec, index, max_new_tokens, input_ids.shape[1])
-            token = sampler(scores)
-            token = torch.where(unfinished, token, torch.full_like(token, pad))
-            sequences = torch.cat([sequences, token[:, None]], dim=-1)
-            if streamer is not None:
-                streamer.put(token[:, None])
-            if len(eos_ids):
-                unfinished &= ~torch.isin(token, eos_ids)
-            if index == max_new_tokens - 1 or not bool(unfinished.any()):
-                break
-            mask2d = torch.cat([mask2d, torch.ones((batch, 1), dtype=mask2d.dtype)], dim=-1)
-            if valid is not None:
-                valid[:, written] = 1
-            last_position = last_position + 1
-            if spec.cache_key is None or spec.decode_full_sequence:
-                # No cache (a model that returns none, e.g. a BERT decoder without is_decoder), or a decode step
-                # that takes every token and slices off the cached ones itself: as transformers' generate does,
-                # every step runs the whole sequence so far.
-                full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
-                step = Step(sequences, mask2d, full, {**extra, **every_step})
-            else:
-                step_positions = last_position
-                if rope_delta is not None:
-                    step_positions = last_position + rope_delta
-                    if spec.positions.decode_rows is not None:
-                        step_positions = step_positions[None].expand(spec.positions.decode_rows, -1, -1).contiguous()
-                step = Step(
-                    token[:, None], mask_for("decode", 1, written), step_positions, {**constant, **extra, **per_token}
-                )
-            logits = driver.run("decode", step)
-            written += 1
-            if on_step is not None:
-                on_step(driver)
-        if streamer is not None:
-            streamer.end()
-        return sequences
+            streamer.put(token[:, None])
+        if len(choose.eos_ids):
+            unfinished &= ~torch.isin(token, choose.eos_ids)
+        if index == choose.max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask2d = state.mask2d = torch.cat([mask2d, torch.ones((batch, 1), dtype=mask2d.dtype)], dim=-1)
+        if valid is not None:
+            valid[:, written] = 1
+        last_position = last_position + 1
+        if spec.cache_key is None or spec.decode_full_sequence:
+            # No cache (a model that returns none, e.g. a BERT decoder without is_decoder), or a decode step
+            # that takes every token and slices off the cached ones itself: as transformers' generate does,
+            # every step runs the whole sequence so far.
+            full = (mask2d.cumsum(-1) - 1).masked_fill(mask2d == 0, 1)
+            step = Step(sequences, mask2d, full, {**state.extra, **state.every_step})
+        else:
+            step_positions = last_position
+            if state.rope_delta is not None:
+                step_positions = last_position + state.rope_delta
+                if spec.positions.decode_rows is not None:
+                    step_positions = step_positions[None].expand(spec.positions.decode_rows, -1, -1).contiguous()
+            inputs = {**state.constant, **state.extra, **state.per_token}
+            step = Step(token[:, None], state.mask_for(spec, "decode", 1, written), step_positions, inputs)
+        logits = driver.run("decode", step)
+        written += 1
+        if on_step is not None:
+            on_step(driver)
+    if streamer is not None:
+        streamer.end()
+    return sequences

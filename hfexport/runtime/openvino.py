@@ -1,6 +1,6 @@
 """Run an `openvino.Model` exported by `OpenVINOExporter` with the source model's forward kwargs.
 
-`openvino_feed` (from `hfexport.naming`, re-exported here) flattens forward kwargs (tensors and transformers
+`hfexport.naming.openvino_feed` flattens forward kwargs (tensors and transformers
 caches) to the model's inputs, named as the lowering names them (`input_ids`, `cache.layers_0_keys`,
 `input.<name>` for a cache the model also returns). `OpenVINORunner` compiles once and maps outputs back to their names.
 """
@@ -15,7 +15,7 @@ import torch
 
 from hfexport.naming import openvino_feed
 
-__all__ = ["F32_HINT", "OpenVINORunner", "openvino_feed", "output_tensor"]
+__all__ = ["F32_HINT", "OpenVINORunner", "output_tensor"]
 
 # Validation compiles in f32: the CPU plugin's default is bf16/f16 compute on CPUs that have it.
 F32_HINT: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32"}

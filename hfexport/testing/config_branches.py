@@ -276,7 +276,7 @@ def model_sources(model_type: str) -> list[Path]:
     """The installed transformers' modeling files of a model type (its module folder's `modeling_*.py`)."""
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    from hfexport.scan import transformers_root
+    from hfexport.apps.scan import transformers_root
 
     folder = transformers_root() / "models" / model_type_to_module_name(model_type)
     return sorted(folder.glob("modeling_*.py")) if folder.is_dir() else []
@@ -288,7 +288,7 @@ SHARED_SOURCES = ("masking_utils.py", "cache_utils.py")
 
 @functools.cache
 def _shared_sites() -> dict[str, list[BranchSite]]:
-    from hfexport.scan import transformers_root
+    from hfexport.apps.scan import transformers_root
 
     paths = [transformers_root() / name for name in SHARED_SOURCES]
     return {str(path): branch_sites_of_source(path.read_text()) for path in paths if path.exists()}

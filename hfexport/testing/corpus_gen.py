@@ -829,7 +829,7 @@ class GenResult:
     reason: str = ""
 
 
-def _first_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """The error's first line; an empty message (bare ImportError...) gets the raising frame instead."""
     message = str(exc).strip()
     if not message:
@@ -957,7 +957,7 @@ def _lengthen_waveform(entry: dict[str, Any], seed: int = 0) -> int | None:
     return longer
 
 
-def _verify(entry: dict[str, Any], generative: bool, seed: int = 0) -> dict[str, Any]:
+def verify_entry(entry: dict[str, Any], generative: bool, seed: int = 0) -> dict[str, Any]:
     """Build, run and (generative) generate through ``CorpusEntry``, exactly as the corpus users will."""
     start = time.perf_counter()
     loaded = entry_from_dict(entry)
@@ -977,7 +977,7 @@ def _verify(entry: dict[str, Any], generative: bool, seed: int = 0) -> dict[str,
             with torch.no_grad():
                 model(**loaded.grown_inputs())
         except Exception as exc:  # the sample stays; only the grow spec goes, with the reason kept
-            record["grow_rejected"] = [_first_line(exc)]
+            record["grow_rejected"] = [error_line(exc)]
     if generative:
         exclude = set(entry["sample"].get("generate_exclude", []))
         gen_inputs = {k: v for k, v in inputs.items() if k not in exclude}
@@ -1073,10 +1073,10 @@ def try_config(model_type: str, family: Family, auto_class: str, config: Any, so
         entry = _entry(model_type, family, auto_class, config, cand, source)
         try:
             _lengthen_waveform(entry)
-            entry.update(_verify(entry, family.generative))
+            entry.update(verify_entry(entry, family.generative))
             return entry, ""
         except Exception as exc:
-            errors.append(_first_line(exc))
+            errors.append(error_line(exc))
             match = _MISMATCH.search(str(exc))
             if family.kind == "vlm" and match and int(match.group(2)) % 2 == 0:
                 per_sample = int(match.group(2)) // 2
@@ -1114,7 +1114,7 @@ def _attempt(make: Any) -> tuple[dict | None, str]:
     try:
         return make()
     except Exception as exc:
-        return None, _first_line(exc)
+        return None, error_line(exc)
 
 
 def _try_tester(model_type: str, family: Family, auto_class: str, record: dict[str, Any]) -> tuple[dict | None, str]:
@@ -1135,10 +1135,10 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
             longer = _lengthen_waveform(entry)
             if longer is not None:
                 entry["source"] += f" (waveform lengthened to {longer} samples: every derived axis >= 2)"
-            entry.update(_verify(entry, family.generative))
+            entry.update(verify_entry(entry, family.generative))
             return GenResult(model_type, family.name, entry)
         except Exception as exc:
-            reasons.append(f"reused entry: {_first_line(exc)}")
+            reasons.append(f"reused entry: {error_line(exc)}")
     for record in tester_configs().get(model_type, []):
         # transformers' own tester config (tools/extract_tester_configs.py) before the generator's shrinking.
         entry, reason = _attempt(lambda r=record: _try_tester(model_type, family, auto_class, r))
@@ -1164,7 +1164,7 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
         try:
             entry, reason = _try_level(model_type, family, auto_class, level, fill_none=True)
         except Exception as exc:
-            entry, reason = None, _first_line(exc)
+            entry, reason = None, error_line(exc)
         if entry is not None:
             return GenResult(model_type, family.name, entry)
         reasons.append(f"level {level} (None fields filled): {reason}")
@@ -1180,7 +1180,7 @@ def generate_entry(model_type: str, family: Family, auto_class: str, reuse: dict
     try:
         entry, reason = _try_level(model_type, family, auto_class, 0, wide=True)
     except Exception as exc:
-        entry, reason = None, _first_line(exc)
+        entry, reason = None, error_line(exc)
     if entry is not None:
         return GenResult(model_type, family.name, entry)
     reasons.append(f"level 0 wide: {reason}")

@@ -31,7 +31,7 @@ def test_norm_fusions_fuse_what_onnxscript_fuses(name: str) -> None:
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
     from hfexport import OnnxConfig, OnnxExporter
-    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.naming import onnx_feed
     from hfexport.rewrites.engine import apply_rule, default_registry
     from hfexport.tiny import get_tiny_model
 

@@ -51,7 +51,7 @@ def test_with_the_rule_the_reloaded_program_matches_eager_and_keeps_the_count_ch
 def test_the_rule_binds_to_every_class_the_scan_lists() -> None:
     import transformers
 
-    from hfexport.scan import scan
+    from hfexport.apps.scan import scan
 
     models = ["bart", "mbart", "plbart", "mvp", "bigbird_pegasus", "t5", "mt5", "umt5", "led", "pegasus"]
     sites = [s for s in scan(models=models).sites if s.kind == "mask-row-pooling"]

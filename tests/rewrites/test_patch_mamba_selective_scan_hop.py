@@ -44,7 +44,7 @@ def test_detaching_a_view_without_a_copy_fails_in_the_scan_trace() -> None:
 def test_zamba_onnx_runs_a_longer_input_in_ort(tmp_path) -> None:
     ort = pytest.importorskip("onnxruntime")
     from hfexport import OnnxConfig, OnnxExporter
-    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.naming import onnx_feed
 
     example = rule.meta.examples[0]
     module, inputs = example.build()

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers.integrations import moe
 
-from hfexport.rewrites.rules._moe_batched import gpt_oss, qwen3_moe, routed_experts_forward
+from hfexport.rewrites.experts import routed_experts_forward
+from hfexport.rewrites.rules._moe_batched import gpt_oss, qwen3_moe
 
 
 def _experts(built: Any) -> torch.nn.Module:

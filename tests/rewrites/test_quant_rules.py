@@ -215,7 +215,7 @@ def test_nncf_onnx_fails_on_a_tied_head_without_the_rule() -> None:
 
 def test_nncf_onnx_compresses_a_tied_head_with_the_rule() -> None:
     ort = pytest.importorskip("onnxruntime")
-    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.naming import onnx_feed
     from hfexport.rewrites.rules.onnx.fold_shared_weight_transpose import fold_shared_weight_transpose
 
     (program, report), inputs = _nncf_onnx_int4(rule=True)
@@ -236,7 +236,7 @@ def test_nncf_embedding_rows_are_dequantized_after_the_gather() -> None:
     (after the quantizer) so no DequantizeLinear feeds a Gather, and the logits are those of NNCF's graph, bit
     for bit."""
     ort = pytest.importorskip("onnxruntime")
-    from hfexport.lowerings.onnx import onnx_feed
+    from hfexport.naming import onnx_feed
     from hfexport.rewrites.rules.onnx.dequantized_gather_rows import dequantized_gather_rows
 
     def run(program: Any, inputs: dict[str, torch.Tensor]) -> Any:

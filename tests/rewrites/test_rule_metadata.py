@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from hfexport import versions
-from hfexport.audit import expiry_status, rule_location, rule_module_name
+from hfexport.rewrites.catalogue import expiry_status, rule_location, rule_module_name
 from hfexport.rewrites.engine import default_registry
 from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta
 from hfexport.rewrites.upstream import UpstreamRef, parse_upstream

@@ -46,13 +46,14 @@ SHAPES: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
     },
 }
-# hfexport rows: the backend name of `hfexport.bench` (its recipes, `quantizer_for`) for each row family.
+# hfexport rows: the backend name of `hfexport.apps.bench` (its recipes, `quantizer_for`) for each row family.
 HFEXPORT_BACKENDS = {
     "hfexport-onnx": "onnx",
     "hfexport-openvino": "openvino-stateful",
     "hfexport-executorch": "executorch",
 }
-# The int4 recipe of the OpenVINO rows, ours and optimum-intel's (`hfexport.bench.quantizer_for("openvino", "int4")`).
+# The int4 recipe of the OpenVINO rows, ours and optimum-intel's
+# (`hfexport.apps.bench.quantizer_for("openvino", "int4")`).
 OV_INT4 = {"bits": 4, "sym": True, "group_size": 32, "ratio": 1.0, "all_layers": True}
 
 
@@ -129,14 +130,14 @@ def _build_hfexport(backend: str, precision: str, model_dir: Path, out: Path, ma
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    from hfexport.apps.bench import generation_export
     from hfexport.artifacts import save
     from hfexport.auto import AutoHfExporter
-    from hfexport.bench import _generation_export
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    config, configs, call_sample, multi_token = _generation_export(backend, precision, sample)
+    config, configs, call_sample, multi_token = generation_export(backend, precision, sample)
     static = GenerationConfig(cache_implementation="static", max_cache_len=max_length)
     components = AutoHfExporter.from_config(config).export_for_generation(
         model, call_sample, configs, generation_config=static, multi_token_decode=multi_token
@@ -267,7 +268,7 @@ def run(row: str, precision: str, model_dir: Path, artifact: Path, prompt: list[
 
 
 def ceiling(megabytes: int) -> dict[str, Any]:
-    from hfexport.bench import matvec_bandwidth
+    from hfexport.apps.bench import matvec_bandwidth
 
     return {"bandwidth": matvec_bandwidth(megabytes, 10 if megabytes >= 256 else 3)}
 
@@ -275,7 +276,7 @@ def ceiling(megabytes: int) -> dict[str, Any]:
 def weights_per_token(model_dir: Path) -> int:
     from transformers import AutoModelForCausalLM
 
-    from hfexport.bench import weight_bytes_per_token
+    from hfexport.apps.bench import weight_bytes_per_token
 
     return weight_bytes_per_token(AutoModelForCausalLM.from_pretrained(model_dir))
 

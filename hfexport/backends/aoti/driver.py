@@ -27,7 +27,7 @@ class AOTInductorDriver(NamedDriver):
 
     def run(self, name: str, step: Step) -> torch.Tensor:
         package = self.packages[name]
-        feed = self._flat_feed(name, step, package.input_names)
+        feed = self.flat_feed(name, step, package.input_names)
         with torch.no_grad():
             outputs = dict(zip(package.output_names, package.run(list(feed.values())), strict=True))
         if self.spec.static_cache:

@@ -53,7 +53,7 @@ class OpenVINODriver(NamedDriver):
         if name in self.states and self.holder != name:
             self._put_state(name)
         names = [port.get_any_name() for port in runner.compiled.inputs]
-        feed = {k: v.numpy() for k, v in self._flat_feed(name, step, names).items()}
+        feed = {k: v.numpy() for k, v in self.flat_feed(name, step, names).items()}
         # The request reads the arrays in place (the fed cache is not copied into it) and hands back fresh arrays
         # of its outputs, one copy each, which the next step may feed back (no output aliases an input).
         result = self.requests[name].infer(feed, share_inputs=True, share_outputs=False)

@@ -166,7 +166,7 @@ class NamedDriver(Driver):
     def encode(self, name: str, inputs: Mapping[str, Any]) -> torch.Tensor:
         return next(iter(self.features(name, inputs).values()))
 
-    def _flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
+    def flat_feed(self, name: str, step: Step, input_names: list[str]) -> dict[str, Any]:
         values = {**flat(self._kwargs(name, step)), **self.cache}
         feed = {}
         for graph_name in input_names:

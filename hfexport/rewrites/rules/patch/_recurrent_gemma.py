@@ -101,7 +101,8 @@ def covers(module: str, scope: str) -> bool:
     return function is not None and _is_upstream_scan(function)
 
 
-# What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.
+# What `hfexport scan` (hfexport.apps.scan_rules.RuleIndex) reads off the predicate: the site kind it fixes, and
+# `covers`.
 runs_rglru_loop.scan_kind = "loop-over-shape"  # type: ignore[attr-defined]
 runs_rglru_loop.covers = covers  # type: ignore[attr-defined]
 

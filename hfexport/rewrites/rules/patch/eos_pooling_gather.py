@@ -175,7 +175,8 @@ def pools_eos_rows(module: torch.nn.Module) -> bool:
     return _FORWARD.of(module) is not None
 
 
-# What `hfexport scan` (hfexport.scan.RuleIndex) reads off the predicate: the site kind it fixes, and `covers`.
+# What `hfexport scan` (hfexport.apps.scan_rules.RuleIndex) reads off the predicate: the site kind it fixes, and
+# `covers`.
 pools_eos_rows.scan_kind = "mask-row-pooling"  # type: ignore[attr-defined]
 pools_eos_rows.covers = _FORWARD.covers  # type: ignore[attr-defined]
 

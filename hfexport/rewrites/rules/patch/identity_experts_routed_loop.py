@@ -5,7 +5,7 @@ LongCat-Flash's experts (`LongcatFlashExperts`) route each token to `top_k` of `
 that pass the token through, weighted. The forward loops over `nonzero()` of the experts hit (a data-dependent
 count) and calls `.item()` on each; torch.export fails ("Could not guard on data-dependent expression Eq(u0, 0)
 ... in unbind"). The class has no `use_experts_implementation` decorator, so the routed-experts rules
-(`_moe_batched.routed_experts_forward`) do not see it.
+(`experts.routed_experts_forward`) do not see it.
 
 Here the routed experts run in a loop bounded by `num_routed_experts` (unrolled by the trace): each expert's
 (token, slot) pairs come from `nonzero` over the flat routing, their rows from `index_select`, and the weighted

@@ -3,7 +3,7 @@
 A release-wide sweep (every architecture x 4 formats) is hours on one machine; on a Ray cluster each case is
 one task in a process of its own (`max_calls=1`: a fresh worker per case, as the local sweep's child
 process, so a rule's patch or a crash never leaks into the next case), and the rows are the same records
-(`hfexport.sweep.child` makes them, `SweepRow` holds them). `RayRunner` is a `hfexport.sweep.CaseRunner`:
+(`hfexport.apps.sweep_case.child` makes them, `SweepRow` holds them). `RayRunner` is a `hfexport.apps.sweep.CaseRunner`:
 
     with RayRunner() as runner:                      # a local cluster, 1 CPU; "auto" or "HOST:PORT" connects
         sweep = run_sweep(paths, "onnx", runner=runner)
@@ -26,12 +26,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hfexport.apps.sweep import SweepProgress, SweepRow, crash_row, timeout_row
+from hfexport.apps.sweep_case import child, quiet_child
 from hfexport.errors import MissingPackageError
-from hfexport.sweep import SweepProgress, SweepRow, child, crash_row, quiet_child, timeout_row
 
 # A case task: (entry file stem, entry JSON text, format, config JSON) -> the row as a dict.
 CaseTask = Callable[[str, str, str, str], dict[str, Any]]
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # the hfexport package folder, which travels with the job
 # How long a named address may take to accept a connection: ray.init itself retries an unreachable GCS for
 # minutes before it gives up.
 CONNECT_TIMEOUT_S = 5.0

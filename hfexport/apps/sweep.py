@@ -4,7 +4,7 @@
 
 Each config is a corpus entry (the JSON format of `tests/fixtures/corpus`, read by
 `hfexport.testing.corpus`). Each model runs in its own process, so a crash or hang costs one row, not
-the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.sweep_ray.RayRunner`,
+the sweep (a `CaseRunner` runs them: `LocalRunner`, child processes of this one, or `hfexport.apps.sweep_ray.RayRunner`,
 Ray tasks): build from the config (fixed seed), export with `dynamic=True`, save with `hfexport.save`,
 load with `hfexport.load` and run in the format's runtime on the sample input and on a longer one, and
 compare the entry's main output with eager (|diff| <= tolerance * max(1, max|eager|)).
@@ -24,7 +24,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfexport.apps.sweep_case import GENERATION, GenerationCheck
 from hfexport.backends.registry import backend
 from hfexport.timing import eta
 
@@ -53,6 +53,11 @@ class SweepRow:
     export_s: float | None = None
     wall_s: float = 0.0
     shapes: list[str] = field(default_factory=list)  # the inputs checked against eager: sample, grown, long, ...
+    # Generation cases (`--generation`): the components exported, the share of new tokens that differ from the
+    # model's own `generate`, and whether the prompt ran unpadded (the model's own generate refused the padding).
+    components: list[str] = field(default_factory=list)
+    tokens_differ: float | None = None
+    unpadded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -67,6 +72,7 @@ class Sweep:
     rows: list[SweepRow]
     rules: list[str]  # every rule of the format, in registry order (the matrix's columns)
     expired: dict[str, str] = field(default_factory=dict)  # rule id -> why (installed version)
+    check: str = "export"  # what each case checked: "export" (outputs against eager) or "generation" (tokens)
 
     @property
     def fired(self) -> list[str]:
@@ -83,14 +89,16 @@ class Sweep:
 
     def summary(self) -> str:
         n = len(self.rows)
+        what = self.export_format + (f" {self.check}" if self.check != "export" else "")
         return (
-            f"{self.export_format}: {self.passed}/{n} models ok; {len(self.fired)} of {len(self.rules)} rules fired, "
+            f"{what}: {self.passed}/{n} models ok; {len(self.fired)} of {len(self.rules)} rules fired, "
             f"{len(self.dead)} dead, {len(self.expired)} expired"
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": self.export_format,
+            "check": self.check,
             "summary": self.summary(),
             "rules": self.rules,
             "fired": self.fired,
@@ -131,6 +139,28 @@ class Sweep:
         lines.append(f"expired rules: {expired or 'none'}")
         lines.append(self.summary())
         return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """One table row per model (status, export seconds, max diff or share of tokens that differ, rules fired,
+        the error's first 240 characters), then the summary line."""
+        lines = [
+            "| model | status | export s | diff | rules fired | error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in self.rows:
+            diff = row.tokens_differ if self.check == "generation" else row.max_abs_diff
+            fired = ", ".join(f"{k}×{v}" for k, v in row.hits.items())
+            export_s = "" if row.export_s is None else str(row.export_s)
+            cells = [
+                row.model,
+                row.status,
+                export_s,
+                "" if diff is None else f"{diff:.2g}",
+                fired,
+                _shorten(row.error, 240),
+            ]
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        return "\n".join([*lines, "", self.summary()]) + "\n"
 
     def to_html(self) -> str:
         """A static heatmap: models x fired rules, cell shade by hit count; dead and expired rules below."""
@@ -245,7 +275,7 @@ def find_configs(root: str | Path, only: Sequence[str] | None = None) -> list[Pa
 
 
 def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
-    from hfexport.audit import expiry_status
+    from hfexport.rewrites.catalogue import expiry_status
     from hfexport.rewrites.engine import default_registry
 
     rules = [r for r in default_registry().rules() if r.applies_to(backend(export_format).rules)]
@@ -281,9 +311,9 @@ def crash_row(path: Path, error: str, wall_s: float) -> SweepRow:
 
 
 def run_one(path: Path, export_format: str, config: dict[str, Any], timeout: float) -> SweepRow:
-    """Run one corpus entry in a child process (`python -m hfexport.sweep --child ...`); return its row."""
+    """Run one corpus entry in a child process (`python -m hfexport.apps.sweep_case ...`); return its row."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", "hfexport.sweep", "--child", str(path), export_format, json.dumps(config)]
+    command = [sys.executable, "-m", "hfexport.apps.sweep_case", str(path), export_format, json.dumps(config)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -379,99 +409,25 @@ def run_sweep(
     timeout: float = 600.0,
     progress: Progress | None = None,
     runner: CaseRunner | None = None,
+    generation: GenerationCheck | None = None,
 ) -> Sweep:
     """Export, save, load and compare every entry of `paths` for `export_format`; return the hit matrix.
 
-    The cases run on `runner` (default: `LocalRunner(jobs)`; `hfexport.sweep_ray.RayRunner` runs them as Ray
-    tasks): the rows are the same records whichever runs them.
+    With `generation`, each case exports for generation and compares `hfexport.runtime.generate`'s tokens with
+    the model's own `generate` instead (`hfexport.apps.sweep_case.generation_case`). The cases run on `runner` (default:
+    `LocalRunner(jobs)`; `hfexport.apps.sweep_ray.RayRunner` runs them as Ray tasks): the rows are the same records
+    whichever runs them.
     """
     from hfexport.auto import AutoExportConfig
 
-    # Each backend's comparison settings (`Backend.compare_config`: OpenVINO keeps float32 weights), then the caller's.
-    merged = {**backend(export_format).compare_config, **(config or {})}
+    # Each backend's comparison settings (`Backend.compare_config`: OpenVINO keeps float32 weights), then the
+    # caller's; a generation case exports as `export_for_generation` does by default.
+    merged = {**(backend(export_format).compare_config if generation is None else {}), **(config or {})}
     # A bad format or config field fails here, once, not in every child.
     AutoExportConfig.from_dict({"export_format": export_format, "dynamic": True, **merged})
+    if generation is not None:
+        merged[GENERATION] = generation.to_dict()
     rules, expired = _rule_columns(export_format)
     counter = SweepProgress(len(paths), export_format, progress or (lambda _message: None))
     rows = (runner or LocalRunner(jobs)).run(paths, export_format, merged, timeout, counter)
-    return Sweep(export_format, rows, rules, expired)
-
-
-# -- the child: one model ----------------------------------------------------------------------------------
-
-
-def child(path: str, export_format: str, config_json: str) -> dict[str, Any]:
-    """Export, save, load and run one corpus entry; the row as a dict (also on failure)."""
-    import torch
-
-    from hfexport.artifacts import load, save
-    from hfexport.auto import AutoExportConfig, AutoHfExporter
-    from hfexport.testing.corpus import load_entry
-    from hfexport.testing.corpus_check import check_entry, failures
-
-    row: dict[str, Any] = {"model": Path(path).stem, "status": "invalid-config"}
-    # Relative to max(1, max|eager|), the backend's (`Backend.tolerance`).
-    tolerance = backend(export_format).tolerance
-    exporter = None
-    try:
-        entry = load_entry(path)
-        row["model"], row["model_type"] = entry.name, entry.model_type
-        row["status"] = "eager-error"
-        model = entry.build_model()
-        inputs = entry.sample_inputs()
-        with torch.no_grad():
-            model(**inputs)  # the sample must run in eager: it is every check's reference
-        row["status"] = "export-error"
-        config = AutoExportConfig.from_dict(
-            {"export_format": export_format, "dynamic": True, **json.loads(config_json)}
-        )
-        exporter = AutoHfExporter.from_config(config)
-        start = time.perf_counter()
-        program = exporter.export(model, inputs, config=config)
-        row["export_s"] = round(time.perf_counter() - start, 2)
-        with tempfile.TemporaryDirectory(prefix="hfexport-sweep-") as tmp:
-            row["status"] = "save-error"
-            save(program, Path(tmp) / "artifact", config=config, report=exporter.report)
-            row["status"] = "load-error"
-            loaded = load(Path(tmp) / "artifact", trust=True)  # we wrote it a moment ago
-            row["status"] = "check-error"
-            # The sample, then the shapes that find baked lengths: grown, long, longer (past windows and
-            # chunks) and another batch, compared as the corpus tests and `export --validate` do.
-            component = next(iter(loaded.components.values()))
-            checks = check_entry(entry, model, loaded.run, tolerance, image_count=component.image_count)
-            diffs = [o for c in checks for o in c.outputs if not o.problem]
-            row["max_abs_diff"] = max((o.max_abs_diff for o in diffs), default=0.0)
-            row["tolerance"] = max((o.tolerance for o in diffs), default=tolerance)
-            row["shapes"] = [c.name for c in checks if not c.skipped]
-            failed = [c for c in checks if not c.ok]
-            if failed:
-                first = failed[0]
-                broke = first.problem or any(o.problem for o in first.outputs)
-                row["status"] = f"{first.name}-{'run-error' if broke else 'mismatch'}"
-                row["error"] = "; ".join(failures(failed))[:400]
-                return row
-            row["status"] = "ok"
-    except Exception as exc:
-        text = " ".join(str(exc).split())
-        row["error"] = f"{type(exc).__name__}: {text[:400]}"
-    finally:
-        if exporter is not None and exporter.report is not None:
-            row["hits"] = {k: v for stage in exporter.report.hits.values() for k, v in stage.items()}
-    return row
-
-
-def quiet_child() -> None:
-    """A case's process prints nothing but its row: third-party warnings and logs would bury it."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        quiet_child()
-        print("ROW " + json.dumps(child(sys.argv[2], sys.argv[3], sys.argv[4])), flush=True)
-        raise SystemExit(0)
-    raise SystemExit("usage: python -m hfexport.sweep --child ENTRY.json FORMAT CONFIG_JSON (use `hfexport sweep`)")
+    return Sweep(export_format, rows, rules, expired, check="export" if generation is None else "generation")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.audit import Audit
+from hfexport.apps.audit_records import Audit
 from hfexport.report import ExportReport
 
 # Statuses of a rule that ran in the export: the report lists these (as the printed table does).

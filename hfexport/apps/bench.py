@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # Weight bits of each precision: a quantized row's ceiling is the fp32 one times 32 / bits.
 PRECISION_BITS = {"fp32": 32, "int8": 8, "int4": 4}
-STATIC_DECODE = "static_decode"  # a variant's key (not a config field): see `_generation_export`
+STATIC_DECODE = "static_decode"  # a variant's key (not a config field): see `generation_export`
 
 
 def _variants() -> dict[str, dict[str, Any]]:
@@ -286,7 +286,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:160].replace("|", "/").replace("\n", " ")
 
 
-def _generation_export(backend: str, precision: str, sample: dict[str, Any]) -> tuple[Any, Any, Any, bool]:
+def generation_export(backend: str, precision: str, sample: dict[str, Any]) -> tuple[Any, Any, Any, bool]:
     """`backend`'s config for `precision`, the config argument of `export_for_generation` (that config, or one per
     component), the sample to trace on and whether the decode graph takes several tokens.
 
@@ -369,7 +369,7 @@ def bench_generation(
             rows.append(row)
             say(f"{backend} {precision}: export_for_generation")
             try:
-                config, configs, call_sample, multi_token = _generation_export(backend, precision, sample)
+                config, configs, call_sample, multi_token = generation_export(backend, precision, sample)
                 start = time.perf_counter()
                 with PeakRss() as memory:
                     components = AutoHfExporter.from_config(config).export_for_generation(

@@ -1,4 +1,5 @@
-"""Static scan of model sources for Python patterns that break `torch.export` (LibCST matchers).
+"""The patterns of a static scan: Python code that breaks `torch.export`, found in a source with LibCST matchers
+(`scan_source`); `hfexport.apps.scan` runs it over the installed transformers.
 
 Patterns (`Site.kind`):
 
@@ -49,9 +50,9 @@ Patterns (`Site.kind`):
   are left out: under export their forward dispatches to a batched function, not to this loop.
 
 "A tensor size" is `x.shape[i]`, `x.size(i)` or a local name assigned from one of them.
-`causes()` maps the patterns that registered rules fix (each rule declares them: `RuleMeta.scan`) to those rules, so
-a scan of a newer transformers shows the copies of a cause that no rule targets yet (tests/test_scan.py asserts each
-is targeted or a known gap).
+`hfexport.apps.scan_rules.causes()` maps the patterns that registered rules fix (each rule declares them:
+`RuleMeta.scan`) to those rules, so a scan of a newer transformers shows the copies of a cause that no rule targets
+yet (tests/test_scan.py asserts each is targeted or a known gap).
 These are heuristics over syntax (no types): they point at code to read, and each site says whether a
 registered rule targets its module, class or function.
 """
@@ -60,14 +61,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import difflib
-import functools
-import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import libcst as cst
 import libcst.matchers as m
@@ -447,20 +444,16 @@ def _is_state_attribute(node: cst.BaseExpression) -> bool:
     return m.matches(owner, m.Name("self"))
 
 
-def _module_name(path: Path, root: Path | None) -> str:
-    if root is not None:
-        try:
-            parts = path.with_suffix("").relative_to(root.parent).parts
-            return ".".join(parts)
-        except ValueError:
-            pass
-    return path.stem
+class RulesFor(Protocol):
+    """What a scan asks of its rule index (`hfexport.apps.scan_rules.RuleIndex`): the rules that target a site."""
+
+    def rules_for(self, module: str, scope: str, kind: str | None = None) -> tuple[str, ...]: ...
 
 
 def scan_source(
-    source: str, path: str = "<source>", module: str = "", rule_index: RuleIndex | None = None
+    source: str, path: str = "<source>", module: str = "", rule_index: RulesFor | None = None
 ) -> list[Site]:
-    """Every site in one file's `source`, in source order."""
+    """Every site in one file's `source`, in source order; each names the rules `rule_index` says target it."""
     tree = cst.parse_module(source)
     found: list[tuple[str, cst.CSTNode, str, str]] = []
     finder: _Finder
@@ -490,262 +483,3 @@ def scan_source(
         rules = rule_index.rules_for(module, scope, kind) if rule_index else ()
         sites.append(Site(kind, path, module, line, scope, snippet[:120], rules))
     return sites
-
-
-# -- causes: the patterns that registered rules fix ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cause:
-    """A pattern registered rules fix (their `RuleMeta.scan`, a `ScanCause`): sites of `kind` whose scope's last name
-    matches `function` (a regex; one with a dot, `Class\\.method`, matches the whole scope: a method name alone such
-    as `forward` says nothing).
-
-    `rules` fix it where they target the site's module/class/function; tests/test_scan.py asserts that every
-    such site of the installed transformers is targeted by one of them or is a documented known gap, so a copy
-    of the code that a new transformers adds shows up as a failure rather than as a silent gap.
-    """
-
-    id: str
-    kind: str
-    function: str
-    rules: tuple[str, ...]
-    what: str
-
-    def covers(self, site: Site) -> bool:
-        import re
-
-        # A pattern with an escaped dot (`Class\.method`) matches the whole scope, not its last name.
-        name = site.scope if "\\." in self.function else site.scope.rsplit(".", 1)[-1]
-        return site.kind == self.kind and re.fullmatch(self.function, name) is not None
-
-
-def causes() -> tuple[Cause, ...]:
-    """The causes the registered rules declare (`RuleMeta.scan`), in registry order; one cause declared by several
-    rules (the same id, pattern and words) is one entry naming them all."""
-    from hfexport.rewrites.engine import default_registry
-
-    return _causes(default_registry())
-
-
-@functools.cache
-def _causes(registry: Any) -> tuple[Cause, ...]:
-    found: dict[str, Cause] = {}
-    for rule in registry.rules():
-        for declared in rule.meta.scan:
-            known = found.get(declared.id)
-            if known is None:
-                found[declared.id] = Cause(declared.id, declared.kind, declared.function, (rule.id,), declared.what)
-            elif (known.kind, known.function, known.what) != (declared.kind, declared.function, declared.what):
-                raise ValueError(f"cause {declared.id!r} of {rule.id} differs from the one {known.rules} declare")
-            else:
-                found[declared.id] = dataclasses.replace(known, rules=(*known.rules, rule.id))
-    return tuple(found.values())
-
-
-def causes_of(site: Site) -> list[Cause]:
-    """The causes (`causes()`) that `site` is an instance of."""
-    return [cause for cause in causes() if cause.covers(site)]
-
-
-# -- which rules target a module / class / function ------------------------------------------------------
-
-
-@dataclass
-class RuleIndex:
-    """Registered rules by the dotted paths they patch, and by the model types they were written for."""
-
-    targets: dict[str, list[str]] = field(default_factory=dict)  # dotted target -> rule ids
-    model_types: dict[str, list[str]] = field(default_factory=dict)  # model_type -> rule ids
-    # Rules whose target is a predicate over modules: (site kind, covers(module, scope)) -> rule id. `covers`
-    # says whether the rule binds to the function at `module.scope` (it imports the module), so it is asked
-    # only about sites of the kind the rule fixes.
-    predicates: dict[tuple[str, Callable[[str, str], bool]], list[str]] = field(default_factory=dict)
-
-    @classmethod
-    def from_registry(cls) -> RuleIndex:
-        from hfexport.rewrites.engine import default_registry
-
-        index = cls()
-        for rule in default_registry().rules():
-            target = getattr(rule, "target", None)
-            for t in (target,) if isinstance(target, str) else (target if isinstance(target, tuple) else ()):
-                if t:
-                    index.targets.setdefault(t, []).append(rule.id)
-            covers, kind = getattr(target, "covers", None), getattr(target, "scan_kind", None)
-            if callable(target) and callable(covers) and isinstance(kind, str):
-                index.predicates.setdefault((kind, covers), []).append(rule.id)
-            for model_type in rule.meta.models:
-                index.model_types.setdefault(model_type, []).append(rule.id)
-        return index
-
-    def rules_for(self, module: str, scope: str, kind: str | None = None) -> tuple[str, ...]:
-        """Rules whose target is `module.scope`, an enclosing class of it, or a function it is in; and, for a
-        site of `kind`, the predicate rules of that kind that bind to the function."""
-        found: list[str] = []
-        qualified = f"{module}.{scope}" if module else scope
-        for target, ids in self.targets.items():
-            if qualified == target or qualified.startswith(target + ".") or target.startswith(qualified + "."):
-                found += [i for i in ids if i not in found]
-        for (rule_kind, covers), ids in self.predicates.items():
-            if kind == rule_kind and covers(module, scope):
-                found += [i for i in ids if i not in found]
-        return tuple(found)
-
-    def rules_for_model(self, model_type: str) -> list[str]:
-        return list(self.model_types.get(model_type, []))
-
-
-# -- files, models, results ------------------------------------------------------------------------------
-
-
-# Sources outside `models/` whose code runs inside every model's forward.
-_SHARED_SOURCES = ("cache_utils.py",)
-
-
-def transformers_root() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("transformers")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("transformers is not installed")
-    return Path(spec.origin).parent
-
-
-def model_files(models: Sequence[str] | None = None) -> list[Path]:
-    """The modeling sources of the installed transformers: all of them, or those of `models` (model types); then
-    `cache_utils.py`, the cache layers every generative model runs (the sliding-window slice lives there)."""
-    shared = [transformers_root() / name for name in _SHARED_SOURCES]
-    root = transformers_root() / "models"
-    if not models:
-        return sorted(root.glob("*/modeling_*.py")) + shared
-    files = []
-    known = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_"))
-    for name in models:
-        folder = root / name.replace("-", "_")
-        found = sorted(folder.glob("modeling_*.py")) if folder.is_dir() else []
-        if not found:
-            close = difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {close}?" if close else ""
-            raise ValueError(f"no modeling source for model type {name!r}{hint}")
-        files += found
-    return files + shared
-
-
-def _expand(paths: Iterable[str | Path]) -> list[Path]:
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(p.rglob("*.py"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such file or folder: {p}")
-    return files
-
-
-@dataclass
-class ScanResult:
-    files: list[str]
-    sites: list[Site]
-    model_rules: dict[str, list[str]] = field(default_factory=dict)  # module -> rules written for its model
-    errors: dict[str, str] = field(default_factory=dict)
-
-    def by_module(self) -> dict[str, dict[str, list[Site]]]:
-        grouped: dict[str, dict[str, list[Site]]] = {}
-        for site in self.sites:
-            grouped.setdefault(site.module, {}).setdefault(site.owner, []).append(site)
-        return grouped
-
-    def counts(self) -> dict[str, int]:
-        return {kind: sum(1 for s in self.sites if s.kind == kind) for kind in KINDS}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "files": self.files,
-            "counts": self.counts(),
-            "sites": [s.to_dict() for s in self.sites],
-            "model_rules": self.model_rules,
-            "errors": self.errors,
-        }
-
-    def to_json(self, indent: int = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def __str__(self) -> str:
-        lines = []
-        for module, owners in self.by_module().items():
-            model_rules = self.model_rules.get(module)
-            lines.append(module + (f"  (rules for this model: {', '.join(model_rules)})" if model_rules else ""))
-            for owner, sites in owners.items():
-                lines.append(f"  {owner}")
-                for s in sites:
-                    function = s.scope.split(".", 1)[1] if "." in s.scope else s.scope
-                    targeted = f"  [rule: {', '.join(s.rules)}]" if s.rules else ""
-                    lines.append(f"    {s.line:5d}  {s.kind:19s} {function}: {s.code}{targeted}")
-        for path, error in self.errors.items():
-            lines.append(f"could not parse {path}: {error}")
-        targeted = sum(1 for s in self.sites if s.rules)
-        owners = sum(len(o) for o in self.by_module().values())
-        counts = ", ".join(f"{k} {v}" for k, v in self.counts().items() if v)
-        lines.append(
-            f"{len(self.sites)} site(s) in {owners} class(es)/module(s) of {len(self.files)} file(s)"
-            f" ({counts or 'none'}); {targeted} targeted by a registered rule"
-        )
-        return "\n".join(lines)
-
-
-def _scan_file(path: Path, module: str, index: RuleIndex) -> list[Site] | str:
-    """The sites of one file, or why it could not be parsed (a worker of `scan`)."""
-    try:
-        return scan_source(path.read_text(encoding="utf-8"), str(path), module, index)
-    except (cst.ParserSyntaxError, UnicodeDecodeError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-
-
-def scan(
-    models: Sequence[str] | None = None,
-    paths: Sequence[str | Path] | None = None,
-    rule_index: RuleIndex | None = None,
-    progress: Callable[[str], None] | None = None,
-    jobs: int = 1,
-) -> ScanResult:
-    """Scan the modeling sources of `models` (all installed ones when both are empty) and/or `paths`.
-
-    `jobs` > 1 parses files in that many processes: LibCST parsing is CPU-bound, and every installed
-    model (500+ files) takes minutes on one core.
-    """
-    root = transformers_root()
-    files = (_expand(paths) if paths else []) + (model_files(models) if models or not paths else [])
-    index = rule_index if rule_index is not None else RuleIndex.from_registry()
-    result = ScanResult(files=[str(f) for f in files], sites=[])
-    modules = [_module_name(path.resolve(), root) for path in files]
-    if jobs > 1 and len(files) > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(max_workers=jobs)
-        outcomes = pool.map(_scan_file, files, modules, [index] * len(files), chunksize=4)
-    else:
-        pool = None
-        outcomes = map(_scan_file, files, modules, [index] * len(files))
-    try:
-        for i, (path, module, outcome) in enumerate(zip(files, modules, outcomes, strict=True), 1):
-            if progress and (i % 25 == 0 or i == len(files)):
-                progress(f"scanned {i}/{len(files)} file(s)")
-            if isinstance(outcome, str):
-                result.errors[str(path)] = outcome
-                continue
-            result.sites += outcome
-            _add_model_rules(result, module, index)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    return result
-
-
-def _add_model_rules(result: ScanResult, module: str, index: RuleIndex) -> None:
-    parts = module.split(".")
-    if len(parts) >= 3 and parts[:2] == ["transformers", "models"]:
-        rules = index.rules_for_model(parts[2])
-        if rules:
-            result.model_rules[module] = rules
