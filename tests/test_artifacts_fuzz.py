@@ -325,6 +325,7 @@ def _fuzz_in_a_child(tiny_artifacts: Callable[[str], Path], tmp_path: Path, exam
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_fuzz_a_mutated_executorch_artifact_never_aborts(tiny_artifacts: Callable[[str], Path], tmp_path: Path) -> None:
     _fuzz_in_a_child(tiny_artifacts, tmp_path, 30)
 

@@ -14,6 +14,7 @@ from hfexport.rewrites.catalogue import expiry_status, rule_diff
 from hfexport.rewrites.rule import RuleMeta, RuleSelection
 
 
+@pytest.mark.slow
 def test_audit_counts_equal_the_engine_report_and_ablation_finds_the_needed_rule(tmp_path: Path, capsys) -> None:
     from hfexport import OpenVINOConfig, OpenVINOExporter
     from hfexport.rewrites.engine import default_registry

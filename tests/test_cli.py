@@ -195,6 +195,7 @@ def test_rules_show_non_patch_rule_prints_its_body_and_unknown_ids_fail(capsys) 
     assert "no rule 'fx/nope'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_generation_saves_prefill_and_decode_and_validates_greedy_tokens(tmp_path: Path) -> None:
     out = tmp_path / "gen"
     result = _hfexport("export", "--model", "tiny-llama", "--generation", "--validate", "--output", str(out))

@@ -60,6 +60,7 @@ def test_a_failed_architecture_says_where_and_what_next_in_a_few_lines(folder: P
     assert any(s.split()[:2] == [number, "tensor-control-flow"] for s in scan.stdout.splitlines()), scan.stdout
 
 
+@pytest.mark.slow
 def test_debug_shows_the_partial_graph_and_the_whole_error(folder: Path, tmp_path: Path) -> None:
     result = _run("export", "--model", str(folder), "--output", str(tmp_path / "out"), "--debug")
     assert result.returncode == 3

@@ -85,6 +85,7 @@ def test_a_failed_validation_keeps_the_artifact_marked_failed_and_check_and_load
         hfexport.load(out)
 
 
+@pytest.mark.slow
 def test_check_says_when_an_artifact_was_not_validated(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = _run("export", "--model", "tiny-gpt2", "--format", "onnx", "--output", str(out))
@@ -96,6 +97,7 @@ def test_check_says_when_an_artifact_was_not_validated(tmp_path: Path) -> None:
         hfexport.load(out)  # nothing to warn about
 
 
+@pytest.mark.slow
 def test_the_exit_code_does_not_depend_on_debug(tmp_path: Path) -> None:
     # A folder whose weight has another shape than its config says: transformers refuses it while loading, an
     # unexpected error, exit 3 (a config transformers cannot read is refused earlier, as a usage error).

@@ -61,6 +61,7 @@ def _assert_parity(expected: torch.Tensor, actual: torch.Tensor, what: str) -> N
 
 
 @pytest.mark.parametrize("entry", _params())
+@pytest.mark.slow
 def test_dynamo_matches_eager_on_other_shapes(entry: CorpusEntry) -> None:
     model = entry.build_model()
     exporter = DynamoExporter()

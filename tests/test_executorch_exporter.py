@@ -72,6 +72,7 @@ def llama_export(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"model": model, "inputs": inputs, "manager": manager, "path": path, "report": report, "before": before}
 
 
+@pytest.mark.slow
 def test_returns_a_manager_whose_saved_program_matches_eager(llama_export: dict[str, Any]) -> None:
     model, inputs, path = llama_export["model"], llama_export["inputs"], llama_export["path"]
     assert isinstance(llama_export["manager"], ExecutorchProgramManager)

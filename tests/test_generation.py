@@ -210,6 +210,7 @@ def static_export(request: pytest.FixtureRequest, llama: torch.nn.Module) -> tup
     return request.param, components
 
 
+@pytest.mark.slow
 def test_static_single_graph_generate_matches_generate(static_export: tuple[str, dict], llama) -> None:
     backend, components = static_export
     ids, mask = _padded_prompt()
@@ -234,6 +235,7 @@ def test_static_single_graph_generate_matches_generate(static_export: tuple[str,
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+@pytest.mark.slow
 def test_dynamic_cache_pair_generate_matches_generate(backend: str, llama: torch.nn.Module, tmp_path) -> None:
     exporter_class, config_class = BACKENDS[backend]
     components = exporter_class().export_for_generation(llama, _sample(), config_class(dynamic=True))
@@ -414,6 +416,7 @@ def _assert_left_padded_generation_like_eager(model: torch.nn.Module, components
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+@pytest.mark.slow
 def test_decoder_that_fills_the_cache_without_returning_it_generates_like_eager(backend: str) -> None:
     # A BERT-style decoder built with is_decoder=False (bert-generation as a causal LM) writes each step into the
     # cache it is handed but returns none; generate reads it in place. The graphs must return it.
@@ -509,6 +512,7 @@ def test_encoder_decoder_generates_like_eager() -> None:
     assert torch.equal(got, expected)
 
 
+@pytest.mark.slow
 def test_vision_language_model_generates_like_eager() -> None:
     # LLaVA-like: get_image_features (encoder + projector) runs first, the prefill graph merges its output at
     # the image tokens, decode steps read them from the cache; no per-model code in the loop.
@@ -618,6 +622,7 @@ def test_sliding_window_counter_is_a_leaf_with_one_context_before_at_and_past_th
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+@pytest.mark.slow
 def test_sliding_window_generates_past_the_window(backend: str, tmp_path: Path) -> None:
     # Window 5: exported from a 3-token prompt (decode sample before the window), then a prompt of 4 whose second
     # row is 3 pads and 1 token, and 12 new tokens: the decode steps run before, at and long past the window on one

@@ -88,6 +88,7 @@ def test_static_sliding_mistral_generates_past_the_window(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.slow
 def test_static_sliding_gemma2_generates_past_the_window(backend: str) -> None:
     # Hybrid: generate hands a dict of masks by layer type, additive float masks (eager attention).
     _check(_gemma2(WINDOW), backend)

@@ -119,6 +119,7 @@ def _assert_same_onnx(memory: Path, streamed: Path) -> None:
         np.testing.assert_array_equal(_run_onnx(streamed, inputs), _run_onnx(memory, inputs))
 
 
+@pytest.mark.slow
 def test_onnx_streamed_int4_equals_the_in_memory_export(onnx_int4: tuple[Path, Path]) -> None:
     memory, streamed = onnx_int4
     _assert_same_onnx(memory, streamed)
@@ -217,6 +218,7 @@ def _assert_same_openvino(memory: Path, streamed: Path) -> None:
         np.testing.assert_array_equal(_run_openvino(streamed, inputs), _run_openvino(memory, inputs))
 
 
+@pytest.mark.slow
 def test_openvino_streamed_int4_bin_is_the_in_memory_bin(openvino_int4: tuple[Path, Path]) -> None:
     memory, streamed = openvino_int4
     _assert_same_openvino(memory, streamed)

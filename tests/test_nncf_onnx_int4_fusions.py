@@ -110,6 +110,7 @@ def opset20(model: Any) -> tuple[Any, Any]:
     return _export(model, 20, float_embedding=True)
 
 
+@pytest.mark.slow
 def test_int4_decode_graph_has_the_fp32_fusions(newest: tuple[Any, Any]) -> None:
     components, report = newest
     decode = components["decode"]
@@ -127,6 +128,7 @@ def test_int4_decode_graph_has_the_fp32_fusions(newest: tuple[Any, Any]) -> None
     assert _repeat_kv_expands(decode) == 0
 
 
+@pytest.mark.slow
 def test_int4_numbers_and_tokens_equal_the_opset20_export(
     newest_float_embedding: tuple[Any, Any], opset20: tuple[Any, Any]
 ) -> None:

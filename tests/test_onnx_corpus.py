@@ -37,6 +37,7 @@ CORPUS = load_corpus(family="causal_lm") + load_corpus(family="encoder")
 
 
 @pytest.mark.parametrize("entry", corpus_params(CORPUS, FAST, KNOWN_FAILURES, strict=False))
+@pytest.mark.slow
 def test_onnx_matches_eager_in_ort_with_a_second_shape(entry: CorpusEntry, tmp_path: Path) -> None:
     model = entry.build_model()
     inputs = entry.sample_inputs()

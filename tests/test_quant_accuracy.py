@@ -27,6 +27,7 @@ def _measure(export: Any, model: Any, tokenizer: Any, inputs: dict[str, Any], qu
     )
 
 
+@pytest.mark.slow
 def test_int8_on_the_trained_model_is_within_budget_and_a_wrong_scale_is_not() -> None:
     model, tokenizer, inputs = trained()
     good = OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())
@@ -90,6 +91,7 @@ def test_precision_of_each_recipe() -> None:
     assert precision_from_settings("OnnxRuntimeQuantizer", {"recipe": "OnnxRuntimeDynamicConfig"}) == "int8"
 
 
+@pytest.mark.slow
 def test_cli_validate_records_the_accuracy_of_a_quantized_export(tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [sys.executable, "-m", "hfexport", "export", "--model", str(FIXTURE), "--format", "onnx"]

@@ -37,6 +37,7 @@ def test_linear_groups_are_each_blocks_attention_and_mlp_and_the_ends() -> None:
     }
 
 
+@pytest.mark.slow
 def test_keep_float_leaves_a_module_unquantized_in_onnx_runtime() -> None:
     model, _, inputs = trained()
     quantizer = OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig())

@@ -246,6 +246,7 @@ def _ort_direct(fp32: Path, tmp_path: Path, lm: MiniLM, static: bool) -> float:
     return lm.cosine(_ort_run(target, lm.batch))
 
 
+@pytest.mark.slow
 def test_onnxruntime_static_int8(lm: MiniLM, fp32_onnx: Path, tmp_path: Path) -> None:
     exporter = OnnxExporter()
     path = tmp_path / "static.onnx"
@@ -298,6 +299,7 @@ def test_classifier_keeps_its_labels_under_onnxruntime_static(lm: MiniLM) -> Non
 
 
 # -- PT2E ------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pt2e_x86_on_dynamo(lm: MiniLM, fp32_program: Any) -> None:
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -338,6 +340,7 @@ def _nncf_dataset(feed: Callable[[Mapping[str, Any]], Any], samples: list[dict[s
     return nncf.Dataset([feed(sample) for sample in samples])
 
 
+@pytest.mark.slow
 def test_nncf_openvino_int8(lm: MiniLM, fp32_openvino: Any) -> None:
     import nncf
 

@@ -200,7 +200,8 @@ def test_onnx_external_data_named_outside_the_manifest_is_refused(artifacts: Cal
         load(folder)
 
 
-@pytest.mark.parametrize("backend", ["onnx", "executorch", "openvino"])
+# ExecuTorch's artifact costs a minute's lowering (`Backend.slow_lowering`): its cases run in the slow tier.
+@pytest.mark.parametrize("backend", ["onnx", pytest.param("executorch", marks=pytest.mark.slow), "openvino"])
 @pytest.mark.parametrize(
     "where",
     ["new-top-level-key", "new-component-key", "config-value", "metadata", "format", "model-class", "own-module"],

@@ -67,6 +67,7 @@ def test_onnx_session_options_reach_onnx_runtime(llama: torch.nn.Module, tmp_pat
     assert generation_driver(components) is driver
 
 
+@pytest.mark.slow
 def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) -> None:
     pytest.importorskip("openvino")
     components = _export(OpenVINOExporter(), OpenVINOConfig(dynamic=True), llama)
@@ -93,6 +94,7 @@ def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) ->
     )
 
 
+@pytest.mark.slow
 def test_torch_threads_are_one_while_a_runtime_with_its_own_threads_generates(llama: torch.nn.Module) -> None:
     """`generate` drives ONNX Runtime with torch's intra-op threads at `torch_threads` (1 by default; None keeps
     them), restores them after, also when the loop raises, and leaves them alone for Dynamo (torch is its runtime)."""

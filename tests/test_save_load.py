@@ -106,6 +106,7 @@ def test_single_export_round_trips_and_runs_like_eager(backend: str, tmp_path: P
 @pytest.mark.parametrize(
     "backend", [b if b != "executorch" else pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS]
 )
+@pytest.mark.slow
 def test_dict_of_two_components_saves_one_folder_each_and_each_runs_like_its_model(
     backend: str, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ def _hfexport(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hfexport", *args], capture_output=True, text=True, env=ENV)
 
 
+@pytest.mark.slow
 def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Path) -> None:
     configs = tmp_path / "configs"
     configs.mkdir()

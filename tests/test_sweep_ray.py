@@ -104,6 +104,7 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(
         assert "sweeping" not in err
 
 
+@pytest.mark.slow
 def test_cli_ray_sweep_gives_the_local_sweeps_records(tmp_path: Path, ray_tmpdir: str) -> None:
     pytest.importorskip("ray")
     configs = tmp_path / "configs"

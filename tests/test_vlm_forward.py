@@ -63,6 +63,7 @@ def _other_layout(entry: CorpusEntry) -> dict[str, torch.Tensor]:
     return feed
 
 
+@pytest.mark.slow
 def test_qwen2_vl_forward_exports_to_dynamo_with_its_grid_baked(tmp_path: Path) -> None:
     entry = _entry(QWEN2_VL)
     model = entry.build_model()

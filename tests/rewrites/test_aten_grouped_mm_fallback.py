@@ -12,6 +12,7 @@ from hfexport.tiny import get_tiny_model
 RULE = "aten/grouped-mm-fallback"
 
 
+@pytest.mark.slow
 def test_moe_onnx_export_translates_grouped_mm_and_matches_eager() -> None:
     # The fp32 experts' `transformers::grouped_mm_fallback` op has no torch.onnx translation; the override gives
     # it one. (On Dynamo it stays grouped_mm: tests/test_seed_loading.py.)

@@ -5,10 +5,11 @@
 nothing; a fix must be needed (some Match fails or differs without it); an optimization must change the graph.
 
 Tiers (the budget of the default tier): it checks each rule's first Match and first NoMatch on the rule's first
-backend (a patch on dynamo, a backend rule on its backend), and so for each variant of a rule with per-backend
-bodies; every other example and backend, an example marked `slow`, and each fix's need, run under `-m slow`. What
-this file knows of a rule comes from the rule: an example's `known_failure` is a strict expected failure here, a
-fix's `needed` skips its need check with that reason.
+backend (a patch on dynamo, a backend rule on its backend; on ExecuTorch, whose lowering takes about a minute,
+the first Match only), and so for each variant of a rule with per-backend bodies; every other example and
+backend, an example marked `slow`, and each fix's need, run under `-m slow`. What this file knows of a rule
+comes from the rule: an example's `known_failure` is a strict expected failure here, a fix's `needed` skips its
+need check with that reason.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ def _lowered(selection: RuleSelection) -> tuple[Counter[str], ExecutorchProgram,
     return portable, ExecutorchProgram(manager), dict(context.hits)
 
 
+@pytest.mark.slow
 def test_the_cache_is_no_longer_copied_outside_the_delegate() -> None:
     before, _, hits_before = _lowered(RuleSelection(disable=RULES))
     after, program, hits = _lowered(RuleSelection())

@@ -104,6 +104,7 @@ def _moe_inputs(batch: int, tokens: int) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.randint(0, 64, (batch, tokens), generator=generator)}
 
 
+@pytest.mark.slow
 def test_moe_experts_lower_to_xnnpack_only_with_the_batched_experts_patch() -> None:
     model, _ = _qwen3_moe(6)
     inputs = _moe_inputs(2, 6)

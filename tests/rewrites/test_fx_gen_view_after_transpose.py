@@ -32,6 +32,7 @@ def _ort(onnx_program: Any, inputs: dict[str, torch.Tensor]) -> list[torch.Tenso
     return [torch.from_numpy(a) for a in session.run(None, feeds)]
 
 
+@pytest.mark.slow
 def test_the_match_fails_in_torch_onnx_without_the_rule_and_exports_with_it() -> None:
     example = next(e for e in rule.meta.examples if isinstance(e, Match))
     model, inputs = example.build()

@@ -24,6 +24,7 @@ def _fused(model: Any) -> Counter[str]:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.slow
 def test_norm_fusions_fuse_what_onnxscript_fuses(name: str) -> None:
     import onnx
     import onnx_ir as ir

@@ -60,6 +60,7 @@ def _cache_readers(model: Any) -> tuple[Counter[str], Counter[str]]:
     return keys, writes
 
 
+@pytest.mark.slow
 def test_the_cache_is_no_longer_copied_in_a_decode_step() -> None:
     model = TINY.build()
     before, exporter_before = _export(model, RuleSelection(disable=RULES))

@@ -13,6 +13,7 @@ from hfexport.testing.harness import export_program as _export
 from tests.rewrites.patch_checks import assert_patch_keeps_values
 
 
+@pytest.mark.slow
 def test_the_first_example_is_bounded_by_the_sample_without_the_rule() -> None:
     example = rule.meta.examples[0]
     module, inputs = example.build()

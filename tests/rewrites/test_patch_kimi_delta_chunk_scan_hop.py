@@ -68,6 +68,7 @@ def _export(with_state: bool, dtype: torch.dtype) -> Any:
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+@pytest.mark.slow
 def test_exported_scan_matches_upstream_past_the_chunk(with_state: bool) -> None:
     program = _export(with_state, torch.float32)
     for batch, tokens in [(1, 8), (3, 64), (1, 73), (3, 138)]:

@@ -41,6 +41,7 @@ def test_detaching_a_view_without_a_copy_fails_in_the_scan_trace() -> None:
         check_match(old, rule.meta.examples[0], "onnx")
 
 
+@pytest.mark.slow
 def test_zamba_onnx_runs_a_longer_input_in_ort(tmp_path) -> None:
     ort = pytest.importorskip("onnxruntime")
     from hfexport import OnnxConfig, OnnxExporter

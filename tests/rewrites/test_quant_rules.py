@@ -290,6 +290,7 @@ def test_a_quantizer_enables_its_rules_unless_the_config_disables_them() -> None
         assert not effective_selection(config, quantizer).is_enabled(meta), disabled
 
 
+@pytest.mark.slow
 def test_ort_dynamic_int8_attention_runs_as_float_matmuls_after_the_tool() -> None:
     """OnnxRuntimeQuantizer turns `onnx/attention-as-matmul` off (the tool would quantize the scores); its
     after-quantizer twin rewrites each `Attention` once the tool is done: no Attention node is left for ORT to
