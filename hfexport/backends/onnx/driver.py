@@ -45,7 +45,7 @@ class OnnxDriver(NamedDriver):
                 model = program if proto is None else proto.SerializeToString()
                 if saved is not None and self.options.onnx_session_options is None and saved.on_cpu():
                     # The session `load` opened, with the options this driver would use: not a second copy.
-                    session = saved.session
+                    session = saved.component.open()
                 else:
                     session_options = self.options.onnx_session_options or ort.SessionOptions()
                     session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
@@ -225,20 +225,20 @@ def run_saved(session: Any, inputs: Mapping[str, Any], output_names: list[str]) 
 
 @dataclass(frozen=True)
 class SavedOnnx:
-    """A saved component as the driver takes it: its graph file, and the session `load` opened for it, which the
-    driver runs when it would open the same (the CPU provider, default options), so a loaded artifact that
-    generates holds each graph once."""
+    """A saved component as the driver takes it: its graph file, and the component, whose session (`load` opens
+    it, or the first use) the driver runs when it would open the same (the CPU provider, default options), so a
+    loaded artifact that generates holds each graph once."""
 
     path: str
-    session: Any
+    component: SavedComponent
 
     def on_cpu(self) -> bool:
-        return list(self.session.get_providers()) == ["CPUExecutionProvider"]
+        return list(self.component.open().get_providers()) == ["CPUExecutionProvider"]
 
 
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     # Sessions take inputs by flat name: no samples needed.
-    return SavedOnnx(str(component.path), component.open()), {}
+    return SavedOnnx(str(component.path), component), {}
 
 
 def resolve_device(device: str, kind: str, index: int | None) -> Any:

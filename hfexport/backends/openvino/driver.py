@@ -38,9 +38,9 @@ class OpenVINODriver(NamedDriver):
                 model = saved.path
             key = model if isinstance(model, str) else id(model)
             if key not in compiled:
-                if saved is not None and self.options.openvino_properties is None and saved.runner.device == "CPU":
+                if saved is not None and self.options.openvino_properties is None and saved.on_cpu():
                     # The model `load` compiled, with the properties this driver would use: not a second copy.
-                    compiled[key] = saved.runner
+                    compiled[key] = saved.component.open()
                 else:
                     compiled[key] = OpenVINORunner(model, properties=properties)
             self.runners[name] = compiled[key]
@@ -117,17 +117,20 @@ def run_saved(runner: Any, inputs: Mapping[str, Any], output_names: list[str]) -
 
 @dataclass(frozen=True)
 class SavedOpenVINO:
-    """A saved component as the driver takes it: its IR file, and the model `load` compiled for it, which the
-    driver runs when it would compile the same (CPU, hfexport's f32 hint only), so a loaded artifact that generates
-    holds each model once."""
+    """A saved component as the driver takes it: its IR file, and the component, whose compiled model (`load`
+    compiles it, or the first use) the driver runs when it would compile the same (CPU, hfexport's f32 hint only),
+    so a loaded artifact that generates holds each model once."""
 
     path: str
-    runner: Any
+    component: SavedComponent
+
+    def on_cpu(self) -> bool:
+        return bool(self.component.open().device == "CPU")
 
 
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
     # Inputs go by flat name: no samples needed.
-    return SavedOpenVINO(str(component.path), component.open()), {}
+    return SavedOpenVINO(str(component.path), component), {}
 
 
 def resolve_device(device: str, kind: str, index: int | None) -> Any:
