@@ -114,6 +114,12 @@ def test_prefill_and_decode_graphs_share_one_weights_file(
         assert torch.equal(got, expected), folder.name
     assert torch.equal(generate(components, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
 
+    if export_format == "openvino":
+        # An IR beside a `.bin` of its own would read that one: refused when the manifest does not list it.
+        (out / "prefill.bin").write_bytes((out / shared).read_bytes())
+        with pytest.raises(UnsafePathError, match=r"prefill\.bin"):
+            hfexport.load(out)
+        (out / "prefill.bin").unlink()
     # The file both graphs read must be listed by each component that reads it: refused otherwise.
     manifest["components"]["prefill"]["files"].remove(shared)
     (out / "manifest.json").write_text(json.dumps(manifest))
