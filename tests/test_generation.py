@@ -30,6 +30,7 @@ from hfexport import (
     OpenVINOConfig,
     OpenVINOExporter,
 )
+from hfexport.formats import MAIN_FILE
 from hfexport.frontends.generation import decompose_for_generation
 from hfexport.runtime.generation import generate
 from hfexport.tiny import get_tiny_model
@@ -261,10 +262,20 @@ def test_loaded_artifact_generates_like_the_export(static_export: tuple[str, dic
     loaded = hfexport.load(hfexport.save(components, tmp_path / backend), trust=True)
     manifest = json.loads((tmp_path / backend / "manifest.json").read_text())
     assert manifest["generation"]["static_cache"] is True  # the layout is plain data in the manifest
+    # The prefill is the decode program: stored once (its files are decode's), opened once.
+    prefill, decode = manifest["components"]["prefill"], manifest["components"]["decode"]
+    assert prefill["main"] == decode["main"] == f"decode/{MAIN_FILE[backend]}"
+    model_files = [f for f in decode["files"] if not f.endswith("report.json")]
+    assert model_files == [f for f in prefill["files"] if not f.endswith("report.json")]
+    assert not [f for f in manifest["files"] if f.startswith("prefill/") and not f.endswith("report.json")]
+    assert loaded["prefill"].runtime is loaded["decode"].runtime is not None
     ids, mask = _padded_prompt()
     expected = _reference(llama, static=True)
-    got = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    drivers: list[Any] = []
+    got = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, on_step=drivers.append)
     assert torch.equal(got, expected), backend
+    opened = {"dynamo": "modules", "onnx": "sessions", "openvino": "runners", "executorch": "programs"}[backend]
+    assert getattr(drivers[0], opened)["prefill"] is getattr(drivers[0], opened)["decode"], backend
     longer = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, max_cache_len=48)
     assert torch.equal(longer, expected), backend
 

@@ -204,31 +204,35 @@ def test_int4_export_adds_no_error_beyond_its_weights(model: Any, newest: tuple[
 
 
 def test_int4_artifact_stores_the_vocabulary_matrix_once_at_4_bits(newest: tuple[Any, Any], tmp_path: Any) -> None:
-    """The saved int4 artifact holds the tied [V, H] matrix once per graph, as 4-bit blocks and their float scales
-    (read by the head's MatMulNBits and the embedding's GatherBlockQuantized): no float copy of the embedding and no
-    second int4 copy for the head. Each graph's external data is within the int4 bytes of every weight (half a byte
-    a value, 4 bytes of scale per group of 32) and the float norms."""
+    """The saved int4 artifact holds the tied [V, H] matrix once, as 4-bit blocks and their float scales (read by
+    the head's MatMulNBits and the embedding's GatherBlockQuantized): no float copy of the embedding and no second
+    int4 copy for the head. The prefill and decode graphs read one weights file, within the int4 bytes of every
+    weight (half a byte a value, 4 bytes of scale per group of 32) and the float norms: one copy for both."""
     import onnx
 
-    from hfexport.artifacts import save
+    from hfexport.artifacts import read_manifest, save
 
     components, _ = newest
-    save(components, tmp_path / "int4")
+    # NNCF's int4 recipe reads no calibration data: the decode graph, quantized once, serves the prompt too.
+    assert components["prefill"] is components["decode"]
+    out = save(components, tmp_path / "int4")
+    manifest = read_manifest(out)
     vocab, hidden = 256, 64
     int4_bytes = vocab * hidden // 2 + vocab * hidden // 32 * 4
+    # Every weight at 4 bits: the table once, 2 layers of q, k, v, o (64x64, 64x32, 64x32, 64x64) and the MLP
+    # (3 x 64x128); the rest is small (norms, rotary tables): within 8 KB.
+    weights = vocab * hidden + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128)
+    data_files = set()
     for name in ("prefill", "decode"):
-        path = tmp_path / "int4" / name / "model.onnx"
-        proto = onnx.load(str(path))
+        comp = manifest["components"][name]
+        proto = onnx.load(str(out / comp["main"]))
         sizes = {i.name: len(i.raw_data) for i in proto.graph.initializer}
         table = [i.name for i in proto.graph.initializer if vocab in i.dims]
         assert sum(sizes[i] for i in table) == int4_bytes, [(i, sizes[i]) for i in table]
-        # Every weight at 4 bits: the table once, 2 layers of q, k, v, o (64x64, 64x32, 64x32, 64x64) and the MLP
-        # (3 x 64x128); the rest is small (norms, rotary tables): within 8 KB.
-        weights = vocab * hidden + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128)
-        on_disk = sum(f.stat().st_size for f in path.parent.iterdir())
-        del proto.graph.initializer[:]
-        graph = len(proto.SerializeToString())  # the nodes, names and metadata, without the weights
-        assert on_disk - graph <= weights * (0.5 + 4 / 32) + 8 * 1024, (on_disk, graph)
+        data_files.update(f for f in comp["files"] if f.endswith(".data"))
+    # One weights file for both graphs (shared, or the one graph that serves both).
+    assert len(data_files) == 1, data_files
+    assert (out / data_files.pop()).stat().st_size <= weights * (0.5 + 4 / 32) + 8 * 1024
 
 
 def test_accuracy_level_reaches_every_matmul_nbits() -> None:

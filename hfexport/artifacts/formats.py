@@ -3,9 +3,11 @@
 A backend's `ArtifactFormat` (in `hfexport/backends/<name>/artifact.py`, named by its descriptor) says how a native
 object of that format is written (`write`), what its signature is as its runtime names it (`signature`), why loading
 one needs `trust=True` (`trust`: its files run code when deserialised), which files must sit beside the main one
-(`required_siblings`), what is checked in its files before its runtime opens them (`check_saved`), and how the
-weights of a low-memory export are checked against the checkpoint (`check_streamed`). The format of an object is
-`hfexport.formats.format_of`; running a saved component is the backend's runtime (`hfexport.runtime.drivers`).
+(`required_siblings`), what is checked in its files before its runtime opens them (`check_saved`), how the
+weights of a low-memory export are checked against the checkpoint (`check_streamed`), and how the components of a
+generation artifact are written with each weight stored once (`write_components`, where the format can). The
+format of an object is `hfexport.formats.format_of`; running a saved component is the backend's runtime
+(`hfexport.runtime.drivers`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,19 @@ class ArtifactFormat:
     trust: str = ""
     # Files named like the main one, by suffix, that a component of this format must list: {suffix: what it is}.
     required_siblings: Mapping[str, str] = field(default_factory=dict)
+    # {suffix: file name}: a required sibling may be this file in the main file's folder instead, the one the
+    # graphs of a generation artifact share (`write_components`).
+    shared_siblings: Mapping[str, str] = field(default_factory=dict)
     # Checks of a saved component's files before its runtime opens them (paths the model file itself names).
     check_saved: Callable[[Path, dict[str, Any]], None] = no_check
     # check_streamed(main file, checkpoint, quantized) -> `artifacts.low_memory.StreamedWeights`: the saved weights
     # of a low-memory export against the checkpoint (None where the format cannot stream its weights).
     check_streamed: Callable[[Path, Any, bool], Any] | None = None
+    # write_components({name: program}, folder, {name: config}) -> {name: its files, the one to load first}: the
+    # distinct programs of a generation artifact written together, each weight once (the graphs then share
+    # weight files); None where the format cannot, or not with these configs (each component is then written
+    # into its own subfolder by `write`).
+    write_components: Callable[[Mapping[str, Any], Path, Mapping[str, Any]], dict[str, list[Path]] | None] | None = None
 
 
 def artifact_format(export_format: str) -> ArtifactFormat:

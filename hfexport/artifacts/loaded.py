@@ -49,6 +49,9 @@ class LoadedComponent:
     config: dict[str, Any] | None = field(default=None, repr=False)
     report: dict[str, Any] | None = field(default=None, repr=False)
     runtime: Any = field(default=None, repr=False)
+    # The component whose model file this one shares (a prefill served by the decode graph): its runtime, opened
+    # once, is this one's too.
+    same_as: LoadedComponent | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
@@ -58,6 +61,9 @@ class LoadedComponent:
         """Open the runtime once: an ExportedProgram, an ONNX Runtime session, an ExecuTorch program, or a
         compiled OpenVINO model (f32 inference hint)."""
         if self.runtime is not None:
+            return self.runtime
+        if self.same_as is not None:
+            self.runtime = self.same_as.open()
             return self.runtime
         try:
             runtime = backend(self.export_format).open(self.path, self.inputs)
@@ -181,10 +187,11 @@ def load(
     check_files(directory, manifest, verify)
     check_listed_code(directory, set(manifest["files"]))
     single = set(manifest["components"]) == {SINGLE}
-    components = {}
+    components: dict[str, LoadedComponent] = {}
+    by_main: dict[str, LoadedComponent] = {}
     for name, comp in manifest["components"].items():
         kind.check_saved(directory, comp)
-        components[name] = LoadedComponent(
+        component = LoadedComponent(
             name=name,
             export_format=export_format,
             directory=directory,
@@ -195,6 +202,9 @@ def load(
             config=comp.get("config") if comp.get("config") is not None else manifest.get("config"),
             report=comp.get("report") if not single else manifest.get("report"),
         )
+        first = by_main.setdefault(comp["main"], component)
+        component.same_as = first if first is not component else None
+        components[name] = component
     loaded = LoadedExport(directory, export_format, components, manifest)
     if open_runtimes:
         for component in components.values():

@@ -446,10 +446,14 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
             raise ManifestError(f"{where}.main {main!r} is not one of its files")
         if PurePosixPath(main).suffix != PurePosixPath(MAIN_FILE[export_format]).suffix:
             raise ManifestError(f"{where}.main {main!r} is not a {PurePosixPath(MAIN_FILE[export_format]).suffix}")
-        for suffix, what in ARTIFACT_FORMATS[export_format].required_siblings.items():
+        kind = ARTIFACT_FORMATS[export_format]
+        for suffix, what in kind.required_siblings.items():
             sibling = PurePosixPath(main).with_suffix(suffix)
-            if str(sibling) not in comp["files"]:
-                raise ManifestError(f"{where}: {what} {sibling} are not listed")
+            shared = kind.shared_siblings.get(suffix)
+            alternative = str(PurePosixPath(main).parent / shared) if shared is not None else None
+            if str(sibling) not in comp["files"] and alternative not in comp["files"]:
+                other = f" (nor {alternative}, which the graphs of a generation artifact share)" if alternative else ""
+                raise ManifestError(f"{where}: {what} {sibling} are not listed{other}")
         _check_names(comp["inputs"], f"{where}.inputs")
         _check_names(comp["outputs"], f"{where}.outputs")
         _check_config(comp.get("config"), export_format, f"{where}.config", lookups)

@@ -5,7 +5,10 @@
 
 A single export keeps its files at the top of the folder (`model.onnx`, `model.onnx.data`, `report.json`,
 `manifest.json`); a dict of components gives each its own subfolder (`decode/model.pte`). Each component is
-written by its format's entry of `hfexport.artifacts.formats.ARTIFACT_FORMATS`. Everything is written into a
+written by its format's entry of `hfexport.artifacts.formats.ARTIFACT_FORMATS`. A generation artifact stores each
+weight once: a component that is the same program as another (prefill served by decode) lists that one's files,
+and a format with `write_components` writes the distinct graphs beside one weights file (ONNX: `prefill.onnx`,
+`decode.onnx`, `weights.data`; each component's report stays in its subfolder). Everything is written into a
 temporary folder beside the destination, flushed, then renamed into place (`hfexport.files.replace_folder`:
 an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the filesystem has it). A
 save killed at any point leaves the destination absent or the previous artifact whole; the next save into
@@ -65,6 +68,41 @@ def _write_component(program: Any, export_format: str, folder: Path, config: Any
     ARTIFACT_FORMATS[export_format].write(program, main, config)
     side = sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith("model.") and p != main)
     return [main, *side]
+
+
+def _write_models(
+    programs: Mapping[str, Any],
+    export_format: str,
+    tmp: Path,
+    configs: Mapping[str, Any],
+    single: bool,
+    together: bool,
+    say: Progress,
+) -> dict[str, list[Path]]:
+    """Write the model files of every component; return each component's, the one to load first.
+
+    In a generation artifact (`together`), a component that is the same program as a later one (a prefill served
+    by the decode graph: static cache and multi-token decode) is written once, and lists the files of the last of
+    them; the distinct programs go to the format's `write_components`, which stores each weight once for all of
+    them, where the format has one. Otherwise each component is written into its own subfolder.
+    """
+    if single:
+        say(f"saving {export_format} artifact")
+        return {SINGLE: _write_component(programs[SINGLE], export_format, tmp, configs[SINGLE])}
+    last = {id(program): name for name, program in programs.items()}
+    owner = {name: last[id(program)] if together else name for name, program in programs.items()}
+    distinct = {name: program for name, program in programs.items() if owner[name] == name}
+    written: dict[str, list[Path]] | None = None
+    write_components = ARTIFACT_FORMATS[export_format].write_components
+    if together and write_components is not None and len(distinct) > 1:
+        say(f"saving {', '.join(distinct)} (each weight once)")
+        written = write_components(distinct, tmp, {name: configs[name] for name in distinct})
+    if written is None:
+        written = {}
+        for name, program in distinct.items():
+            say(f"saving {name}")
+            written[name] = _write_component(program, export_format, tmp / name, configs[name])
+    return {name: written[owner[name]] for name in programs}
 
 
 def _not_ours(folder: Path) -> str | None:
@@ -187,6 +225,7 @@ def save(
     tokenizer: Any = None,
     processor: Any = None,
     hf_files: Mapping[str, bytes] | str | Path | None = None,
+    weights_once: bool = True,
 ) -> Path:
     """Save an export (a native object, or a dict of component name -> native object) into `directory`.
 
@@ -196,7 +235,9 @@ def save(
     (and its `name_or_path` recorded). `tokenizer` / `processor` write their `save_pretrained` files, and
     `hf_files` (a model folder, or {file name: bytes}) adds Hugging Face files copied from there
     (`hfexport.artifacts.hf_files`), so the folder loads with `AutoConfig` / `AutoTokenizer.from_pretrained`.
-    Every one of them is listed in the manifest with its size and sha256. Returns the folder. Raises
+    Every one of them is listed in the manifest with its size and sha256. A generation export stores each weight
+    once (see the module docstring); `weights_once=False` writes every component into its own subfolder with its
+    own weights, as earlier hfexport versions did. Returns the folder. Raises
     `ArtifactExistsError` when `directory` holds something and `overwrite` is false (nothing is written),
     `TypeError` for an object no exporter returns.
     """
@@ -243,12 +284,14 @@ def save(
     try:
         components: dict[str, Any] = {}
         files: list[str] = []
+        together = weights_once and getattr(result, "spec", None) is not None  # an export_for_generation result
+        model_files = _write_models(programs, export_format, tmp, configs, single, together, say)
         for name, program in programs.items():
-            say(f"saving {name}" if not single else f"saving {export_format} artifact")
             folder = tmp if single else tmp / name
-            written = _write_component(program, export_format, folder, configs[name])
+            written = list(model_files[name])
             comp_report = reports[name]
             if comp_report is not None and hasattr(comp_report, "save"):
+                folder.mkdir(parents=True, exist_ok=True)
                 written.append(comp_report.save(folder / REPORT))
             rel = [p.relative_to(tmp).as_posix() for p in written]
             inputs, outputs = ARTIFACT_FORMATS[export_format].signature(program)
@@ -261,7 +304,7 @@ def save(
                 "config": to_plain(configs[name]) if config_per_component else None,
                 "report": to_plain(comp_report) if not single else None,
             }
-            files += rel
+            files += [path for path in rel if path not in files]  # files shared by components are listed once
         for name, data in extra_files.items():
             if name == MANIFEST or (tmp / name).exists():
                 raise ValueError(f"the Hugging Face file {name!r} would replace a file or folder of the export")

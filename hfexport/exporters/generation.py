@@ -143,7 +143,9 @@ def _prefill_shares_decode(components: Mapping[str, Any], configs: Mapping[str, 
     calls prefill. The prefill call is the decode call with a longer query on an empty cache: when both are
     exported with every axis dynamic (`dynamic=True`, no explicit `dynamic_shapes`), under equal configs, from
     the same module with inputs of one structure (`same_graph`), the two traces give one graph, so the decode
-    program is returned for both and the export takes half the time (issue #19, goal 5)."""
+    program is returned for both and the export takes half the time (issue #19, goal 5), and the artifact stores
+    it once. A quantizer that reads no calibration data (weight-only, data-free) quantizes both alike; one that
+    calibrates sees each component's own samples, so each is exported."""
     from hfexport.frontends.calls import same_graph
 
     if "prefill" not in components or "decode" not in components:
@@ -155,6 +157,7 @@ def _prefill_shares_decode(components: Mapping[str, Any], configs: Mapping[str, 
         return None
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None) is not None:
         return None
-    if getattr(config, "quantizer", None) is not None:
+    quantizer = getattr(config, "quantizer", None)
+    if quantizer is not None and quantizer.needs_calibration:
         return None  # calibrated per component: the components' calibration data differ
     return "prefill" if same_graph(components["prefill"], components["decode"]) else None

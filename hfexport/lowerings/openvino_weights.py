@@ -31,7 +31,7 @@ import json
 import mmap
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,6 +329,39 @@ def _write_streamed(draft: Path, path: Path, record: dict[str, list[str]], check
         for item in rt_info.findall(CHECKPOINT_KEY):
             rt_info.remove(item)
     tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+def share_weights(drafts: Mapping[str, Path], folder: Path, weights: str) -> dict[str, Path]:
+    """Write the IRs `drafts` ({name: a saved `.xml`, its `.bin` beside it}) again as `folder/<name>.xml`, all
+    reading one `folder/<weights>`: each Const's bytes are stored once, whichever IR holds them (identical blobs
+    once, as `save_ir` and OpenVINO's writer store them within one IR), and each `.xml` gets their offsets there."""
+    paths: dict[str, Path] = {}
+    written: dict[bytes, list[tuple[int, int]]] = {}
+    with open(folder / weights, "w+b") as new:
+        for name, draft in drafts.items():
+            tree = ET.parse(draft)
+            with open(draft.with_suffix(".bin"), "rb") as old:
+                for layer in tree.getroot().iter("layer"):
+                    data = layer.find("data")
+                    if layer.get("type") != "Const" or data is None or "offset" not in data.attrib:
+                        continue
+                    size = int(data.get("size", "0"))
+                    old.seek(int(data.get("offset", "0")))
+                    chunks = _blocks(old, size)
+                    data.set("offset", str(_write_once(new, chunks, size, layer.get("name", ""), written)))
+            paths[name] = folder / f"{name}.xml"
+            tree.write(paths[name], encoding="utf-8", xml_declaration=True)
+    return paths
+
+
+def _blocks(source: Any, size: int, block: int = 64 << 20) -> Iterator[bytes]:
+    """`size` bytes of `source` from its position, a block at a time."""
+    while size > 0:
+        chunk = source.read(min(block, size))
+        if not chunk:
+            raise HfExportError("an IR's .bin ends before a constant it holds", stage="save")
+        size -= len(chunk)
+        yield chunk
 
 
 def _same_bytes(out: Any, first: int, second: int, size: int, block: int = 64 << 20) -> bool:

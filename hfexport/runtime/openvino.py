@@ -8,6 +8,7 @@ caches) to the model's inputs, named as the lowering names them (`input_ids`, `c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,10 +16,20 @@ import torch
 
 from hfexport.naming import openvino_feed
 
-__all__ = ["F32_HINT", "OpenVINORunner", "output_tensor"]
+__all__ = ["F32_HINT", "SHARED_IR_WEIGHTS", "OpenVINORunner", "ir_weights", "output_tensor"]
 
 # Validation compiles in f32: the CPU plugin's default is bf16/f16 compute on CPUs that have it.
 F32_HINT: dict[str, str] = {"INFERENCE_PRECISION_HINT": "f32"}
+# The weights file the IRs of a generation artifact share (`<component>.xml` beside it; hfexport.save).
+SHARED_IR_WEIGHTS = "weights.bin"
+
+
+def ir_weights(xml: str | Path) -> Path:
+    """The weights of the IR `xml`: its own `<stem>.bin`, or where it has none the `weights.bin` beside it that the
+    IRs of a generation artifact share. (`load` checks that the one used is listed by the component.)"""
+    xml = Path(xml)
+    own = xml.with_suffix(".bin")
+    return own if own.exists() or own.is_symlink() else xml.parent / SHARED_IR_WEIGHTS
 
 
 def output_tensor(value: Any, element_type: Any) -> torch.Tensor:
@@ -44,8 +55,9 @@ class OpenVINORunner:
 
         core = ov.Core()
         if not isinstance(model, ov.Model):
-            model = core.read_model(str(model))
+            model = core.read_model(str(model), str(ir_weights(model)))
         self.model = model
+        self.device = device
         self.compiled = core.compile_model(model, device, dict(F32_HINT if properties is None else properties))
         # An output the lowering could not name keeps no name: call it by its index.
         self.output_names = [

@@ -21,7 +21,13 @@ class DynamoDriver(Driver):
     runs_on_torch_threads: ClassVar[bool] = True
 
     def open_runtimes(self, components: Mapping[str, Any]) -> None:
-        self.modules = {name: program.module() for name, program in components.items()}
+        # One module per distinct program: a prefill served by the decode program runs on the decode step's.
+        modules: dict[int, Any] = {}
+        self.modules = {}
+        for name, program in components.items():
+            if id(program) not in modules:
+                modules[id(program)] = program.module()
+            self.modules[name] = modules[id(program)]
         self.cache: Any = None
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:

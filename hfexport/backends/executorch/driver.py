@@ -34,7 +34,9 @@ class ExecutorchDriver(NamedDriver):
                 self.order[name] = _saved_order(self.spec, name, native.program.method)
                 self.saved_outputs[name] = _saved_output_names(name, native)
             else:
-                self.programs[name] = ExecutorchProgram(native)
+                # A prefill served by the decode program (the same manager) runs on the decode step's.
+                same = next((other for other, seen in components.items() if seen is native), name)
+                self.programs[name] = self.programs[same] if same != name else ExecutorchProgram(native)
                 self.order[name] = executorch_named_feed(self.samples[name])
                 self.output_names[name] = _executorch_output_names(native)
 

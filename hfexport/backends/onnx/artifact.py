@@ -1,7 +1,17 @@
-"""How an ONNX component is saved (`ONNXProgram.save`, weights in a `.data` file) and checked before it is opened."""
+"""How an ONNX component is saved (`ONNXProgram.save`, weights in a `.data` file) and checked before it is opened.
+
+The graphs of a generation artifact are saved together (`write_components`): `<component>.onnx` side by side at
+the top of the artifact, every weight in one `weights.data` beside them, stored once however many graphs read it
+(deduplicated by the sha256 of its bytes, dtype and shape; not by name, since two graphs may name one weight
+differently or fold it differently). ONNX Runtime and `onnx.load` resolve a graph's external data inside the
+graph's own folder only, so the graphs sit in the folder of the file they share.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -12,6 +22,81 @@ from hfexport.artifacts.paths import check_path
 
 def _write_onnx(program: Any, main: Path, config: Any) -> None:
     program.save(str(main), external_data=getattr(config, "external_data", True))
+
+
+SHARED_WEIGHTS = "weights.data"
+# Tensors up to this many bytes stay inside the graph (as `ONNXProgram.save` keeps them: onnx_ir's default).
+INLINE_BYTES = 256
+# Tensors over 1 MiB start at a multiple of 64 KiB (onnx_ir's layout before 1.1, the allocation granularity of
+# Windows): a runtime may map them from the file instead of reading them into memory of its own.
+ALIGN_OVER, ALIGNMENT = 1 << 20, 1 << 16
+_READ_BLOCK = 16 << 20
+
+
+def _write_onnx_components(
+    programs: Mapping[str, Any], folder: Path, configs: Mapping[str, Any]
+) -> dict[str, list[Path]] | None:
+    """Write each program as `<name>.onnx` in `folder`, all their weights once in `weights.data`; return each
+    one's files (graph first). None when a config asks for weights inside the graph (`external_data=False`)."""
+    import onnx_ir as ir
+
+    if any(not getattr(config, "external_data", True) for config in configs.values()):
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    data_path = folder / SHARED_WEIGHTS
+    stored: dict[tuple[Any, ...], tuple[int, int]] = {}
+    written: dict[str, list[Path]] = {}
+    with open(data_path, "w+b") as data:
+        for name, program in programs.items():
+            model = program.model
+            values = [value for graph in model.graphs() for value in graph.initializers.values()]
+            missing = [value.name for value in values if value.const_value is None]
+            if missing:
+                raise ValueError(f"component {name!r} has initializers without values: {missing[:10]}")
+            originals = [value.const_value for value in values]
+            try:
+                for value, tensor in zip(values, originals, strict=True):
+                    if tensor.dtype == ir.DataType.STRING or tensor.nbytes <= INLINE_BYTES:
+                        continue
+                    offset, length = _store(data, tensor, stored)
+                    value.const_value = ir.ExternalTensor(
+                        SHARED_WEIGHTS,
+                        offset,
+                        length,
+                        tensor.dtype,
+                        shape=tensor.shape,
+                        name=value.name,
+                        base_dir=str(folder),
+                    )
+                main = folder / f"{name}.onnx"
+                ir.save(model, main)  # the external tensors are written as references, their bytes are in place
+            finally:
+                # The program is the caller's: it keeps its own tensors.
+                for value, tensor in zip(values, originals, strict=True):
+                    value.const_value = tensor
+            written[name] = [main, data_path]
+    return written
+
+
+def _store(data: Any, tensor: Any, stored: dict[tuple[Any, ...], tuple[int, int]]) -> tuple[int, int]:
+    """(offset, length) of `tensor`'s bytes in `data`: appended (as `tofile` writes them: a streamed weight a block
+    at a time), then hashed from the file; bytes stored before are used again and the append is cut off."""
+    end = data.seek(0, os.SEEK_END)
+    start = -(-end // ALIGNMENT) * ALIGNMENT if tensor.nbytes > ALIGN_OVER else end
+    data.write(bytes(start - end))
+    tensor.tofile(data)
+    data.flush()
+    length = data.tell() - start
+    sha = hashlib.sha256()
+    fd = data.fileno()
+    for at in range(start, start + length, _READ_BLOCK):
+        sha.update(os.pread(fd, min(_READ_BLOCK, start + length - at), at))
+    key = (str(tensor.dtype), tuple(int(d) for d in tensor.shape), length, sha.hexdigest())
+    if key in stored:
+        data.truncate(end)
+        return stored[key]
+    stored[key] = (start, length)
+    return start, length
 
 
 def _onnx_signature(program: Any) -> Signature:
@@ -92,5 +177,10 @@ def _check_streamed(main: Path, checkpoint: Any, quantized: bool) -> Any:
 
 
 ARTIFACT = ArtifactFormat(
-    "onnx", _write_onnx, _onnx_signature, check_saved=_check_onnx_external_data, check_streamed=_check_streamed
+    "onnx",
+    _write_onnx,
+    _onnx_signature,
+    check_saved=_check_onnx_external_data,
+    check_streamed=_check_streamed,
+    write_components=_write_onnx_components,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,25 @@ class OnnxDriver(NamedDriver):
 
         self.sessions = {}
         self.in_place: dict[str, set[str]] = {}
+        # One session per distinct graph: a prefill served by the decode graph (the same program, or the same
+        # saved file) runs in the decode step's session, so its weights are in memory once.
+        opened: dict[Any, tuple[Any, set[str]]] = {}
         for name, program in components.items():
-            proto = None if isinstance(program, (str, bytes)) else program.model_proto
-            model = program if proto is None else proto.SerializeToString()
-            session_options = self.options.onnx_session_options or ort.SessionOptions()
-            self.sessions[name] = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
-            self.in_place[name] = written_in_place(proto if proto is not None else program)
+            saved = program if isinstance(program, SavedOnnx) else None
+            if saved is not None:
+                program = saved.path
+            key = program if isinstance(program, (str, bytes)) else id(program)
+            if key not in opened:
+                proto = None if isinstance(program, (str, bytes)) else program.model_proto
+                model = program if proto is None else proto.SerializeToString()
+                if saved is not None and self.options.onnx_session_options is None and saved.on_cpu():
+                    # The session `load` opened, with the options this driver would use: not a second copy.
+                    session = saved.component.open()
+                else:
+                    session_options = self.options.onnx_session_options or ort.SessionOptions()
+                    session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
+                opened[key] = (session, written_in_place(proto if proto is not None else program))
+            self.sessions[name], self.in_place[name] = opened[key]
         # Graph input/output names per session, read once (each get_inputs() call builds new objects).
         self.io = {
             name: ([a.name for a in s.get_inputs()], [o.name for o in s.get_outputs()])
@@ -209,9 +223,22 @@ def run_saved(session: Any, inputs: Mapping[str, Any], output_names: list[str]) 
     return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, feed), strict=True)}
 
 
+@dataclass(frozen=True)
+class SavedOnnx:
+    """A saved component as the driver takes it: its graph file, and the component, whose session (`load` opens
+    it, or the first use) the driver runs when it would open the same (the CPU provider, default options), so a
+    loaded artifact that generates holds each graph once."""
+
+    path: str
+    component: SavedComponent
+
+    def on_cpu(self) -> bool:
+        return list(self.component.open().get_providers()) == ["CPUExecutionProvider"]
+
+
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
-    # The driver opens the model file itself (its sessions take inputs by flat name: no samples needed).
-    return str(component.path), {}
+    # Sessions take inputs by flat name: no samples needed.
+    return SavedOnnx(str(component.path), component), {}
 
 
 def resolve_device(device: str, kind: str, index: int | None) -> Any:

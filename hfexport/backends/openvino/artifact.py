@@ -1,13 +1,21 @@
-"""How an OpenVINO component is saved (IR: `.xml` graph, `.bin` weights) and checked before the runtime sees it."""
+"""How an OpenVINO component is saved (IR: `.xml` graph, `.bin` weights) and checked before the runtime sees it.
+
+The IRs of a generation artifact are saved together (`write_components`): `<component>.xml` side by side at the
+top of the artifact, all reading one `weights.bin` beside them, each constant's bytes stored once however many
+IRs hold it. An IR reads its own `<stem>.bin`, or where it has none that shared file (`runtime.openvino.ir_weights`).
+"""
 
 from __future__ import annotations
 
+import tempfile
 import xml.parsers.expat
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hfexport.artifacts.errors import ArtifactError
+from hfexport.artifacts.errors import ArtifactError, UnsafePathError
 from hfexport.artifacts.formats import ArtifactFormat, Signature
+from hfexport.runtime.openvino import SHARED_IR_WEIGHTS
 
 
 def _write_openvino(program: Any, main: Path, config: Any) -> None:
@@ -20,10 +28,41 @@ def _write_openvino(program: Any, main: Path, config: Any) -> None:
     save_ir(program, main, compress_to_fp16=getattr(config, "compress_to_fp16", True))
 
 
+def _write_openvino_components(
+    programs: Mapping[str, Any], folder: Path, configs: Mapping[str, Any]
+) -> dict[str, list[Path]]:
+    """Write each model as `<name>.xml` in `folder`, every constant once in `weights.bin`; return each one's files."""
+    from hfexport.lowerings.openvino_weights import share_weights
+
+    drafts = {}
+    with tempfile.TemporaryDirectory(prefix=".hfexport-ir-", dir=folder) as tmp:
+        for name, program in programs.items():
+            drafts[name] = Path(tmp) / name / "model.xml"
+            drafts[name].parent.mkdir()
+            _write_openvino(program, drafts[name], configs[name])
+        paths = share_weights(drafts, folder, SHARED_IR_WEIGHTS)
+    return {name: [path, folder / SHARED_IR_WEIGHTS] for name, path in paths.items()}
+
+
+def _ir_weights(directory: Path, comp: dict[str, Any]) -> str:
+    """The weights file the runtime will read for this component (`runtime.openvino.ir_weights`), which it lists:
+    the IR's own `<stem>.bin`, or the shared `weights.bin` beside it when it has no `.bin` of its own."""
+    main = PurePosixPath(comp["main"])
+    own = main.with_suffix(".bin").as_posix()
+    if own in comp["files"]:
+        return own
+    shared = (main.parent / SHARED_IR_WEIGHTS).as_posix()
+    if shared not in comp["files"]:
+        raise ArtifactError(f"{comp['main']!r} lists neither {own!r} nor {shared!r}: an IR without its weights")
+    if (directory / own).exists() or (directory / own).is_symlink():
+        raise UnsafePathError(f"{comp['main']!r} would read {own!r}, which the manifest does not list")
+    return shared
+
+
 def _check_openvino_ir(directory: Path, comp: dict[str, Any]) -> None:
     """An OpenVINO IR: XML without a DTD or entities, a `<net>` root, and every constant's bytes inside the `.bin`."""
     main = comp["main"]
-    weights = PurePosixPath(main).with_suffix(".bin").as_posix()
+    weights = _ir_weights(directory, comp)
     bin_size = (directory / weights).stat().st_size
     parser = xml.parsers.expat.ParserCreate()
     seen: list[str] = []
@@ -76,6 +115,8 @@ ARTIFACT = ArtifactFormat(
     _write_openvino,
     _openvino_signature,
     required_siblings={".bin": "the IR's weights"},
+    shared_siblings={".bin": SHARED_IR_WEIGHTS},
     check_saved=_check_openvino_ir,
     check_streamed=_check_streamed,
+    write_components=_write_openvino_components,
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,22 @@ class OpenVINODriver(NamedDriver):
         from hfexport.runtime.openvino import F32_HINT, OpenVINORunner
 
         properties = {**F32_HINT, **(self.options.openvino_properties or {})}
-        self.runners = {name: OpenVINORunner(model, properties=properties) for name, model in components.items()}
+        # One compiled model per distinct program: a prefill served by the decode graph (the same model, or the
+        # same saved file) runs on the decode step's, so its weights are in memory once.
+        compiled: dict[Any, Any] = {}
+        self.runners: dict[str, Any] = {}
+        for name, model in components.items():
+            saved = model if isinstance(model, SavedOpenVINO) else None
+            if saved is not None:
+                model = saved.path
+            key = model if isinstance(model, str) else id(model)
+            if key not in compiled:
+                if saved is not None and self.options.openvino_properties is None and saved.on_cpu():
+                    # The model `load` compiled, with the properties this driver would use: not a second copy.
+                    compiled[key] = saved.component.open()
+                else:
+                    compiled[key] = OpenVINORunner(model, properties=properties)
+            self.runners[name] = compiled[key]
         self.requests = {name: runner.compiled.create_infer_request() for name, runner in self.runners.items()}
         # component -> {cache leaf name: its variable state}, for the stateful components.
         self.states: dict[str, dict[str, Any]] = {}
@@ -99,9 +115,22 @@ def run_saved(runner: Any, inputs: Mapping[str, Any], output_names: list[str]) -
     return {plain_name(n): t for n, t in runner(**inputs).items()}
 
 
+@dataclass(frozen=True)
+class SavedOpenVINO:
+    """A saved component as the driver takes it: its IR file, and the component, whose compiled model (`load`
+    compiles it, or the first use) the driver runs when it would compile the same (CPU, hfexport's f32 hint only),
+    so a loaded artifact that generates holds each model once."""
+
+    path: str
+    component: SavedComponent
+
+    def on_cpu(self) -> bool:
+        return bool(self.component.open().device == "CPU")
+
+
 def for_generation(component: SavedComponent) -> tuple[Any, dict[str, Any]]:
-    # The driver compiles the IR itself (inputs go by flat name: no samples needed).
-    return str(component.path), {}
+    # Inputs go by flat name: no samples needed.
+    return SavedOpenVINO(str(component.path), component), {}
 
 
 def resolve_device(device: str, kind: str, index: int | None) -> Any:
