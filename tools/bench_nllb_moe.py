@@ -8,7 +8,7 @@ resident memory above the resident size before the call (VmHWM reset through /pr
 
 - `original`: transformers' forward (a loop over the experts hit, from `nonzero`: eager only, it does not export);
 - `routed`: the rule's replacement, eager, and its torch.export program (`dynamo`), which is what hfexport exports;
-- `every expert, every token`: what the rule's earlier dense form (until session 21) computed: each expert over
+- `every expert, every token`: what the rule's earlier dense form computed: each expert over
   all tokens, weighted and masked afterwards.
 
 Max diff: against `original`. Expert FLOPs per form are printed too (rows an expert runs on x 2 matmuls).

@@ -21,7 +21,7 @@ around the ExportedProgram's module (self CPU time per aten op; the decode step 
 generation less the profile of a 1-token generation, over `new - 1`). Dynamo runs also profile eager
 `model.generate`'s prefill (which computes the head on the last position only). On a shared machine give Dynamo
 `--threads 1`: with 2 threads and another busy process, each parallel aten op waits at its OpenMP barrier.
-See docs/benchmarks.md ("where the step's time goes at 30 layers", session 19) for the 30-layer results.
+See docs/benchmarks.md ("Where a decode step's time goes") and docs/benchmarks/history/ for the results.
 
 "head": the nodes whose output has the vocabulary as its last axis (the output projection and what scales or
 casts its result): in the prefill, the cost of the logits of every prompt position, which the exported graphs

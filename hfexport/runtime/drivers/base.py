@@ -99,8 +99,8 @@ class Driver:
         Why: between two calls the loop does small torch work (the copies of the cache tensors the runtime returns,
         masks, the next token's argmax). At torch's default thread count each such op wakes torch's OpenMP
         workers, which then spin-wait for the next parallel region on the cores the runtime's own threads
-        (XNNPACK's pthreadpool, ONNX Runtime's and OpenVINO's pools) need: in the 30-layer ExecuTorch decode of
-        docs/benchmarks.md (session 21, `perf`) libgomp had 13-19 % of the samples. With 1 thread, decode at 8
+        (XNNPACK's pthreadpool, ONNX Runtime's and OpenVINO's pools) need: in the 30-layer ExecuTorch decode
+        (`perf`, docs/benchmarks/history/) libgomp had 13-19 % of the samples. With 1 thread, decode at 8
         layers ran 1.07x (ONNX Runtime), 1.17x (OpenVINO stateful) and 1.28x (ExecuTorch) as fast, tokens equal
         (`tools/ab_torch_threads.py`).
         """

@@ -118,7 +118,7 @@ cache_input_no_write_back = ExecutorchEdgePassRule(
         "executorch's reinplace pass "
         "(ExecutorchBackendConfig.run_reinplace_pass, which would also make index_put in place) is not used: "
         "with it the 2-layer SmolLM2 shape generated other tokens than eager from the second one"
-        "; measured by tools/ab_rules.py (session 23; the executorch-static-decode form, 4 layers at "
+        "; measured by tools/ab_rules.py (the executorch-static-decode form, 4 layers at "
         "SmolLM2-135M's width, batch 1, 128-token prompt, 64 new tokens, 2-core AVX2 EPYC): decode 1.03x (169.5 "
         "against 163.8 tok/s), tokens equal",
         upstream="torch==2.13.0 torch/export/exported_program.py _remove_unnecessary_copy_op_pass (buffers and "

@@ -129,7 +129,7 @@ drop_identity_copies = ExecutorchEdgePassRule(
         "(slice_copy x2 and expand_copy x2 per layer outside the delegate, 4 x 196 KB, about 24 MB a token at 30 "
         "layers). A copy whose output has its input's shape and dtype is its input's values: users read the input "
         "(with executorch/grouped-sdpa-without-repeat-kv: 30-layer decode 21.4 -> 44.3 tok/s)"
-        "; measured by tools/ab_rules.py (session 23; the executorch-static-decode form, 4 layers at "
+        "; measured by tools/ab_rules.py (the executorch-static-decode form, 4 layers at "
         "SmolLM2-135M's width, batch 1, 128-token prompt, 64 new tokens, 2-core AVX2 EPYC): decode 1.01x (169.5 "
         "against 167.5 tok/s: the static graph has few such copies; the 30-layer multi-token figure above is with"
         " grouped-sdpa-without-repeat-kv), tokens equal",

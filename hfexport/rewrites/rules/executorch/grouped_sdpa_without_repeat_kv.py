@@ -39,7 +39,7 @@ grouped_sdpa_without_repeat_kv = NodeRule(
         "mask row of each stacked row, exactly; the query takes the whole scale, so the keys are not scaled by a "
         "portable mul over the cache either. With executorch/drop-identity-copies the 30-layer SmolLM2-135M decode "
         "went from 21.4 to 44.3 tok/s (56 -> 127 % of the matvec ceiling), tokens equal to eager's"
-        "; measured by tools/ab_rules.py (session 23; the executorch-static-decode form, 4 layers at "
+        "; measured by tools/ab_rules.py (the executorch-static-decode form, 4 layers at "
         "SmolLM2-135M's width, batch 1, 128-token prompt, 64 new tokens, 2-core AVX2 EPYC): decode 1.13x (169.5 "
         "against 149.9 tok/s without the rule), tokens equal",
         upstream="executorch==1.4.1 backends/xnnpack/partition/config (no expand_copy: repeat_kv of "

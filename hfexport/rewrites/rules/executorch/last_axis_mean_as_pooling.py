@@ -92,7 +92,7 @@ last_axis_mean_as_pooling = NodeRule(
         "graph), where the views around it are XNNPACK's too. SmolLM2-shaped Llama, multi-token decode graph at 4 "
         "layers, batch 1, with executorch/one-dynamic-axis-view-inferred: 39 XNNPACK partitions without this rule, "
         "31 with it (9 means), tokens equal"
-        "; measured by tools/ab_rules.py (session 23; the executorch-static-decode form, 4 layers at "
+        "; measured by tools/ab_rules.py (the executorch-static-decode form, 4 layers at "
         "SmolLM2-135M's width, batch 1, 128-token prompt, 64 new tokens, 2-core AVX2 EPYC): decode 0.95x (4 "
         "rounds: 169.5 against 177.4 tok/s) and 0.99x (8 rounds: 164.8 against 167.2): no decode gain on this CPU"
         " (XNNPACK's pooling over a 1-channel image runs no faster than the portable mean); what it changes is "

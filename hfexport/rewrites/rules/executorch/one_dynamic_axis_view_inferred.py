@@ -77,7 +77,7 @@ one_dynamic_axis_view_inferred = NodeRule(
         "attention's split into heads and merge back (`view(*shape[:-1], -1, head_dim)`) runs outside the "
         "delegate and cuts the layer's partition in two. Observed on the SmolLM2-shaped Llama's multi-token "
         "decode graph at 4 layers (batch 1): 47 XNNPACK partitions without the rule, 39 with it, tokens equal"
-        "; measured by tools/ab_rules.py (session 23; the executorch-static-decode form, 4 layers at "
+        "; measured by tools/ab_rules.py (the executorch-static-decode form, 4 layers at "
         "SmolLM2-135M's width, batch 1, 128-token prompt, 64 new tokens, 2-core AVX2 EPYC): decode 1.00x (4 "
         "rounds: 169.5 against 169.5 tok/s) and 0.98x (8 rounds: 164.8 against 167.8): no decode gain on this "
         "CPU; what it changes is the partition count above",

@@ -18,7 +18,7 @@ attention_as_matmul = OnnxRewriteRule(
         id="onnx/attention-as-matmul",
         why="ONNX Runtime 1.32 has no CPU kernel for Attention-25 and inlines its ~60-node function body per "
         "layer; MatMul/Softmax/MatMul over grouped heads runs as fast as the opset-24 kernel"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 1.15x on the Llama (125.8 "
         "against 109.0 tok/s without the rule), 1.33x on GPT-2 (156.5 against 117.6), tokens equal",
         upstream="onnxruntime==1.32.0 onnxruntime/core/providers/cpu/cpu_execution_provider.cc registers the CPU "

@@ -12,7 +12,7 @@ attention_drop_repeat_kv = OnnxRewriteRule(
         id="onnx/attention-drop-repeat-kv",
         why="repeat_kv (Unsqueeze/Expand/Reshape copying the key and value cache per layer and step) before a "
         "standard Attention node is dropped: the op reads fewer key/value heads itself"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 1.05x on the Llama (125.8 "
         "against 119.6 tok/s), tokens equal",
         upstream="onnx==1.23.2 docs/Operators.md Attention-23 (kv_num_heads below q_num_heads: grouped-query attention "

@@ -129,7 +129,7 @@ gelu_tanh_fusion = OnnxRewriteRule(
         why="the tanh-approximated GELU written out in eight ops becomes one Gelu (FastGelu below opset 20); "
         "hfexport's own pattern: onnxscript 0.7.2's ORT fusion (ort_fusions.gelu) fuses 0 of tiny-gpt2's 2 GELUs "
         "(its pattern fixes one operand order and constant form that torch.onnx does not emit), this rule 2"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 1.01x on GPT-2 (156.5 against "
         "154.8 tok/s): no gain beyond the A/B's spread on this CPU",
         upstream="onnx==1.23.2 docs/Operators.md Gelu-20 with approximate=tanh; below opset 20 onnxruntime's contrib "

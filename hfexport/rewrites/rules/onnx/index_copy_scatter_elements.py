@@ -168,7 +168,7 @@ index_copy_scatter_elements = OnnxRewriteRule(
         id="onnx/index-copy-scatter-elements",
         why="a static cache write (index_copy_: Transpose, ScatterND, Transpose: 3 cache copies per step) becomes "
         "one ScatterElements, which copies nothing when the runtime binds the output to the input's buffer"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 1.08x on the Llama (125.8 "
         "against 116.6 tok/s), 1.26x on GPT-2 (156.5 against 124.4), tokens equal",
         upstream="onnx==1.23.2 docs/Operators.md ScatterElements (in place when onnxruntime binds the output to the "

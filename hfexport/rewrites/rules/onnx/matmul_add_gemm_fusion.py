@@ -101,7 +101,7 @@ matmul_add_gemm_fusion = OnnxRewriteRule(
     meta=RuleMeta(
         id="onnx/matmul-add-gemm-fusion",
         why="a bias added to a matrix product runs as one Gemm"
-        "; measured by tools/ab_gemm_fusion.py (session 23, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC, one node "
+        "; measured by tools/ab_gemm_fusion.py (ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC, one node "
         "against two in a model of its own): [1, 576] x [576, 576] + bias 34.9 us as Gemm against 32.0 us as "
         "MatMul + Add (0.92x), [128, 576]: 740.6 against 750.2 us (1.01x): no gain beyond the spread; it fires "
         "on no generation model measured (Llama, GPT-2, nanochat)",

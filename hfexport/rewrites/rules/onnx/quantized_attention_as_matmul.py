@@ -18,7 +18,7 @@ quantized_attention_as_matmul = OnnxRewriteRule(
         why="OnnxRuntimeQuantizer disables onnx/attention-as-matmul (the tool would quantize the scores' MatMuls), "
         "so its models kept Attention-25, whose ~60-node function body ORT 1.32 inlines per layer: in the "
         "30-layer SmolLM2-135M dynamic int8 decode step those nodes were 75 % of the node time (29.5 of 39.2 ms, "
-        "ORT profile, docs/benchmarks.md, session 19 profiles) against 25 % for the weight MatMuls. Run after "
+        "ORT profile, docs/benchmarks/history/) against 25 % for the weight MatMuls. Run after "
         "the tool, the rewrite leaves the scores float and computes what Attention computes: the 30-layer int8 "
         "decode went from 45.2 to 86.0 tok/s, tokens equal to fp32 eager's",
         upstream="onnxruntime==1.32.0 onnxruntime/core/providers/cpu/cpu_execution_provider.cc registers the CPU "

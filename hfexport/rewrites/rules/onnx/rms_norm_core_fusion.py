@@ -20,7 +20,7 @@ rms_norm_core_fusion = OnnxRewriteRule(
         why="fuses an RMS normalisation with no weight multiply after it, which onnxscript 0.7.2's ORT fusion "
         "(the body of onnx/rms-norm-fusion) does not match; it runs after that rule and takes only what it "
         "left (0 norms on tiny-llama and tiny-gpt2)"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): it fires on nanochat (34 norms at 8 "
         "layers, weightless RMSNorms; also llama4's and deepseek_v4's in the sweeps), decode 0.99x (149.0 against"
         " 150.7 tok/s): no gain beyond the A/B's spread on this CPU",

@@ -21,7 +21,7 @@ rms_norm_fusion = OnnxRewriteRule(
         "onnxscript 0.7.2's own ORT fusion (ort_fusions.rms_normalization), which gives the nodes hfexport's "
         "pattern gave (tiny-llama: 5 norms fused, ORT vs eager 8.9e-08 either way) and also takes the float16 "
         "upcast form with its weight (float16 error equal to fusing the normalisation alone)"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 1.04x on the Llama (125.8 "
         "against 120.9 tok/s), tokens equal",
         upstream="onnxruntime==1.32.0 contrib op SimplifiedLayerNormalization",

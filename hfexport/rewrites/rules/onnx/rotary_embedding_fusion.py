@@ -199,7 +199,7 @@ rotary_embedding_fusion = OnnxRewriteRule(
         "its private domain that only its cos/sin-cache fusion turns into ORT's op, and that fusion matches 0 "
         "(transformers' cache form), so 0 RotaryEmbedding nodes remain; this rule gives 4 (opset 23 op), ORT vs "
         "eager 8.9e-08"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 0.99x on the Llama (125.8 "
         "against 127.3 tok/s) and TTFT 129 against 130 ms: no gain beyond the A/B's spread on this CPU (fewer "
         "nodes, the same time)",

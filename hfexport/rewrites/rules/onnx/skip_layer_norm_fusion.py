@@ -20,7 +20,7 @@ skip_layer_norm_fusion = OnnxRewriteRule(
         why="residual Add + LayerNormalization in one SkipLayerNormalization kernel; the body is onnxscript 0.7.2's "
         "own ORT fusion (ort_fusions.skip_normalization: tiny-gpt2 4 fused, ORT vs eager 1.2e-07, as hfexport's "
         "pattern gave), float32 only, plus hfexport's pattern for 2-D [tokens, hidden] sums, which it lacks"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 0.98x on GPT-2 (156.5 against "
         "159.0 tok/s): no gain beyond the A/B's spread on this CPU",
         upstream="onnxruntime==1.32.0 contrib op com.microsoft.SkipLayerNormalization",

@@ -14,7 +14,7 @@ skip_rms_norm_fusion = OnnxRewriteRule(
         "is onnxscript 0.7.2's own ORT fusion (ort_fusions.skip_normalization: tiny-llama 4 fused, ORT vs eager "
         "8.9e-08, as hfexport's pattern gave), float32 only, plus hfexport's pattern for 2-D [tokens, hidden] "
         "sums, which it lacks"
-        "; measured by tools/ab_rules.py (session 23; 8 layers at SmolLM2-135M's width, batch 1, 128-token "
+        "; measured by tools/ab_rules.py (8 layers at SmolLM2-135M's width, batch 1, 128-token "
         "prompt, 64 new tokens, ONNX Runtime 1.32 CPU, 2-core AVX2 EPYC): decode 0.97x on the Llama (125.8 "
         "against 129.1 tok/s): no gain beyond the A/B's spread on this CPU",
         upstream="onnxruntime==1.32.0 contrib op com.microsoft.SkipSimplifiedLayerNormalization",

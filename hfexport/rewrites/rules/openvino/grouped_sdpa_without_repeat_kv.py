@@ -35,7 +35,7 @@ grouped_sdpa_without_repeat_kv = NodeRule(
         why="openvino.convert_model translates repeat_kv (and refuses SDPA's enable_gqa) as written: per layer and "
         "decode step the compiled CPU graph broadcasts the keys and the values to every query head (an Eltwise over "
         "`groups` times the cache), transposes the widened keys, and its MHA subgraph multiplies the keys by the "
-        "scale: 28-38 % of the 30-layer SmolLM2-135M decode step's node time (docs/benchmarks.md, session 19). "
+        "scale: 28-38 % of the 30-layer SmolLM2-135M decode step's node time (docs/benchmarks/history/). "
         "Stacking each group's query heads along the query axis attends every kv head once, exactly, and with the "
         "scale on the query the attention reads the cache as the scatter wrote it (no Broadcast, Transpose or "
         "Multiply of it). With openvino/copy-back-without-broadcast the 8-layer stateful decode step went from "

@@ -15,7 +15,7 @@ rows with `index_select` over `usable + arange(count)`; the whole windows are se
 Same rows, same values (bit for bit); buffered rows of an earlier call are concatenated first and the window
 position is the original's. Dynamo only: ONNX programs keep no guards (the model already matched there).
 
-Generation (session 17) does not need it on ONNX either: with the rule on ONNX too, only the prefill's output
+Generation does not need it on ONNX either: with the rule on ONNX too, only the prefill's output
 buffer axis changes (an unbacked size instead of `L - 4 * (L // 4)`), and the ONNX decode program fails as before.
 That failure is in the decode program, which is traced from generate's first decode step after the 8-token
 sample: there the CSA buffers have 0 rows (an input axis torch.export specialises to 0), `entry_count` is a

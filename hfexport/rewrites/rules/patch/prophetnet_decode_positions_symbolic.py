@@ -91,7 +91,7 @@ prophetnet_decode_positions_symbolic = MethodPatch(
         "(the int() cast is there for the old TorchScript ONNX exporter)",
         # The cause is not backend-specific; ExecuTorch and OpenVINO are not measured (2026-12-03): it is
         # enabled where proven. ONNX got that far once `aten/is-all-true` and `fx/split-symbolic-size-as-sizes`
-        # (session 17) let ProphetNet translate.
+        # let ProphetNet translate.
         backends=("dynamo", "onnx"),
         models=("prophetnet",),
         examples=(
