@@ -124,7 +124,11 @@ def check_streamed_ir(xml_path: str | Path, checkpoint: Checkpoint) -> StreamedW
 
     xml_path = Path(xml_path)
     # As `load` checks an artifact's IR: no DTD or entities, every constant inside the `.bin` beside it.
-    artifact_format("openvino").check_saved(xml_path.parent, {"main": xml_path.name})
+    # Its weights: the `.bin` of its own, or a generation artifact's shared `weights.bin` where it has none.
+    from hfexport.runtime.openvino import ir_weights
+
+    files = [xml_path.name, ir_weights(xml_path).name]
+    artifact_format("openvino").check_saved(xml_path.parent, {"main": xml_path.name, "files": files})
     root = ET.parse(xml_path).getroot()
     item = root.find(f"rt_info/{RECORD_KEY}")
     try:
