@@ -93,6 +93,7 @@ def test_the_config_and_the_auto_classes() -> None:
         AOTInductorExporter().export(torch.nn.Linear(2, 2), {"input": torch.ones(1, 2)}, hfexport.DynamoConfig())
 
 
+@pytest.mark.slow
 def test_generation_with_a_static_cache_equals_generate_and_writes_the_cache_in_place(llama, tmp_path) -> None:
     prompt = torch.tensor([[5, 17, 99, 42, 8, 3, 77], [9, 10, 64, 20, 33, 21, 90]])
     static = GenerationConfig(cache_implementation="static", max_cache_len=prompt.shape[1] + NEW_TOKENS + 2)

@@ -37,6 +37,7 @@ def test_unknown_tiny_model_lists_the_builtins() -> None:
     assert set(REQUIRED) <= set(TINY_MODELS)
 
 
+@pytest.mark.slow  # tests/test_cli_matrix.py runs the same commands in the default tier
 @pytest.mark.parametrize(
     "name",
     [

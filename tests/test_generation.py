@@ -202,7 +202,10 @@ BACKENDS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(BACKENDS))
+# ExecuTorch's lowering takes a minute (`Backend.slow_lowering`): its static exports run in the slow tier.
+@pytest.fixture(
+    scope="module", params=[b if b != "executorch" else pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS]
+)
 def static_export(request: pytest.FixtureRequest, llama: torch.nn.Module) -> tuple[str, dict]:
     exporter_class, config_class = BACKENDS[request.param]
     components = exporter_class().export_for_generation(

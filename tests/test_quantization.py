@@ -278,6 +278,7 @@ def test_onnxruntime_dynamic_int8(lm: MiniLM, fp32_onnx: Path, tmp_path: Path) -
     _gate("onnxruntime dynamic int8", exported, _ort_direct(fp32_onnx, tmp_path, lm, static=False), floor=0.98)
 
 
+@pytest.mark.slow
 def test_classifier_keeps_its_labels_under_onnxruntime_static(lm: MiniLM) -> None:
     # A classifier on MiniLM whose head scores each topic by similarity to an anchor sentence: labels then mean
     # something, and a quantization that garbles the embeddings changes them.

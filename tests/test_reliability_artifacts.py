@@ -271,7 +271,10 @@ def test_a_bad_generation_layout_is_refused(
     _assert_refused_untouched(folder, ManifestError, match)
 
 
-@pytest.mark.parametrize(("backend", "file"), [("onnx", "model.onnx"), ("executorch", "model.pte")])
+@pytest.mark.parametrize(
+    ("backend", "file"),
+    [("onnx", "model.onnx"), pytest.param("executorch", "model.pte", marks=pytest.mark.slow)],  # a minute's lowering
+)
 def test_a_truncated_model_file_is_refused(
     artifacts: Callable[[str], Path], tmp_path: Path, backend: str, file: str
 ) -> None:

@@ -67,6 +67,7 @@ def test_sweep_over_tiny_configs_writes_the_hit_matrix_and_heatmap(tmp_path: Pat
     assert "dead rules (0 hits on every model):" in result.stdout and "[3/3]" in result.stderr
 
 
+@pytest.mark.slow
 def test_generation_sweep_compares_tokens_with_the_model_s_own_generate(tmp_path: Path) -> None:
     out = {k: tmp_path / f"gen.{k}" for k in ("json", "markdown")}
     entry = default_root() / "causal_lm" / "llama.json"

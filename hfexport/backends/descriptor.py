@@ -138,8 +138,8 @@ class Backend:
     # format run such a backend's cells in the slow tier.
     slow_export: str = ""
     # Why its lowering takes about a minute even for a tiny model (no native compile, but passes that interpret the
-    # graph many times over), or "": the default test tier runs a few of its exports (the CLI matrix on its first
-    # models, a rule's first Match but not its NoMatch) and the slow tier the rest.
+    # graph many times over), or "": test matrices over every format run its cells on their first model in the
+    # default tier and the others in the slow tier.
     slow_lowering: str = ""
     # Its lowering is among the slowest: a search that stops at the first backend showing something (a fix's need,
     # `testing.harness.check_fix_needed`) tries it last.

@@ -471,13 +471,10 @@ class ExampleCheck:
 def _default_tier(rule: Rule, example: Example, backend: str) -> bool:
     """The default tier checks, for each variant of a rule (its backends that share one body: all of them for most
     rules), the first Match and the first NoMatch checked on the variant's first backend (the trace for a patch,
-    the lowering for a backend rule), unless the example is marked `slow`; on a backend with a slow lowering
-    (`Backend.slow_lowering`: ExecuTorch) the first Match only. A backend that runs another's rules (aoti,
-    Dynamo's) is none of the rule's: its checks are all `slow`."""
+    the lowering for a backend rule), unless the example is marked `slow`. A backend that runs another's rules
+    (aoti, Dynamo's) is none of the rule's: its checks are all `slow`."""
     variant = next((v for v in rule.variants() if backend in v), ())
     if example.slow or backend not in variant[:1]:
-        return False
-    if isinstance(example, NoMatch) and descriptor(backend).slow_lowering:
         return False
     on_backend = (e for e in rule.meta.examples if backend in example_backends(rule, e))
     return next(e for e in on_backend if type(e) is type(example)) is example

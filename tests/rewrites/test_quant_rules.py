@@ -148,6 +148,7 @@ print("destroyed", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_xnnpack_double_frees_an_identity_requantize_without_the_rule() -> None:
     pytest.importorskip("executorch")
     pytest.importorskip("torchao")
