@@ -80,8 +80,8 @@ def _write_models(
     together: bool,
     say: Progress,
 ) -> dict[str, tuple[list[Path], str | None]]:
-    """Write the model files of every component; return each component's (the one to load first first), and the
-    method of the main file it runs (None: the file's only program).
+    """Write the model files of every component; return each component's files (the one to load first at the
+    head) and the method of that file it runs (None: the file's only program).
 
     In a generation artifact (`together`), a component that is the same program as a later one (a prefill served
     by the decode graph: static cache and multi-token decode) is written once, and lists the files of the last of

@@ -116,7 +116,7 @@ def load_kernel_libraries() -> None:
 
 
 class ExecutorchProgram:
-    """A loaded ExecuTorch program whose `forward` runs on forward kwargs and checks them first.
+    """A loaded ExecuTorch program whose method (`forward` unless named) runs on forward kwargs and checks them first.
 
     `source` is a `.pte` path, the program bytes, an `ExecutorchProgramManager`, or a program the ExecuTorch
     runtime loaded (`executorch.runtime.Program`: another `ExecutorchProgram`'s `program`, so that the methods of
