@@ -1,6 +1,7 @@
 """A generation artifact stores each weight once: the ONNX graphs (OpenVINO IRs) of its components share one
-weights file, and a component served by another's program (prefill by decode) is stored and opened once. Loaded
-artifacts still generate the greedy tokens of `model.generate`.
+weights file, the ExecuTorch programs are the methods of one `.pte`, and a component served by another's program
+(prefill by decode) is stored and opened once. Loaded artifacts still generate the greedy tokens of
+`model.generate`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 from transformers import GenerationConfig
 
 import hfexport
-from hfexport import OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter
-from hfexport.artifacts import ManifestError, UnsafePathError, read_manifest
+from hfexport import ExecutorchConfig, ExecutorchExporter, OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter
+from hfexport.artifacts import ArtifactError, ManifestError, UnsafePathError, read_manifest
 from hfexport.runtime.generation import generate
 from hfexport.tiny import get_tiny_model
 
@@ -120,10 +121,58 @@ def test_prefill_and_decode_graphs_share_one_weights_file(
         with pytest.raises(UnsafePathError, match=r"prefill\.bin"):
             hfexport.load(out)
         (out / "prefill.bin").unlink()
+    # One graph per file on these formats: a component that names a method of its file is refused.
+    with_method = json.loads(json.dumps(manifest))
+    with_method["components"]["decode"]["method"] = "decode"
+    (out / "manifest.json").write_text(json.dumps(with_method))
+    with pytest.raises(ManifestError, match="has no methods"):
+        hfexport.load(out)
     # The file both graphs read must be listed by each component that reads it: refused otherwise.
     manifest["components"]["prefill"]["files"].remove(shared)
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(refusal, match=re.escape(shared)):
+        hfexport.load(out)
+
+
+def test_executorch_prefill_and_decode_are_methods_of_one_program(llama: torch.nn.Module, tmp_path: Path) -> None:
+    """A growing cache exports two ExecuTorch programs (prefill, decode); saved, they are the methods `prefill` and
+    `decode` of one `model.pte`, which stores each weight once: it is smaller than the two `.pte` files saved apart
+    by more than the model's weights (each of those holds them all). The loaded artifact loads that
+    program once, runs each component's method, and generates `model.generate`'s tokens; the layout saved before
+    (a `.pte` per component) loads and generates as it did."""
+    pytest.importorskip("executorch")
+    ids, mask = _prompt()
+    sample = {"input_ids": torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(0))}
+    components = ExecutorchExporter().export_for_generation(llama, sample, ExecutorchConfig(dynamic=True))
+    assert components["prefill"] is not components["decode"]  # two programs: the case one file is for
+    out = hfexport.save(components, tmp_path / "gen")
+    manifest = read_manifest(out)
+    comps = manifest["components"]
+    assert {name: (comp["main"], comp.get("method")) for name, comp in comps.items()} == {
+        "prefill": ("model.pte", "prefill"),
+        "decode": ("model.pte", "decode"),
+    }
+    assert [path for path in manifest["files"] if path.endswith(".pte")] == ["model.pte"]
+    per_component = hfexport.save(components, tmp_path / "per-component", weights_once=False)
+    before = read_manifest(per_component)
+    apart = {name: before["checksums"][f"{name}/model.pte"]["size"] for name in ("prefill", "decode")}
+    one, weights = manifest["checksums"]["model.pte"]["size"], _float_weight_bytes(llama)
+    assert sum(apart.values()) - one > weights, (apart, one, weights)  # one program's weights fewer
+
+    expected = _eager(llama, ids, mask)
+    loaded = hfexport.load(out)
+    prefill, decode = loaded["prefill"], loaded["decode"]
+    assert prefill.runtime.program is decode.runtime.program  # the file is loaded once, for both methods
+    assert prefill.runtime.method is not decode.runtime.method
+    assert torch.equal(generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
+    old = hfexport.load(per_component)
+    assert old["prefill"].runtime.program is not old["decode"].runtime.program
+    assert torch.equal(generate(old, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
+
+    # A component must name a method the program has: checked before the runtime sees the file.
+    comps["prefill"]["method"] = "forward"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"has no method 'forward' \(its methods: \['decode', 'prefill'\]\)"):
         hfexport.load(out)
 
 

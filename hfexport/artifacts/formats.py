@@ -5,7 +5,8 @@ object of that format is written (`write`), what its signature is as its runtime
 one needs `trust=True` (`trust`: its files run code when deserialised), which files must sit beside the main one
 (`required_siblings`), what is checked in its files before its runtime opens them (`check_saved`), how the
 weights of a low-memory export are checked against the checkpoint (`check_streamed`), and how the components of a
-generation artifact are written with each weight stored once (`write_components`, where the format can). The
+generation artifact are written with each weight stored once (`write_components`, where the format can; `methods`:
+one file holding a method per component). The
 format of an object is `hfexport.formats.format_of`; running a saved component is the backend's runtime
 (`hfexport.runtime.drivers`).
 """
@@ -52,9 +53,12 @@ class ArtifactFormat:
     check_streamed: Callable[[Path, Any, bool], Any] | None = None
     # write_components({name: program}, folder, {name: config}) -> {name: its files, the one to load first}: the
     # distinct programs of a generation artifact written together, each weight once (the graphs then share
-    # weight files); None where the format cannot, or not with these configs (each component is then written
-    # into its own subfolder by `write`).
+    # weight files, or one file holds them all: several components with one main file are its methods, each
+    # named by its component); None where the format cannot, or not with these configs (each component is then
+    # written into its own subfolder by `write`).
     write_components: Callable[[Mapping[str, Any], Path, Mapping[str, Any]], dict[str, list[Path]] | None] | None = None
+    # Whether one main file may hold several programs, run by name (the manifest's `method` of a component).
+    methods: bool = False
 
 
 def artifact_format(export_format: str) -> ArtifactFormat:

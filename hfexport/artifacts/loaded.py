@@ -49,9 +49,15 @@ class LoadedComponent:
     config: dict[str, Any] | None = field(default=None, repr=False)
     report: dict[str, Any] | None = field(default=None, repr=False)
     runtime: Any = field(default=None, repr=False)
-    # The component whose model file this one shares (a prefill served by the decode graph): its runtime, opened
-    # once, is this one's too.
+    # The method of the main file this component runs, where the file holds one per component (an ExecuTorch
+    # program: `prefill`, `decode`); None: the file's only program.
+    method: str | None = None
+    # The component whose model file (and method) this one shares (a prefill served by the decode graph): its
+    # runtime, opened once, is this one's too.
     same_as: LoadedComponent | None = field(default=None, repr=False)
+    # The first component of another method of the same file: the program it loaded serves this one's method too,
+    # so the file is loaded once.
+    program_of: LoadedComponent | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
@@ -65,8 +71,15 @@ class LoadedComponent:
         if self.same_as is not None:
             self.runtime = self.same_as.open()
             return self.runtime
+        runtime_of = backend(self.export_format)
         try:
-            runtime = backend(self.export_format).open(self.path, self.inputs)
+            if self.method is None:
+                runtime = runtime_of.open(self.path, self.inputs)
+            elif runtime_of.open_method is None:
+                raise ArtifactError(f"the {self.export_format} runtime runs no method by name")
+            else:
+                source = self.program_of.open() if self.program_of is not None else self.path
+                runtime = runtime_of.open_method(source, self.method, self.inputs)
         except ImportError:
             raise
         except Exception as exc:
@@ -189,6 +202,7 @@ def load(
     single = set(manifest["components"]) == {SINGLE}
     components: dict[str, LoadedComponent] = {}
     by_main: dict[str, LoadedComponent] = {}
+    by_method: dict[tuple[str, str | None], LoadedComponent] = {}
     for name, comp in manifest["components"].items():
         kind.check_saved(directory, comp)
         component = LoadedComponent(
@@ -201,9 +215,13 @@ def load(
             outputs=list(comp["outputs"]),
             config=comp.get("config") if comp.get("config") is not None else manifest.get("config"),
             report=comp.get("report") if not single else manifest.get("report"),
+            method=comp.get("method"),
         )
-        first = by_main.setdefault(comp["main"], component)
+        first = by_method.setdefault((component.main, component.method), component)
         component.same_as = first if first is not component else None
+        program = by_main.setdefault(component.main, component)
+        if component.method is not None and component.same_as is None and program is not component:
+            component.program_of = program
         components[name] = component
     loaded = LoadedExport(directory, export_format, components, manifest)
     if open_runtimes:

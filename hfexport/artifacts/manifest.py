@@ -94,6 +94,9 @@ _COMPONENT_KEYS: dict[str, tuple[type, ...]] = {
     "outputs": (list,),
     "config": (dict, type(None)),
     "report": (dict, type(None)),
+    # The method of the main file this component runs, where one file holds several (`ArtifactFormat.methods`:
+    # an ExecuTorch program with a method per component); absent: the file's only one.
+    "method": (str,),
 }
 _COMPONENT_REQUIRED = ("format", "main", "files", "inputs", "outputs")
 
@@ -447,6 +450,10 @@ def check_manifest(manifest: Any) -> dict[str, Any]:
         if PurePosixPath(main).suffix != PurePosixPath(MAIN_FILE[export_format]).suffix:
             raise ManifestError(f"{where}.main {main!r} is not a {PurePosixPath(MAIN_FILE[export_format]).suffix}")
         kind = ARTIFACT_FORMATS[export_format]
+        if "method" in comp and not kind.methods:
+            raise ManifestError(f"{where}.method: a {export_format} file holds one program, it has no methods")
+        if "method" in comp and not COMPONENT_NAME.match(comp["method"]):
+            raise ManifestError(f"{where}.method {comp['method'][:200]!r} is not a plain name (letters, digits, _ . -)")
         for suffix, what in kind.required_siblings.items():
             sibling = PurePosixPath(main).with_suffix(suffix)
             shared = kind.shared_siblings.get(suffix)

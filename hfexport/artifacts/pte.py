@@ -189,21 +189,23 @@ class _Storage:
     named: dict[str, int]  # named data: key -> segment size
 
 
-def check_program(data: bytes, program_size: int, segment_base: int, name: str) -> None:
-    """Refuse (`ArtifactError`) an ExecuTorch program whose flatbuffer the runtime could not run safely.
+def check_program(data: bytes, program_size: int, segment_base: int, name: str) -> list[str]:
+    """Refuse (`ArtifactError`) an ExecuTorch program whose flatbuffer the runtime could not run safely; return
+    the names of its methods (one execution plan each: `forward`, or a method per component of a generation
+    artifact).
 
     `data` is the whole file, `program_size` the flatbuffer's length (the extended header's, else the file's),
     `segment_base` where the segments start (0 when there are none).
     """
     try:
-        _check(_Reader(data, program_size), len(data), segment_base)
+        return _check(_Reader(data, program_size), len(data), segment_base)
     except _Invalid as exc:
         raise ArtifactError(f"{name!r} is not a consistent ExecuTorch program: {exc}") from None
     except (struct.error, IndexError, ValueError, OverflowError, RecursionError) as exc:  # defence in depth
         raise ArtifactError(f"{name!r} is not a readable ExecuTorch program: {type(exc).__name__}: {exc}") from None
 
 
-def _check(r: _Reader, file_size: int, segment_base: int) -> None:
+def _check(r: _Reader, file_size: int, segment_base: int) -> list[str]:
     program = r.root()
     segments = []
     for seg in program.tables(4, "segment"):
@@ -218,8 +220,12 @@ def _check(r: _Reader, file_size: int, segment_base: int) -> None:
     plans = program.tables(1, "execution plan")
     if not plans:
         raise _Invalid("it has no execution plan")
-    for plan in plans:
-        _check_plan(plan, storage, segments, delegate_data, r.data)
+    checked = [_check_plan(plan, storage, segments, delegate_data, r.data) for plan in plans]
+    methods = [method for method, _ in checked]
+    # A loaded artifact loads every method its components run, each with its own planned buffers.
+    if sum(planned for _, planned in checked) > _physical_memory():
+        raise _Invalid(f"its {len(methods)} methods plan more bytes of buffers than this machine's memory")
+    return methods
 
 
 def _storage(program: _Table, segments: list[tuple[int, int]]) -> _Storage:
@@ -256,7 +262,8 @@ def _check_plan(
     segments: list[tuple[int, int]],
     delegate_data: list[tuple[int, _Table]],
     data: bytes,
-) -> None:
+) -> tuple[str, int]:
+    """Check one execution plan (a method); return its name and the bytes of its planned buffers."""
     method = plan.string(0, "a method name")
     if method is None:
         raise _Invalid("an execution plan has no name")
@@ -304,6 +311,7 @@ def _check_plan(
             _check_instruction(
                 instruction, len(instructions), tags, scalar_types, operators, delegates, f"{where} instruction {c}:{k}"
             )
+    return method, sum(planned)
 
 
 def _physical_memory() -> int:

@@ -8,11 +8,12 @@ A single export keeps its files at the top of the folder (`model.onnx`, `model.o
 written by its format's entry of `hfexport.artifacts.formats.ARTIFACT_FORMATS`. A generation artifact stores each
 weight once: a component that is the same program as another (prefill served by decode) lists that one's files,
 and a format with `write_components` writes the distinct graphs beside one weights file (ONNX: `prefill.onnx`,
-`decode.onnx`, `weights.data`; each component's report stays in its subfolder). Everything is written into a
-temporary folder beside the destination, flushed, then renamed into place (`hfexport.files.replace_folder`:
-an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the filesystem has it). A
-save killed at any point leaves the destination absent or the previous artifact whole; the next save into
-the same place removes the dead save's temporary folder.
+`decode.onnx`, `weights.data`) or into one program with a method per component (ExecuTorch: `model.pte`, its
+methods `prefill` and `decode`, which the manifest names); each component's report stays in its subfolder.
+Everything is written into a temporary folder beside the destination, flushed, then renamed into place
+(`hfexport.files.replace_folder`: an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the
+filesystem has it). A save killed at any point leaves the destination absent or the previous artifact whole; the
+next save into the same place removes the dead save's temporary folder.
 """
 
 from __future__ import annotations
@@ -78,17 +79,20 @@ def _write_models(
     single: bool,
     together: bool,
     say: Progress,
-) -> dict[str, list[Path]]:
-    """Write the model files of every component; return each component's, the one to load first.
+) -> dict[str, tuple[list[Path], str | None]]:
+    """Write the model files of every component; return each component's files (the one to load first at the
+    head) and the method of that file it runs (None: the file's only program).
 
     In a generation artifact (`together`), a component that is the same program as a later one (a prefill served
     by the decode graph: static cache and multi-token decode) is written once, and lists the files of the last of
     them; the distinct programs go to the format's `write_components`, which stores each weight once for all of
-    them, where the format has one. Otherwise each component is written into its own subfolder.
+    them, where the format has one. Where it writes them into one file (a program with a method per component),
+    each component runs the method named by the component whose program it is. Otherwise each component is
+    written into its own subfolder.
     """
     if single:
         say(f"saving {export_format} artifact")
-        return {SINGLE: _write_component(programs[SINGLE], export_format, tmp, configs[SINGLE])}
+        return {SINGLE: (_write_component(programs[SINGLE], export_format, tmp, configs[SINGLE]), None)}
     last = {id(program): name for name, program in programs.items()}
     owner = {name: last[id(program)] if together else name for name, program in programs.items()}
     distinct = {name: program for name, program in programs.items() if owner[name] == name}
@@ -102,7 +106,9 @@ def _write_models(
         for name, program in distinct.items():
             say(f"saving {name}")
             written[name] = _write_component(program, export_format, tmp / name, configs[name])
-    return {name: written[owner[name]] for name in programs}
+    mains = [files[0] for files in written.values()]
+    methods = {name: name if mains.count(files[0]) > 1 else None for name, files in written.items()}
+    return {name: (written[owner[name]], methods[owner[name]]) for name in programs}
 
 
 def _not_ours(folder: Path) -> str | None:
@@ -288,7 +294,8 @@ def save(
         model_files = _write_models(programs, export_format, tmp, configs, single, together, say)
         for name, program in programs.items():
             folder = tmp if single else tmp / name
-            written = list(model_files[name])
+            model_paths, method = model_files[name]
+            written = list(model_paths)
             comp_report = reports[name]
             if comp_report is not None and hasattr(comp_report, "save"):
                 folder.mkdir(parents=True, exist_ok=True)
@@ -304,6 +311,8 @@ def save(
                 "config": to_plain(configs[name]) if config_per_component else None,
                 "report": to_plain(comp_report) if not single else None,
             }
+            if method is not None:
+                components[name]["method"] = method
             files += [path for path in rel if path not in files]  # files shared by components are listed once
         for name, data in extra_files.items():
             if name == MANIFEST or (tmp / name).exists():

@@ -24,7 +24,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     state = "ok" if verdict != "failed" else "files ok, validation FAILED"
     print(f"{loaded.directory}: {loaded.export_format} artifact of {manifest.get('model_class') or '?'}, {state}")
     for name, component in loaded.components.items():
-        print(f"  {name}: {component.main}  inputs {component.inputs}  outputs {len(component.outputs)}")
+        main = f"{component.main} (method {component.method})" if component.method else component.main
+        print(f"  {name}: {main}  inputs {component.inputs}  outputs {len(component.outputs)}")
     print(f"  files {len(manifest['files'])} (sizes and sha256 verified), versions {loaded.versions}")
     print(f"  validation: {verdict}: {detail}")
     if verdict == "failed":

@@ -412,3 +412,58 @@ def lower(program: torch.export.ExportedProgram, config: ExecutorchConfig, conte
         )
     with context.stage("to_executorch"):
         return edge.to_executorch(backend_config(config))
+
+
+# -- one program for several components ---------------------------------------------------------------
+
+
+def one_program(managers: Mapping[str, Any], configs: Mapping[str, Any]) -> Any | None:
+    """One `ExecutorchProgramManager` whose methods are the programs of `managers` (each lowered on its own, one
+    `forward` each), named by their keys, or None when they cannot share one program.
+
+    Nothing is lowered again: the lowered programs are emitted once more into one program, which stores each
+    weight once. The emitter keeps one constant buffer per distinct tensor (by the sha256 of its bytes) and one
+    copy of each delegate payload for all methods, and XNNPACK keeps its weights in the named data, keyed by the
+    sha256 of their bytes, which one store for all methods holds once (as `to_edge_transform_and_lower` with a
+    dict of programs does: its `EdgeProgramManager` keeps one store). None for a manager with another method
+    than `forward` or with constant methods, for a delegate other than XNNPACK's (the CUDA backend keys its blobs
+    by the method it was lowered for, `forward` in each), for named data that two programs hold under one key with
+    different bytes, or for programs that disagree on whether their mutable buffers are named
+    (`ExecutorchConfig.alloc_mutable_buffers`).
+    """
+    from executorch.exir import ExecutorchProgramManager
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.program._program import collect_named_data_store_from_exported_program
+
+    if any(manager.methods != {"forward"} or manager.config_methods for manager in managers.values()):
+        return None
+    plans = [plan for manager in managers.values() for plan in manager.executorch_program.execution_plan]
+    if not {delegate.id for plan in plans for delegate in plan.delegates} <= {"XnnpackBackend"}:
+        return None
+    given = [config for config in configs.values() if isinstance(config, ExecutorchConfig)]
+    # Whether the emitter named the mutable buffers (they are then bound by name, not planned): read from each
+    # emitted program, so a save without configs writes what the lowering wrote.
+    named = {_names_mutable_buffers(manager.executorch_program.execution_plan) for manager in managers.values()}
+    if len(named) != 1:
+        return None
+    settings = dataclasses.replace(
+        backend_config(given[0] if given else ExecutorchConfig()), emit_mutable_buffer_names=named.pop()
+    )
+    store = NamedDataStore()
+    programs = {name: manager.exported_program("forward") for name, manager in managers.items()}
+    try:
+        for program in programs.values():
+            collect_named_data_store_from_exported_program(program, store)
+    except ValueError:  # one key, other bytes: not data the programs can share
+        return None
+    return ExecutorchProgramManager(programs, None, settings, store.get_named_data_store_output())
+
+
+def _names_mutable_buffers(plans: list[Any]) -> bool:
+    """Whether an emitted program's plans name a tensor (a mutable buffer left out of the memory plan)."""
+    for plan in plans:
+        for value in plan.values:
+            info = getattr(value.val, "extra_tensor_info", None)
+            if info is not None and info.fully_qualified_name:
+                return True
+    return False

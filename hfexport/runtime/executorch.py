@@ -116,28 +116,33 @@ def load_kernel_libraries() -> None:
 
 
 class ExecutorchProgram:
-    """A loaded ExecuTorch program whose `forward` runs on forward kwargs and checks them first.
+    """A loaded ExecuTorch program whose method (`forward` unless named) runs on forward kwargs and checks them first.
 
-    `source` is a `.pte` path, the program bytes, or an `ExecutorchProgramManager`. A `.pte` does not keep
-    the forward argument names: kwargs are fed in the order given, which must be the sample inputs' order,
-    unless `input_names` (known from a manager) puts them in order.
+    `source` is a `.pte` path, the program bytes, an `ExecutorchProgramManager`, or a program the ExecuTorch
+    runtime loaded (`executorch.runtime.Program`: another `ExecutorchProgram`'s `program`, so that the methods of
+    one file share one loaded program). `method` names the method to run. A `.pte` does not keep the forward
+    argument names: kwargs are fed in the order given, which must be the sample inputs' order, unless
+    `input_names` (known from a manager) puts them in order.
     """
 
     def __init__(
         self, source: str | Path | bytes | Any, method: str = "forward", input_names: list[str] | None = None
     ) -> None:
-        from executorch.runtime import Runtime
+        from executorch.runtime import Program, Runtime
 
         load_kernel_libraries()
+        loaded = source if isinstance(source, Program) else None
         if isinstance(source, (str, Path)):
             data: Any = Path(source)
         elif isinstance(source, (bytes, bytearray)):
             data = bytes(source)
-        else:  # an ExecutorchProgramManager
+        elif loaded is None:  # an ExecutorchProgramManager
             data = source.buffer
             input_names = input_names or manager_input_names(source, method)
         self.input_names = input_names
-        self.program = Runtime.get().load_program(data)
+        self.program = loaded if loaded is not None else Runtime.get().load_program(data)
+        if method not in self.program.method_names:
+            raise InputError(f"the program has no method {method!r}; its methods: {sorted(self.program.method_names)}")
         with _without_cpuinfo_log():
             self.method = self.program.load_method(method)
         self.slots = _slots(self.method)

@@ -1,21 +1,46 @@
-"""How an ExecuTorch component is saved (a `.pte` flatbuffer) and checked before the runtime sees it."""
+"""How an ExecuTorch component is saved (a `.pte` flatbuffer) and checked before the runtime sees it.
+
+The distinct programs of a generation artifact are saved together (`write_components`): one `model.pte` at the top
+of the artifact with one method per component, named by it (`prefill`, `decode`), each weight stored once for all
+of them (`hfexport.lowerings.executorch.one_program`). The manifest names each component's method (`method`); a
+component without one runs the program's `forward`.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.formats import ArtifactFormat, Signature
 from hfexport.artifacts.pte import check_program
+from hfexport.formats import MAIN_FILE
 from hfexport.naming import manager_input_names, signature_names
 
 
 def _write_executorch(program: Any, main: Path, config: Any) -> None:
     program.save(str(main))
+
+
+def _write_executorch_components(
+    programs: Mapping[str, Any], folder: Path, configs: Mapping[str, Any]
+) -> dict[str, list[Path]] | None:
+    """Write `programs` as one `model.pte` in `folder`, a method per component; return each one's files (all the
+    one program). None when they cannot share one program (`one_program`)."""
+    from hfexport.lowerings.executorch import one_program
+
+    joint = one_program(programs, configs)
+    if joint is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    main = folder / MAIN_FILE["executorch"]
+    with open(main, "wb") as f:
+        joint.write_to_file(f)
+    return {name: [main] for name in programs}
 
 
 @functools.cache
@@ -63,7 +88,10 @@ def check_pte(directory: Path, comp: dict[str, Any]) -> None:
     if not 8 <= root < program_size:
         raise ArtifactError(f"{main!r} has its program table at {root}, outside the program ({program_size} bytes)")
     # Inside the flatbuffer: every index, type and size the runtime trusts (hfexport/artifacts/pte.py).
-    check_program(path.read_bytes(), program_size, segment_base, main)
+    methods = check_program(path.read_bytes(), program_size, segment_base, main)
+    method = comp.get("method") or "forward"
+    if method not in methods:
+        raise ArtifactError(f"{main!r} has no method {method!r} (its methods: {sorted(methods)})")
 
 
 def _executorch_signature(program: Any) -> Signature:
@@ -73,4 +101,11 @@ def _executorch_signature(program: Any) -> Signature:
     return kwargs or (names[0] if names else []), names[1] if names else []
 
 
-ARTIFACT = ArtifactFormat("executorch", _write_executorch, _executorch_signature, check_saved=check_pte)
+ARTIFACT = ArtifactFormat(
+    "executorch",
+    _write_executorch,
+    _executorch_signature,
+    check_saved=check_pte,
+    write_components=_write_executorch_components,
+    methods=True,
+)

@@ -105,6 +105,15 @@ def open_saved(path: Path, input_names: list[str]) -> Any:
     return ExecutorchProgram(path, input_names=input_names or None)
 
 
+def open_method(source: Any, method: str, input_names: list[str]) -> Any:
+    """One method of a `.pte` that holds a method per component: from the file, or from the `ExecutorchProgram` of
+    another of its methods, whose loaded program it shares (the file, its weights included, is loaded once)."""
+    from hfexport.runtime.executorch import ExecutorchProgram
+
+    program = source.program if isinstance(source, ExecutorchProgram) else source
+    return ExecutorchProgram(program, method=method, input_names=input_names or None)
+
+
 def run_saved(program: Any, inputs: Mapping[str, Any], output_names: list[str]) -> dict[str, torch.Tensor]:
     tensors = [t for t in program.run(inputs) if isinstance(t, torch.Tensor)]
     names = output_names if len(output_names) == len(tensors) else [f"output_{i}" for i in range(len(tensors))]
@@ -184,4 +193,13 @@ def device_config(device: Any) -> dict[str, Any]:
     return {"backend": device.executorch_backend}
 
 
-RUNTIME = Runtime("executorch", ExecutorchDriver, open_saved, run_saved, for_generation, resolve_device, device_config)
+RUNTIME = Runtime(
+    "executorch",
+    ExecutorchDriver,
+    open_saved,
+    run_saved,
+    for_generation,
+    resolve_device,
+    device_config,
+    open_method=open_method,
+)

@@ -232,3 +232,8 @@ class Runtime:
     # graph_inputs(opened runtime object) -> the names of each input it takes by name (a port may have several): a
     # feed is built from the manifest's inputs, so `load` checks each is one of them; [] where inputs are by position.
     graph_inputs: Callable[[Any], list[set[str]]] = lambda runtime: []
+    # open_method(main file, or the runtime object of another method of it, method name, input names from the
+    # manifest) -> the runtime object of that method, where one file holds a program per component (ExecuTorch's
+    # methods): from another method's runtime object, the file's program, loaded once, serves both. None: a file
+    # holds one program.
+    open_method: Callable[[Any, str, list[str]], Any] | None = None
