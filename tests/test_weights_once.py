@@ -134,6 +134,9 @@ def test_prefill_and_decode_graphs_share_one_weights_file(
         hfexport.load(out)
 
 
+# Two ExecuTorch lowerings (a minute each: `Backend.slow_lowering`); the CLI matrix's tiny-llama ExecuTorch
+# `--generation --validate` cell saves and generates through the same one-program path in the default tier.
+@pytest.mark.slow
 def test_executorch_prefill_and_decode_are_methods_of_one_program(llama: torch.nn.Module, tmp_path: Path) -> None:
     """A growing cache exports two ExecuTorch programs (prefill, decode); saved, they are the methods `prefill` and
     `decode` of one `model.pte`, which stores each weight once: it is smaller than the two `.pte` files saved apart
