@@ -52,8 +52,9 @@ DEFAULT_CELLS = [
     if not backend(export_format).slow_export and (model in FEW_MODELS or not backend(export_format).slow_lowering)
 ]
 # Cells that fail today, with the start of their error (strict: a cell that starts working fails its test, and its
-# entry goes). The packages of LLaVA's vision tower return None for two of its hidden states, so the check that each
-# component runs fails on them.
+# entry goes). LLaVA's vision tower returns one tensor twice (`last_hidden_state`, `hidden_states[-1]`): AOTInductor
+# (torch 2.13.0) then compiles its package without two other outputs, which return None, so the check that each
+# component runs fails on them (docs/aoti.md).
 FAILS: dict[tuple[str, str, str], str] = {
     ("tiny-llava", "aoti", "generation"): "validation failed: could not run: AttributeError: 'NoneType'",
 }
