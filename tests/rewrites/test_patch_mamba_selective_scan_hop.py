@@ -70,3 +70,23 @@ def test_the_scan_op_does_not_convert_to_openvino() -> None:
     assert "falcon_mamba" in falcon_mamba.description
     with pytest.raises(Exception, match=r"Conversion is failed for: .*scan"):
         check_match(with_scan, falcon_mamba, "openvino")
+
+
+def test_the_dynamo_scan_takes_the_symbols_of_its_output_sizes() -> None:
+    """Inductor (AOTInductor's compile) rewrites the scan into a while_loop and sizes its stacked outputs from the
+    symbols among the scan's operands only: the batch must be one, or the compile fails with `KeyError: s..`."""
+    from hfexport import DynamoConfig, DynamoExporter
+
+    module, inputs = rule.meta.examples[1].build()  # falcon_mamba, batch 2: a dynamic batch
+    program = DynamoExporter().export(module.eval(), inputs, DynamoConfig(dynamic=True))
+    scans = [n for n in program.graph.nodes if n.target is torch.ops.higher_order.scan]
+    assert scans
+    for node in scans:
+        _, init, xs, additional = node.args
+        bound = {xs[0].meta["val"].shape[0].node.expr}  # the scan's length
+        bound |= {a.meta["val"].node.expr for a in additional if isinstance(a.meta["val"], torch.SymInt)}
+        stacked = node.meta["val"][len(init) :]
+        needed = set().union(
+            *(s.node.expr.free_symbols for y in stacked for s in y.shape if isinstance(s, torch.SymInt))
+        )
+        assert needed and needed <= bound, (needed, bound)

@@ -6,7 +6,11 @@ and specialises the sequence length to the sample's, so the program rejects ever
 associative-scan path is switched off under export on purpose. The replacement runs the same per-step arithmetic
 (`selective_terms`, `finish_selective`: upstream's operands and epilogue) in a loop the export keeps symbolic:
 
-- Dynamo: `torch._higher_order_ops.scan` traces the step once with a symbolic length, bit-identical to eager.
+- Dynamo: `torch._higher_order_ops.scan` traces the step once with a symbolic length, bit-identical to eager. The
+  step reads the batch size, so the scan takes it as an operand: Inductor, which compiles the program for
+  AOTInductor (`--format aoti` runs the Dynamo rules), rewrites a scan into a `while_loop` and sizes its stacked
+  outputs from the symbols among the scan's operands only (`decompose_scan_to_while_loop`); without the batch among
+  them the compile failed with `InductorError: KeyError: s43`.
 - ONNX: the same scan with its inputs detached (`scan_selective_detached`: torch.onnx's type-promotion pass runs
   scan's autograd path otherwise, and fails); torch.onnx translates it to an ONNX `Scan` loop. Without a rule
   falcon_mamba's ONNX model declared `input_ids: [batch, 8]` and ORT rejected the grown input; zamba's declared a
@@ -74,11 +78,17 @@ def scan_steps(terms: SelectiveTerms) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence as a `scan` op: the step traced once, the length symbolic."""
     from torch._higher_order_ops.scan import scan
 
+    # Inductor (AOTInductor, torch.compile of the program) rewrites a scan into a while_loop and sizes the stacked
+    # outputs `[length, batch, channels]` from the symbols among the scan's operands: the length is one, the batch
+    # is not, and the compile fails with `KeyError: s43`. Reading the batch size inside the step makes the trace
+    # lift it as a SymInt operand of the scan; the reshape to the shape the row already has changes no value.
+    batch = terms.discrete_A.shape[0]
+
     def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         a, bu, c = xs
         state = a * state + bu
         out = torch.matmul(state.to(terms.input_dtype), c.unsqueeze(-1))
-        return state, out[:, :, 0]
+        return state, out[:, :, 0].reshape(batch, -1)
 
     ssm_state, outputs = scan(
         step, terms.state0(), (terms.discrete_A.movedim(2, 0), terms.deltaB_u.movedim(2, 0), terms.C.movedim(1, 0))
@@ -271,13 +281,16 @@ mamba_selective_scan_hop = ModuleFunctionPatch(
         'attention_mask: "Got invalid dimensions for input: attention_mask"); OpenVINO accepted a longer prompt '
         "and failed in the CPU plugin (infer_request.cpp:224). A higher-order loop keeps the length symbolic with "
         "upstream's arithmetic: a scan op (its inputs detached on ONNX, where torch.onnx's type promotion otherwise "
-        "fails with \"AttributeError: 'SymInt' object has no attribute 'unsqueeze'\" in scan's fake kernel), and a "
-        "while_loop on OpenVINO, which has no translator for scan",
+        "fails with \"AttributeError: 'SymInt' object has no attribute 'unsqueeze'\" in scan's fake kernel; its step "
+        "reads the batch size, without which AOTInductor's compile of the scan failed with \"InductorError: KeyError: "
+        's43"), and a while_loop on OpenVINO, which has no translator for scan',
         upstream="transformers==5.24.0 models/mamba/modeling_mamba.py mamba_selective_scan (a Python loop over the "
         "sequence: the associative scan is disabled under export); torch 2.13.0 _higher_order_ops/scan.py autograd "
         "path under fake tensors (hit by torch.onnx InsertTypePromotion; nested dynamo cannot fakify a detached view "
         "of symbolic-size storage); openvino 2026.4.1 PyTorch frontend: no `scan` translator, `while_loop` "
-        "translated without additional_inputs (src/frontends/pytorch/src/op/loop.cpp)",
+        "translated without additional_inputs (src/frontends/pytorch/src/op/loop.cpp); torch 2.13.0 "
+        "_inductor/fx_passes/post_grad.py decompose_scan_to_while_loop (binds the output sizes' symbols from the "
+        "scan's SymInt operands only)",
         backends=("dynamo", "onnx", "openvino"),
         models=_FAMILIES,
         aliases=("patch/mamba-selective-scan-onnx", "patch/mamba-selective-scan-openvino"),
