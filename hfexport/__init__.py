@@ -5,9 +5,9 @@ Names load lazily so that `import hfexport` imports neither transformers nor any
 
 from __future__ import annotations
 
-from hfexport._lazy import lazy_getattr
 from hfexport._version import __version__ as __version__
 from hfexport.backends.registry import backends
+from hfexport.core._lazy import lazy_getattr
 
 _EXPORTS = {
     "HfExporter": "hfexport.exporters",
@@ -17,7 +17,7 @@ _EXPORTS = {
     "AutoExportConfig": "hfexport.auto",
     "register_exporter": "hfexport.auto",
     "register_export_config": "hfexport.auto",
-    "register_pytree_node": "hfexport.cache_pytree",
+    "register_pytree_node": "hfexport.core.cache_pytree",
     "decompose_for_generation": "hfexport.frontends.generation",
     "empty_model": "hfexport.frontends.empty_weights",
     "GenerationComponents": "hfexport.frontends.generation",
@@ -29,10 +29,10 @@ _EXPORTS = {
     "load_program": "hfexport.runtime.dynamo",
     "RuleSelection": "hfexport.rewrites.rule",
     "register_rules": "hfexport.rewrites.registry",
-    "HfExportError": "hfexport.errors",
-    "InputError": "hfexport.errors",
-    "ConfigError": "hfexport.errors",
-    "MissingPackageError": "hfexport.errors",
+    "HfExportError": "hfexport.core.errors",
+    "InputError": "hfexport.core.errors",
+    "ConfigError": "hfexport.core.errors",
+    "MissingPackageError": "hfexport.core.errors",
     "save": "hfexport.artifacts",
     "load": "hfexport.artifacts",
     "LoadedExport": "hfexport.artifacts",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from hfexport.backends.registry import backends
 from hfexport.configs import ExportConfigMixin
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.exporters.base import HfExporter
 from hfexport.formats import ExportFormat
 

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from hfexport.backends.registry import lazy_classes
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.formats import ExportFormat as ExportFormat
 from hfexport.quantizers.base import ExportQuantizer
 from hfexport.rewrites.rule import RuleSelection

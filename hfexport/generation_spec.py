@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from hfexport.core.positions import MultimodalPositions
 from hfexport.naming import canonical_output
-from hfexport.positions import MultimodalPositions
 
 
 class LayoutSpecialised(torch.nn.Module):

@@ -32,8 +32,8 @@ import torch
 from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.hf_files import listed_hf_files
 from hfexport.artifacts.loaded import LoadedExport, load
-from hfexport.errors import InputError
-from hfexport.model_files import code_needed
+from hfexport.core.errors import InputError
+from hfexport.core.model_files import code_needed
 
 # Python flags transformers models take that an exported graph has fixed (the export ran with the defaults).
 _FLAGS = ("return_dict", "use_cache", "output_attentions", "output_hidden_states", "return_loss")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hfexport.cache_pytree import register_cache_pytrees
+from hfexport.core.cache_pytree import register_cache_pytrees
 
 INPUT_PREFIX = "input."
 OUTPUT_PREFIX = "output."

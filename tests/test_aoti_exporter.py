@@ -21,7 +21,7 @@ from transformers import GenerationConfig
 import hfexport
 from hfexport import AOTInductorConfig, AOTInductorExporter, AutoExportConfig, AutoHfExporter, ExportFormat
 from hfexport.artifacts import ArtifactError, UntrustedArtifactError
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.formats import format_of
 from hfexport.runtime import generate
 from hfexport.tiny import get_tiny_model

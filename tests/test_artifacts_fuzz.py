@@ -206,7 +206,7 @@ def _apply(folder: Path, mutation: _Mutation, outside: Path) -> None:
 def _run_in_process(folder: Path, trust: bool) -> str:
     """`loaded` (it loads and runs), or `refused` (an ArtifactError); anything else fails the example."""
     from hfexport.artifacts import ArtifactError, load
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
 
     outside: list[str] = []
     imported: list[str] = []

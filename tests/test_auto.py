@@ -23,7 +23,7 @@ from hfexport.auto import (
     register_exporter,
 )
 from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.exporters import DynamoExporter, HfExporter
 
 TEST_FORMAT = "hfexport-test-backend"

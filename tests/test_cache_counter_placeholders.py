@@ -1,4 +1,4 @@
-"""A sliding-window cache's token counter (the `[0, count]` leaf of `hfexport.cache_pytree`) under a consumer that
+"""A sliding-window cache's token counter (the `[0, count]` leaf of `hfexport.core.cache_pytree`) under a consumer that
 unflattens the program's output spec with placeholder leaves.
 
 executorch's emitter (`_TopLevelEmitter.__init__`, `create_container_str`) rebuilds the output containers from
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.cache_pytree import register_cache_pytrees
+from hfexport.core.cache_pytree import register_cache_pytrees
 from hfexport.rewrites.example_models import sliding_mistral
 
 

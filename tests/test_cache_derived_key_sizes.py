@@ -4,7 +4,7 @@ Dynamo generation of the corpus deepseek_v4 (2026-12-03) failed at a decode step
 inputs with exported input tree spec": the cache layers' `entry_count` dicts were plain ints in the pytree context
 (2 windows traced, 3 at the step), so every step that emitted a compressed entry was another pytree. The count is
 `compressed_kv[name].shape[1]` by construction (`update_compressor_states` appends and adds the same rows), and
-`hfexport.cache_pytree` now keeps it as that size (`_DERIVED_KEY_SIZES`).
+`hfexport.core.cache_pytree` now keeps it as that size (`_DERIVED_KEY_SIZES`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.cache_pytree import _dump_context, _load_context, register_cache_pytrees
+from hfexport.core.cache_pytree import _dump_context, _load_context, register_cache_pytrees
 from hfexport.rewrites.rules.patch._deepseek_v4 import deepseek_v4_example
 
 

@@ -9,7 +9,7 @@ import pytest
 from torch.export import Dim
 
 from hfexport.configs import DynamoConfig, ExportConfigMixin, ExportFormat
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.rewrites.rule import RuleSelection
 
 

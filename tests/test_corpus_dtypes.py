@@ -121,7 +121,7 @@ def test_onnx_bfloat16_inputs_and_cache_are_exported_as_float32_and_left_as_they
     import onnxruntime as ort
 
     from hfexport import OnnxExporter
-    from hfexport.cache_pytree import flatten_cache, unflatten_cache
+    from hfexport.core.cache_pytree import flatten_cache, unflatten_cache
     from hfexport.naming import onnx_feed
     from tests.test_reliability_invariants import micro_llama, sample_inputs
 

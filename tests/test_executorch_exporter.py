@@ -18,7 +18,7 @@ from executorch.exir import ExecutorchProgramManager
 from executorch.runtime import Runtime
 
 from hfexport import AutoExportConfig, AutoHfExporter, ConfigError, DynamoConfig, ExecutorchConfig, ExecutorchExporter
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.frontends.torch_export import capture
 from hfexport.lowerings.executorch import (
     FALLBACK_MAX_SEQUENCE,

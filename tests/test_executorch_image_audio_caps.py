@@ -155,7 +155,7 @@ def test_a_dinov2_program_runs_larger_images_than_its_sample_and_refuses_beyond_
     from transformers import Dinov2Config, Dinov2ForImageClassification
 
     from hfexport import ExecutorchExporter
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
     from hfexport.runtime.executorch import ExecutorchProgram
 
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("executorch")
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import ComponentSpec, GenerationSpec
 
 

@@ -34,7 +34,7 @@ from hfexport import (
     OpenVINOExporter,
 )
 from hfexport.artifacts import ArtifactError
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.tiny import get_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

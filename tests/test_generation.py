@@ -469,7 +469,7 @@ def test_model_defined_cache_is_the_decode_graph_input_not_a_fixed_argument() ->
     # as constants that its forward mutates (torch.onnx: "Constant ...mlstm_backend.lifted_tensor_0 is mutated in
     # the forward method"). It is the `past_key_values` input now, and calling the component with it gives the
     # recorded step's logits. Eager only (the export still stops at the config the cache keeps: cache-holds-config).
-    from hfexport.cache_pytree import is_model_cache_class
+    from hfexport.core.cache_pytree import is_model_cache_class
     from hfexport.testing.corpus import load_entry
 
     entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/xlstm.json")
@@ -612,7 +612,7 @@ def _sliding_mistral() -> torch.nn.Module:
 def test_sliding_window_counter_is_a_leaf_with_one_context_before_at_and_past_the_window() -> None:
     from transformers import DynamicCache
 
-    from hfexport.cache_pytree import flatten_cache, unflatten_cache
+    from hfexport.core.cache_pytree import flatten_cache, unflatten_cache
 
     model = _sliding_mistral()
     cache = DynamicCache(config=model.config)
@@ -671,7 +671,7 @@ def test_executorch_components_traced_at_batch_one_refuse_a_batch_of_two_by_name
     runtime's own refusal ("set_inputs() ... failed with error 0x10") is explained by the input that does not fit."""
     pytest.importorskip("executorch")
     from hfexport import ExecutorchConfig, ExecutorchExporter
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
     from hfexport.runtime import generate
     from hfexport.tiny import get_tiny_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hfexport import DynamoConfig, DynamoExporter, OnnxConfig, OnnxExporter
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.frontends.generation import specialise_layouts
 from hfexport.frontends.torch_export import validate_inputs
 from hfexport.naming import canonical_output
@@ -148,7 +148,7 @@ def _model_positions(model: torch.nn.Module, prompt: dict[str, torch.Tensor], gr
 
 
 def test_multimodal_positions_replay_the_models_own_on_another_prompt() -> None:
-    from hfexport.positions import apply, derive
+    from hfexport.core.positions import apply, derive
     from tests.test_generation import tiny_qwen2_vl
 
     model = tiny_qwen2_vl()
@@ -200,8 +200,8 @@ def test_qwen2_vl_generates_with_multimodal_positions(exporter, config) -> None:
 def test_multimodal_positions_follow_the_models_own_when_the_images_move(name: str) -> None:
     # HunYuan-VL's image grid positions are absolute (they stay when text is added in front), its span's start
     # and end tokens and GLM-4V's grids move with the block: both replay as the model computes them.
+    from hfexport.core.positions import apply
     from hfexport.frontends.generation import decompose_for_generation, describe
-    from hfexport.positions import apply
 
     model, sample, _, _, _ = _entry(name)
     # The positions template is read off the prefill, a runtime component: describe sees every pair.

@@ -16,14 +16,22 @@ ROOT = Path(__file__).resolve().parents[1] / "hfexport"
 
 # Bottom to top. A module belongs to the longest prefix that names it.
 LAYERS: list[tuple[str, ...]] = [
-    ("hfexport.errors", "hfexport.versions", "hfexport._lazy", "hfexport._version", "hfexport.timing"),
-    ("hfexport.files", "hfexport.model_files"),
-    ("hfexport.checkpoints",),
+    # hfexport/core/ (and `_version`, where the build reads it): the bottom of the stack, below every other folder.
+    (
+        "hfexport.core",
+        "hfexport.core.errors",
+        "hfexport.core.versions",
+        "hfexport.core._lazy",
+        "hfexport.core.timing",
+        "hfexport._version",
+    ),
+    ("hfexport.core.files", "hfexport.core.model_files"),
+    ("hfexport.core.checkpoints",),
+    ("hfexport.core.cache_pytree",),
+    ("hfexport.core.positions",),
     ("hfexport.backends",),
     ("hfexport.formats",),
-    ("hfexport.cache_pytree",),
     ("hfexport.naming",),
-    ("hfexport.positions",),
     ("hfexport.generation_spec",),
     ("hfexport.rewrites.examples", "hfexport.rewrites.declines", "hfexport.rewrites.upstream"),
     ("hfexport.rewrites.rule",),
@@ -174,7 +182,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    # The package root only re-exports lazily (hfexport/_lazy.py); importing a submodule runs it, so it is no edge.
+    # The package root only re-exports lazily (hfexport/core/_lazy.py); importing a submodule runs it, so it is no edge.
     return {m: imports_of(m) - {"hfexport"} for m in MODULES}
 
 
@@ -201,6 +209,15 @@ def test_no_import_circle() -> None:
     ]
     assert not inside, f"modules that import the package root (import from the defining module instead): {inside}"
     assert not _cycles(graph), f"import circles: {_cycles(graph)}"
+
+
+def test_core_is_the_bottom_of_the_stack() -> None:
+    # The folder mirrors the layer list: every module of hfexport/core/ sits below every module outside it.
+    core = [m for m in MODULES if m == "hfexport.core" or m.startswith("hfexport.core.")]
+    others = [m for m in MODULES if m not in core and m != "hfexport._version"]
+    highest = max(core, key=layer_of)
+    lowest = min(others, key=layer_of)
+    assert layer_of(highest) < layer_of(lowest), f"{lowest} (outside core/) is not above {highest} (in core/)"
 
 
 @pytest.mark.parametrize(

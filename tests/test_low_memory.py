@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from hfexport import ConfigError, InputError, OnnxConfig, OnnxExporter, empty_model
 from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
-from hfexport.checkpoints import Checkpoint
+from hfexport.core.checkpoints import Checkpoint
 from hfexport.frontends.empty_weights import weight_sources
 from hfexport.lowerings.onnx import STREAMED_KEY
 from hfexport.naming import onnx_feed
@@ -301,7 +301,7 @@ def test_cli_low_memory_export_and_validation(checkpoint: dict[str, Any], tmp_pa
 def test_the_default_path_streams_a_checkpoint_larger_than_half_the_available_memory(
     checkpoint: dict[str, Any], tmp_path: Path
 ) -> None:
-    from hfexport.checkpoints import available_memory, low_memory_reason
+    from hfexport.core.checkpoints import available_memory, low_memory_reason
 
     size = Checkpoint.open(checkpoint["folder"]).nbytes
     reason = low_memory_reason(checkpoint["folder"], available=int(size * 1.5))

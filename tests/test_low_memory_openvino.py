@@ -20,7 +20,7 @@ import transformers
 
 from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter, empty_model
 from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_ir
-from hfexport.checkpoints import Checkpoint
+from hfexport.core.checkpoints import Checkpoint
 from hfexport.lowerings.openvino_weights import SMALL_WEIGHT, is_streamed
 from hfexport.tiny import TINY_MODELS
 

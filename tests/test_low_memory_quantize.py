@@ -24,7 +24,7 @@ import transformers
 
 from hfexport import ConfigError, OnnxConfig, OnnxExporter, OpenVINOConfig, OpenVINOExporter, empty_model
 from hfexport.artifacts.low_memory import check_streamed_ir, check_streamed_quantized
-from hfexport.checkpoints import Checkpoint
+from hfexport.core.checkpoints import Checkpoint
 from hfexport.naming import onnx_feed
 from hfexport.quantizers import (
     NNCFOnnxQuantizer,

@@ -5,7 +5,7 @@ their index (`Checkpoint.open`, also compared with the safetensors library), an 
 OpenVINO IR pair (`hfexport.load`, then a run), the Hugging Face config files an artifact lists
 (`AutoExportedModel.from_pretrained`), and the CLI's model-folder probe (what `hfexport export --model FOLDER`
 reads before it loads any weight). Each gets inputs shaped like what it reads, then broken, and runs within a
-`Budget` (tests/fuzz_budget.py): only the library's own error types (`hfexport.errors`,
+`Budget` (tests/fuzz_budget.py): only the library's own error types (`hfexport.core.errors`,
 `hfexport.artifacts.errors`, the CLI's `UsageError`), no file opened outside the example's folder, no module
 imported or code run from it, no process started, and bounded time and memory per example. The default tier runs
 a short fuzz of each reader; `-m slow` runs `_LONG` examples each. The saved artifacts, mutated and loaded end to
@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from hfexport.artifacts import MANIFEST, ArtifactError, ManifestError, check_manifest, load, read_manifest
-from hfexport.checkpoints import _SAFETENSORS_DTYPES, INDEX_FILE, SINGLE_FILE, Checkpoint
-from hfexport.errors import ConfigError, InputError
+from hfexport.core.checkpoints import _SAFETENSORS_DTYPES, INDEX_FILE, SINGLE_FILE, Checkpoint
+from hfexport.core.errors import ConfigError, InputError
 from tests.flatbuffer_programs import Shape, Table, program, write
 from tests.fuzz_budget import Budget
 from tests.test_artifacts_fuzz import tiny_program
@@ -867,8 +867,8 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _probe(folder: Path, task: str) -> Any:
     """What `hfexport export --model FOLDER --task TASK` reads before it loads weights: the folder check, the
     low-memory decision (the checkpoint's headers), and the sample inputs (config, tokenizer, preprocessor)."""
-    from hfexport.checkpoints import low_memory_reason
     from hfexport.cli.models import check_model_spec, sample_inputs
+    from hfexport.core.checkpoints import low_memory_reason
 
     check_model_spec(str(folder), task)
     low_memory_reason(folder, available=1 << 40)

@@ -570,7 +570,7 @@ def test_the_cache_allow_list_takes_every_class_of_transformers_cache_module() -
     # export (the generation sweep's one regression after the allow-list).
     import transformers.cache_utils as cache_utils
 
-    from hfexport.cache_pytree import CacheContextError, _resolve_class
+    from hfexport.core.cache_pytree import CacheContextError, _resolve_class
 
     assert _resolve_class("transformers.cache_utils:DummyLayer") is cache_utils.DummyLayer
     with pytest.raises(CacheContextError):
@@ -584,7 +584,7 @@ def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node(
     from torch.utils import _pytree as pytree
     from transformers.models.reformer.modeling_reformer import ReformerDynamicCache, ReformerModel
 
-    from hfexport.cache_pytree import (
+    from hfexport.core.cache_pytree import (
         CacheContextError,
         _resolve_class,
         is_model_cache_class,
@@ -620,7 +620,7 @@ def test_a_cache_that_holds_its_models_config_round_trips_and_only_config_classe
     from transformers import xLSTMConfig
     from transformers.models.xlstm.modeling_xlstm import xLSTMCache
 
-    from hfexport.cache_pytree import (
+    from hfexport.core.cache_pytree import (
         CacheContextError,
         _dump_context,
         _load_context,

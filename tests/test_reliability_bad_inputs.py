@@ -31,7 +31,7 @@ from hfexport import (
     OpenVINOConfig,
     OpenVINOExporter,
 )
-from hfexport.errors import ConfigError, InputError, MissingPackageError, OutputPathError
+from hfexport.core.errors import ConfigError, InputError, MissingPackageError, OutputPathError
 from hfexport.rewrites.engine import fault_injection
 from hfexport.rewrites.rule import RuleSelection
 from hfexport.tiny import get_tiny_model

@@ -1,6 +1,6 @@
 """Malformed and hostile safetensors checkpoints (docs/reliability.md, "Bad inputs: exporting"; issue #39 items 3a, 4).
 
-A low-memory export reads the checkpoint's headers itself (`hfexport.checkpoints`), and so does every folder
+A low-memory export reads the checkpoint's headers itself (`hfexport.core.checkpoints`), and so does every folder
 export of the CLI (the automatic low-memory decision). Each case below is one malformed file: `Checkpoint.open`
 raises one `InputError` naming the file (and the tensor), never a raw exception, and never accepts what the
 safetensors library (`safe_open`) refuses. A header that claims 2 GiB is refused before it is read.
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from hfexport.checkpoints import INDEX_FILE, MAX_HEADER_BYTES, SINGLE_FILE, Checkpoint, low_memory_reason
-from hfexport.errors import InputError
+from hfexport.core.checkpoints import INDEX_FILE, MAX_HEADER_BYTES, SINGLE_FILE, Checkpoint, low_memory_reason
+from hfexport.core.errors import InputError
 
 F32 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -155,8 +155,8 @@ def test_a_header_claiming_two_gib_is_refused_in_well_under_a_second_without_rea
     # would not show in the RSS difference above.
     probe = (
         "import resource, sys\n"
-        "from hfexport.checkpoints import low_memory_reason\n"
-        "from hfexport.errors import InputError\n"
+        "from hfexport.core.checkpoints import low_memory_reason\n"
+        "from hfexport.core.errors import InputError\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n"
         "    low_memory_reason(sys.argv[1], available=1)\n"

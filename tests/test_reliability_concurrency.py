@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from hfexport.errors import HfExportError
+from hfexport.core.errors import HfExportError
 from hfexport.rewrites.engine import fault_injection, stage_listener
 from hfexport.rewrites.kinds.patch import MethodPatch, PatchSession, installed_gates
 from hfexport.rewrites.rule import RuleMeta

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from hfexport import AutoHfExporter
-from hfexport.errors import HfExportError
+from hfexport.core.errors import HfExportError
 from hfexport.rewrites.engine import fault_injection
 from tests.test_reliability_invariants import (
     assert_close_to,

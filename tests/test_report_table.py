@@ -33,7 +33,7 @@ def test_all_rules_are_listed_on_request_and_lines_fit_the_width() -> None:
 
 
 def test_progress_lines_give_elapsed_time_and_an_eta() -> None:
-    from hfexport.timing import duration, eta
+    from hfexport.core.timing import duration, eta
 
     assert [duration(s) for s in (4.6, 65, 3725)] == ["5s", "1m05s", "1h02m"]
     assert eta(2, 5, 60) == "elapsed 1m00s, ETA 1m30s"  # 30 s each, 3 left

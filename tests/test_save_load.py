@@ -230,7 +230,7 @@ def test_overwrite_without_an_atomic_exchange_falls_back_to_two_renames(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Filesystems without renameat2(RENAME_EXCHANGE) (and non-Linux systems) take the two-rename path.
-    import hfexport.files as files
+    import hfexport.core.files as files
 
     program, config, report = exported("dynamo")
     out = save(program, tmp_path / "a", config=config, report=report, metadata={"n": 1})
@@ -426,7 +426,7 @@ def _pair(folder: Path) -> dict[str, str]:
 
 
 def test_an_interrupted_pair_replacement_leaves_the_old_pair_and_nothing_else(tmp_path: Path) -> None:
-    from hfexport.files import save_atomically
+    from hfexport.core.files import save_atomically
 
     path = tmp_path / "model.onnx"
     save_atomically(path, _write_pair("old"), side_files_named_by_main=True)
@@ -450,7 +450,7 @@ def test_an_interrupted_pair_replacement_leaves_the_old_pair_and_nothing_else(tm
 
 _DEFERRED = """
 import os, signal, time
-from hfexport.files import interrupts_deferred
+from hfexport.core.files import interrupts_deferred
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 done = []
@@ -475,7 +475,7 @@ def test_a_ctrl_c_in_a_deferred_block_arrives_when_it_ends() -> None:
 
 def _save_onnx(program: Any, path: Path, external_data: bool = True) -> None:
     # What OnnxExporter does with `output_path`.
-    from hfexport.files import save_atomically
+    from hfexport.core.files import save_atomically
 
     save_atomically(path, lambda p: program.save(p, external_data=external_data), side_files_named_by_main=True)
 

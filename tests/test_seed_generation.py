@@ -135,7 +135,7 @@ def test_a_spec_with_python_inputs_from_an_older_export_is_refused(exported: tup
     import dataclasses
 
     from hfexport.backends.dynamo.driver import DynamoDriver
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
 
     _, components = exported
     spec = copy.deepcopy(components.spec)

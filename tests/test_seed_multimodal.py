@@ -144,7 +144,7 @@ def _merged_embeddings(case: Case, image_embeds: torch.Tensor) -> torch.Tensor:
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
-    from hfexport.cache_pytree import register_cache_pytrees
+    from hfexport.core.cache_pytree import register_cache_pytrees
 
     register_cache_pytrees()
     return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
@@ -392,7 +392,7 @@ def test_seed_components_run_in_the_callers_loop(name: str, backend: str) -> Non
 
 @pytest.mark.slow  # one more LLaVA export
 def test_without_runtime_components_the_dict_is_the_same_and_generate_says_what_is_missing() -> None:
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
     from hfexport.runtime.generation import generate
 
     case = _llava()

@@ -27,7 +27,7 @@ import torch
 
 from hfexport.artifacts import ArtifactError, load, save
 from hfexport.artifacts.hf_files import collect, folder_files
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 ENV.pop("HFEXPORT_DEBUG", None)
@@ -211,7 +211,7 @@ def _to_fifo(path: Path) -> None:
 
 @pytest.mark.parametrize("swap", [_to_symlink, _to_fifo], ids=["symlink", "fifo"])
 def test_a_file_swapped_between_the_check_and_the_read_is_refused(tmp_path: Path, swap: Any) -> None:
-    from hfexport.model_files import check_folder_file, read_folder_file
+    from hfexport.core.model_files import check_folder_file, read_folder_file
 
     folder = _folder(tmp_path)
     (folder / "vocab.txt").write_text("a\nb\n")
@@ -293,7 +293,7 @@ def test_a_folder_config_with_auto_map_beside_a_known_model_type_runs_nothing(tm
     marker = tmp_path / "code-ran"
     config = {**LLAMA, "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}
     folder = _code_folder(tmp_path, marker, config=config)
-    from hfexport.model_files import code_needed
+    from hfexport.core.model_files import code_needed
 
     assert code_needed({"config.json": (folder / "config.json").read_bytes()}) is None
     # Saved beside an export, the code its auto_map names is copied and listed, so the artifact is complete.

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from hfexport import versions
-from hfexport.errors import MissingPackageError
+from hfexport.core import versions
+from hfexport.core.errors import MissingPackageError
+from hfexport.core.versions import check_packages, install_hint
 from hfexport.exporters import DynamoExporter
-from hfexport.versions import check_packages, install_hint
 
 MISSING = "hfexport-test-package-that-is-not-installed"
 

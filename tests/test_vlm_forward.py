@@ -96,7 +96,7 @@ def test_qwen2_vl_forward_exports_to_onnx_and_the_runner_refuses_another_grid(tm
     hfexport.save(program, tmp_path / "out")
     loaded = hfexport.load(tmp_path / "out")
     _check_text_lengths(entry, model, loaded.run, 1e-3)
-    with pytest.raises(hfexport.errors.InputError, match=r"image_grid_thw=\[\[1, 4, 4\], \[1, 4, 4\]\]"):
+    with pytest.raises(hfexport.InputError, match=r"image_grid_thw=\[\[1, 4, 4\], \[1, 4, 4\]\]"):
         loaded.run(_other_layout(entry))
 
 

@@ -16,7 +16,7 @@ import torch
 
 import hfexport
 from hfexport import DynamoConfig, DynamoExporter
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.testing.corpus import load_entry
 from hfexport.testing.corpus_check import check_entry, failures
 

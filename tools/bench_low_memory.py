@@ -284,7 +284,7 @@ def check_weights(folder: Path, out: Path, fmt: str = "onnx", quantized: bool = 
     """The low-memory artifact's streamed weights against the checkpoint, one tensor at a time (quantized ones
     recomputed from it)."""
     from hfexport.artifacts.low_memory import check_streamed_ir, check_streamed_quantized, check_streamed_weights
-    from hfexport.checkpoints import Checkpoint
+    from hfexport.core.checkpoints import Checkpoint
 
     if fmt == "openvino":
         result = check_streamed_ir(out / "model.xml", Checkpoint.open(folder))

@@ -22,9 +22,9 @@ from typing import Any
 
 from hfexport.apps.audit_records import Ablation, Audit, GraphStats, RuleAudit, shorten
 from hfexport.backends.registry import backend, find
+from hfexport.core.timing import eta
 from hfexport.rewrites.catalogue import expiry_status
 from hfexport.rewrites.rule import STAGES, Rule, RuleMeta, RuleSelection
-from hfexport.timing import eta
 
 Progress = Callable[[str], None]
 

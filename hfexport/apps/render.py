@@ -404,7 +404,7 @@ def write_documents(doc: Document, targets: Sequence[tuple[str, str | None]]) ->
     """Write `doc` to each (render format, path) whose path is set; return the paths written."""
     from pathlib import Path
 
-    from hfexport.files import write_text_atomically
+    from hfexport.core.files import write_text_atomically
 
     written = []
     for render_format, path in targets:

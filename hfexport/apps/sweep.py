@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from hfexport.apps.sweep_case import GENERATION, GenerationCheck
 from hfexport.backends.registry import backend
-from hfexport.timing import eta
+from hfexport.core.timing import eta
 
 Progress = Callable[[str], None]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from hfexport.apps.sweep import SweepProgress, SweepRow, crash_row, timeout_row
 from hfexport.apps.sweep_case import child, quiet_child
-from hfexport.errors import MissingPackageError
+from hfexport.core.errors import MissingPackageError
 
 # A case task: (entry file stem, entry JSON text, format, config JSON) -> the row as a dict.
 CaseTask = Callable[[str, str, str, str], dict[str, Any]]

@@ -19,7 +19,7 @@
 | `eval_text` | held-out text on every machine: the Python stdlib's source, split by a hash of each file's name |
 | `accuracy` | `quantization_accuracy`: a quantized export against its float model on held-out text; `BUDGETS` |
 
-Writing to disk goes through `hfexport.files` (the one atomic-write implementation).
+Writing to disk goes through `hfexport.core.files` (the one atomic-write implementation).
 
 What differs per format (the files, how they are written, checked and opened) is each backend's
 `ArtifactFormat` and `Runtime`, in its folder (`hfexport/backends/<name>/artifact.py`, `driver.py`).

@@ -21,7 +21,7 @@ import torch
 
 from hfexport.artifacts.eval_text import heldout_python
 from hfexport.artifacts.loaded import LoadedExport, load
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.report import AccuracyRecord
 
 

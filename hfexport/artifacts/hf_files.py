@@ -8,7 +8,7 @@ size and sha256, like every other file, so `load` refuses a tampered one.
 They come from objects (`model.config.save_pretrained`, `tokenizer.save_pretrained`, `processor.save_pretrained`:
 every file these write) or from a model folder (the files of `HF_FILE_NAMES` that are there, copied byte for
 byte; weights are never copied: the export holds them). A model folder's files are read only from inside it
-(`hfexport.model_files`: no symlink out, no FIFO or device, no file over `MAX_HF_FILE_BYTES`). A config,
+(`hfexport.core.model_files`: no symlink out, no FIFO or device, no file over `MAX_HF_FILE_BYTES`). A config,
 tokenizer or processor file that names Python code of its own (`auto_map`, transformers' `trust_remote_code`)
 is saved with that code, listed like every file, and `load` refuses an artifact whose files name code it does
 not list: nothing hfexport writes or accepts makes `from_pretrained(out, trust_remote_code=True)` import an
@@ -26,8 +26,8 @@ from typing import Any
 
 from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.paths import check_path
-from hfexport.errors import InputError
-from hfexport.model_files import (
+from hfexport.core.errors import InputError
+from hfexport.core.model_files import (
     CODE_NAMING_FILES,
     HF_FILE_NAMES,
     MAX_HF_FILE_BYTES,
@@ -154,7 +154,7 @@ def check_folder(folder: str | Path) -> None:
 def folder_files(folder: str | Path) -> HfFiles:
     """The files of `HF_FILE_NAMES` in a model folder, by name, and the Python files their `auto_map` names.
 
-    Each is read as `hfexport.model_files` reads a model folder's files: only a regular file inside the folder
+    Each is read as `hfexport.core.model_files` reads a model folder's files: only a regular file inside the folder
     (a symlink into it, or into the hub cache's blobs of the same repository, is read through), no larger than
     `MAX_HF_FILE_BYTES`; anything else is refused with `InputError` naming the file.
     """

@@ -30,7 +30,7 @@ from hfexport.artifacts.errors import ArtifactError, FailedValidationWarning, Un
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
 from hfexport.artifacts.hf_files import check_listed_code
 from hfexport.artifacts.manifest import SINGLE, check_files, read_manifest, validation_verdict
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import image_count_mismatch
 from hfexport.runtime.drivers import backend
 

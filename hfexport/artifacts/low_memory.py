@@ -27,8 +27,8 @@ from hfexport.artifacts.errors import ArtifactError
 from hfexport.artifacts.formats import artifact_format
 from hfexport.artifacts.publish import save
 from hfexport.artifacts.validation import Validation, validate
-from hfexport.checkpoints import Checkpoint
 from hfexport.configs import OnnxConfig, OpenVINOConfig
+from hfexport.core.checkpoints import Checkpoint
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 from hfexport.artifacts.errors import ArtifactError, ManifestError, UnsafePathError
 from hfexport.artifacts.formats import ARTIFACT_FORMATS
 from hfexport.artifacts.paths import check_path
-from hfexport.files import digest, is_inside, write_text_atomically
+from hfexport.core.files import digest, is_inside, write_text_atomically
 from hfexport.formats import FORMATS, MAIN_FILE
 
 MANIFEST = "manifest.json"
@@ -295,7 +295,7 @@ def _check_positions(positions: Any, where: str) -> None:
     """`MultimodalPositions.to_dict()`: exactly its keys and its blocks' keys, with values of their types."""
     if positions is None:
         return
-    from hfexport.positions import MultimodalPositions, PositionBlock
+    from hfexport.core.positions import MultimodalPositions, PositionBlock
 
     _check_keys(positions, MultimodalPositions, where)
     if positions["type_key"] is not None and not isinstance(positions["type_key"], str):

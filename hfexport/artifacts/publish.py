@@ -11,7 +11,7 @@ and a format with `write_components` writes the distinct graphs beside one weigh
 `decode.onnx`, `weights.data`) or into one program with a method per component (ExecuTorch: `model.pte`, its
 methods `prefill` and `decode`, which the manifest names); each component's report stays in its subfolder.
 Everything is written into a temporary folder beside the destination, flushed, then renamed into place
-(`hfexport.files.replace_folder`: an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the
+(`hfexport.core.files.replace_folder`: an existing artifact is swapped out in one `renameat2(RENAME_EXCHANGE)` where the
 filesystem has it). A save killed at any point leaves the destination absent or the previous artifact whole; the
 next save into the same place removes the dead save's temporary folder.
 """
@@ -43,7 +43,7 @@ from hfexport.artifacts.manifest import (
     read_manifest,
     to_plain,
 )
-from hfexport.files import digest, fsync, is_inside, remove_dead_temporaries, replace_folder, temporary_beside
+from hfexport.core.files import digest, fsync, is_inside, remove_dead_temporaries, replace_folder, temporary_beside
 from hfexport.formats import MAIN_FILE, format_of
 
 Progress = Callable[[str], None]
@@ -370,7 +370,7 @@ def _versions(reports: Mapping[str, Any]) -> dict[str, str]:
     for r in reports.values():
         versions.update({str(k): str(v) for k, v in (getattr(r, "versions", None) or {}).items()})
     if not versions:
-        from hfexport.versions import installed_version
+        from hfexport.core.versions import installed_version
 
         for name in ("torch", "transformers"):
             found = installed_version(name)

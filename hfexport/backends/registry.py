@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hfexport.backends.descriptor import Backend
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 
 PACKAGES: tuple[str, ...] = (
     "hfexport.backends.dynamo",

@@ -29,7 +29,7 @@ from hfexport.cli.models import (
 )
 from hfexport.cli.progress import Progress
 from hfexport.cli.validation import check_generation, conclude, crashed, validation_tolerance
-from hfexport.files import interrupts_deferred
+from hfexport.core.files import interrupts_deferred
 from hfexport.formats import MAIN_FILE
 
 
@@ -95,7 +95,7 @@ def auto_low_memory(args: argparse.Namespace) -> bool:
     """Whether an export without `--low-memory`/`--no-low-memory` streams its weights: a folder model whose
     checkpoint takes more than half the available memory, exported to ONNX or OpenVINO as one graph; said on
     stderr. Other formats and options cannot stream: they load the model as before."""
-    from hfexport.checkpoints import low_memory_reason
+    from hfexport.core.checkpoints import low_memory_reason
     from hfexport.tiny import TINY_MODELS
 
     streams = backend(args.format).streams_weights
@@ -184,7 +184,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from hfexport.artifacts import ArtifactExistsError, check_destination, save, update_manifest
     from hfexport.auto import AutoHfExporter
-    from hfexport.errors import HfExportError
+    from hfexport.core.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
 
     output = Path(args.output)
@@ -448,7 +448,7 @@ def _export_generation(
     and compares `--new-tokens` greedy tokens of the exported components with `model.generate`.
     """
     from hfexport.artifacts import save, update_manifest
-    from hfexport.errors import HfExportError
+    from hfexport.core.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
 
     why = f" (--task {args.task}: what generate runs, as --generation)" if args.task in GENERATION_TASKS else ""

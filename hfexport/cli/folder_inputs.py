@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
-from hfexport.errors import InputError
-from hfexport.model_files import read_folder_file
+from hfexport.core.errors import InputError
+from hfexport.core.model_files import read_folder_file
 
 # Text tokens (the decoder prompt of a speech model; the prompt around the image of a VLM) when
 # `--sequence-length` does not say.

@@ -92,9 +92,9 @@ def canonical_task(task: str) -> str:
 def check_model_spec(spec: str, task: str, trust_remote_code: bool = False) -> None:
     """Refuse, before any work, a `--model` that is neither built in nor a loadable folder, a `--task` that
     does not fit it, a folder whose config or tokenizer files would be refused when saved beside the export
-    (`hfexport.model_files`: a symlink out of the folder, not a regular file, too large), and one that needs
+    (`hfexport.core.model_files`: a symlink out of the folder, not a regular file, too large), and one that needs
     its own Python code without `--trust-remote-code`."""
-    from hfexport.model_files import HF_FILE_NAMES, check_folder_files, code_needed, read_folder_file
+    from hfexport.core.model_files import HF_FILE_NAMES, check_folder_files, code_needed, read_folder_file
     from hfexport.tiny import TINY_MODELS
 
     task = canonical_task(task)

@@ -415,7 +415,7 @@ def _check_combinations(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit code (`ExitCode`). Tracebacks only with `--debug`/`HFEXPORT_DEBUG`."""
-    from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+    from hfexport.core.errors import ConfigError, HfExportError, InputError, MissingPackageError
 
     debug = debug_enabled(argv)
     try:

@@ -123,7 +123,7 @@ def cmd_rules_show(args: argparse.Namespace) -> int:
     ]
     if upstream is not None and upstream.kind == "package":
         # A pin says which release the rule was written against; the installed one may have moved on.
-        from hfexport.versions import installed_version
+        from hfexport.core.versions import installed_version
 
         installed = installed_version(upstream.package) or "not installed"
         pinned = f"(written against {upstream.package} {upstream.version}; installed: {installed})"

@@ -6,6 +6,7 @@ the descriptors on first use.
 """
 
 from hfexport.backends.registry import lazy_classes
+from hfexport.core.files import save_atomically
 from hfexport.exporters.base import EXPORT_LOCK, HfExporter
 from hfexport.exporters.pipeline import CaptureExporter, Lowering, effective_selection
 from hfexport.exporters.preflight import (
@@ -14,7 +15,6 @@ from hfexport.exporters.preflight import (
     check_output_path,
     preflight,
 )
-from hfexport.files import save_atomically
 
 __all__ = [
     "EXPORT_LOCK",

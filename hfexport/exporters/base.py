@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.configs import ExportConfigMixin
-from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.core.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.core.versions import check_packages
 from hfexport.exporters.preflight import check_generation_call
 from hfexport.report import ExportReport
-from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")
 

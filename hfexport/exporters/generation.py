@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hfexport.configs import ExportConfigMixin
-from hfexport.errors import HfExportError
+from hfexport.core.errors import HfExportError
 
 logger = logging.getLogger("hfexport")
 

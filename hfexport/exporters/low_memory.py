@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import Checkpoint, WeightSource
 from hfexport.configs import check_streaming_quantizer
-from hfexport.errors import ConfigError
+from hfexport.core.checkpoints import Checkpoint, WeightSource
+from hfexport.core.errors import ConfigError
 
 
 def low_memory_weights(model: torch.nn.Module, config: Any) -> WeightSource:

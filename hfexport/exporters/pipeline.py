@@ -12,7 +12,7 @@ import torch
 
 from hfexport.backends.registry import find
 from hfexport.configs import ExportConfigMixin
-from hfexport.errors import ConfigError, HfExportError
+from hfexport.core.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
 from hfexport.exporters.preflight import bfloat16_upcast, preflight
 from hfexport.generation_spec import IMAGE_COUNT_META, STATIC_AXES_META

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import ConfigError, InputError, OutputPathError
+from hfexport.core.errors import ConfigError, InputError, OutputPathError
 
 # generate kwargs that are model inputs, always tensors (others such as `forced_decoder_ids` may be lists).
 _TENSOR_KWARGS = frozenset(
@@ -91,7 +91,7 @@ def _input_tensors(sample_inputs: Mapping[str, Any]) -> Iterator[tuple[str, torc
     """(input name, tensor) for every tensor of the sample inputs: plain, in pytrees, in a transformers Cache."""
     from transformers.cache_utils import Cache
 
-    from hfexport.cache_pytree import flatten_cache
+    from hfexport.core.cache_pytree import flatten_cache
 
     for name, value in sample_inputs.items():
         if isinstance(value, torch.Tensor):

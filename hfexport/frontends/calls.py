@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.naming import CACHE_ALIASES
 
 Components = dict[str, tuple[torch.nn.Module, dict[str, Any]]]
@@ -245,8 +245,8 @@ def layer_type_masks(model: torch.nn.Module, call: dict[str, Any]) -> tuple[dict
 
 
 def _is_model_cache(value: Any) -> bool:
-    """A model-defined cache object (`hfexport.cache_pytree.is_model_cache_class`), a pytree node like a `Cache`."""
-    from hfexport.cache_pytree import is_model_cache_class
+    """A model-defined cache object (`core.cache_pytree.is_model_cache_class`), a pytree node like a `Cache`."""
+    from hfexport.core.cache_pytree import is_model_cache_class
 
     return is_model_cache_class(type(value))
 

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
+from hfexport.core.positions import MultimodalPositions
+from hfexport.core.positions import derive as derive_positions
 from hfexport.frontends.calls import _LOOP_KWARGS, Components, _cache_key, _is_static, _linear_only, _query_length
 from hfexport.frontends.torch_export import scalar_sequence
 from hfexport.generation_spec import CacheLeaf, ComponentSpec, GenerationSpec
 from hfexport.naming import tensor_leaves
-from hfexport.positions import MultimodalPositions
-from hfexport.positions import derive as derive_positions
 
 
 class GenerationComponents(dict):
@@ -31,7 +31,7 @@ class GenerationComponents(dict):
 
 
 def _leaves(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
-    from hfexport.cache_pytree import register_cache_pytrees
+    from hfexport.core.cache_pytree import register_cache_pytrees
     from hfexport.naming import leaf_names
 
     register_cache_pytrees()

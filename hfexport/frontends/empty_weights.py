@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import Checkpoint
-from hfexport.errors import InputError
+from hfexport.core.checkpoints import Checkpoint
+from hfexport.core.errors import InputError
 
 
 def is_empty(tensor: torch.Tensor) -> bool:

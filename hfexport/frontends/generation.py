@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.frontends.calls import (
     _LOOP_KWARGS,
     CACHE_INPUT,

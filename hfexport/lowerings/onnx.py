@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import WeightSource
 from hfexport.configs import OnnxConfig
-from hfexport.errors import HfExportError
+from hfexport.core.checkpoints import WeightSource
+from hfexport.core.errors import HfExportError
 from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
 from hfexport.naming import paired_names, user_input_names, user_output_names
 

@@ -19,7 +19,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from hfexport.checkpoints import Checkpoint
+from hfexport.core.checkpoints import Checkpoint
 
 # Rows of a checkpoint tensor read, cast and written at a time (the block and its cast/transposed copy are held).
 BLOCK_BYTES = 4 << 20

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import WeightSource
 from hfexport.configs import OpenVINOConfig
+from hfexport.core.checkpoints import WeightSource
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, paired_names, signature_names
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RewriteContext

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import Checkpoint, WeightSource
-from hfexport.errors import HfExportError
+from hfexport.core.checkpoints import Checkpoint, WeightSource
+from hfexport.core.errors import HfExportError
 
 # Weights up to this many elements are read for real before conversion (as the ONNX path's optimizer reads those
 # it folds): the converter folds small weights into reshaped constants (RMSNorm weights to [1, 1, hidden]).

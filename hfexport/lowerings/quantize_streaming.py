@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from hfexport.checkpoints import Checkpoint
-from hfexport.errors import HfExportError
+from hfexport.core.checkpoints import Checkpoint
+from hfexport.core.errors import HfExportError
 
 # The compressed Const's element type -> the NNCF mode that writes it (OpenVINO backend, nncf 3.4).
 MODES = {"i4": "int4_sym", "u4": "int4_asym", "i8": "int8_sym", "u8": "int8_asym"}

@@ -7,7 +7,7 @@ feeds are `hfexport.naming.onnx_feed` and `openvino_feed`). The quantizer classe
 
 from __future__ import annotations
 
-from hfexport._lazy import lazy_getattr
+from hfexport.core._lazy import lazy_getattr
 from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, traced_inputs
 
 _LAZY = {

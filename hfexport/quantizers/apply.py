@@ -15,7 +15,7 @@ import torch
 
 from hfexport.backends.dynamo.ops import fx_quantized_op_counts
 from hfexport.backends.registry import backend
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.quantizers.base import ExportQuantizer, jsonable
 from hfexport.report import QuantizationRecord
 
@@ -66,7 +66,7 @@ def reexport(
     options: Any,
 ) -> torch.export.ExportedProgram:
     """Export a quantized GraphModule again, with the dynamic shapes the capture used (`CaptureOptions`)."""
-    from hfexport.cache_pytree import register_cache_pytrees
+    from hfexport.core.cache_pytree import register_cache_pytrees
     from hfexport.frontends.torch_export import auto_dynamic_shapes
 
     register_cache_pytrees()

@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.errors import ConfigError, InputError
+from hfexport.core.errors import ConfigError, InputError
+from hfexport.core.versions import check_packages
 from hfexport.formats import ExportFormat
-from hfexport.versions import check_packages
 
 logger = logging.getLogger("hfexport")
 

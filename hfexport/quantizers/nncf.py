@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.naming import onnx_feed, openvino_feed
 from hfexport.quantizers.base import ExportQuantizer, jsonable, traced_inputs

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.naming import onnx_feed
 from hfexport.quantizers.base import CalibrationSet, ExportQuantizer, jsonable, traced_inputs

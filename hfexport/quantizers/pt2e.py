@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.formats import ExportFormat
 from hfexport.quantizers.base import ExportQuantizer, traced_inputs
 from hfexport.rewrites.rules.executorch._pt2e import (

@@ -25,7 +25,7 @@ def expiry_status(meta: RuleMeta) -> tuple[bool, str]:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from hfexport.versions import installed_version
+    from hfexport.core.versions import installed_version
 
     requirement = Requirement(meta.expires)
     installed = installed_version(requirement.name)

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfexport.errors import ConfigError, HfExportError, InputError, MissingPackageError
+from hfexport.core.errors import ConfigError, HfExportError, InputError, MissingPackageError
 from hfexport.rewrites.declines import (
     MAX_DECLINE_REASONS,
     declines_to,

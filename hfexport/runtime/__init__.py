@@ -6,7 +6,7 @@ Names load lazily, so importing this package imports no backend.
 
 from __future__ import annotations
 
-from hfexport._lazy import lazy_getattr
+from hfexport.core._lazy import lazy_getattr
 
 _EXPORTS = {
     "generate": "hfexport.runtime.generation",

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 
 _NAME = re.compile(r"^(cpu|cuda|gpu)(?:[:.](\d+))?$")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.naming import executorch_named_feed, manager_input_names
 
 __all__ = [

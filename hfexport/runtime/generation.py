@@ -28,12 +28,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
+from hfexport.core.positions import apply as rebuild_positions
+from hfexport.core.positions import text_positions
 from hfexport.formats import format_of
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX
-from hfexport.positions import apply as rebuild_positions
-from hfexport.positions import text_positions
 from hfexport.runtime.drivers import Driver, RuntimeOptions, Step, backend
 from hfexport.runtime.drivers.base import SavedComponent
 from hfexport.runtime.sampling import Sampler, keep_eos_away, process_logits

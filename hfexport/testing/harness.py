@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from hfexport.backends.registry import backend as descriptor
 from hfexport.backends.registry import backends
-from hfexport.errors import HfExportError
+from hfexport.core.errors import HfExportError
 from hfexport.report import ExportReport
 from hfexport.rewrites import engine
 from hfexport.rewrites.engine import RuleOutcome, RuleRegistry

@@ -195,7 +195,7 @@ def test_the_dynamic_empty_example_is_planned_at_the_sample_shape_without_its_ru
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
     from hfexport.rewrites.rules.executorch.dynamic_empty_as_zeros import dynamic_empty_as_zeros as rule
 
     match = rule.meta.examples[0]
@@ -214,7 +214,7 @@ def test_the_split_example_is_planned_at_the_sample_batch_without_its_rule() -> 
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport.errors import InputError
+    from hfexport.core.errors import InputError
     from hfexport.rewrites.rules.executorch.split_as_slices import split_as_slices as rule
 
     match = rule.meta.examples[0]

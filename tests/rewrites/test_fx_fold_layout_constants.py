@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hfexport import AutoExportConfig, AutoHfExporter
-from hfexport.errors import HfExportError
+from hfexport.core.errors import HfExportError
 from hfexport.rewrites.rules.fx.fold_layout_constants import fold_layout_constants as rule
 
 

@@ -10,7 +10,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from hfexport import versions
+from hfexport.core import versions
 from hfexport.rewrites.catalogue import expiry_status, rule_location, rule_module_name
 from hfexport.rewrites.engine import default_registry
 from hfexport.rewrites.rule import RuleDefinitionError, RuleMeta

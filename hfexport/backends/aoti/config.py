@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hfexport.backends.dynamo.config import DynamoConfig
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 
 
 @dataclass

@@ -11,8 +11,8 @@ import torch
 from hfexport.backends.aoti.config import AOTInductorConfig
 from hfexport.backends.dynamo.exporter import DynamoExporter
 from hfexport.configs import ExportConfigMixin
+from hfexport.core.files import save_atomically
 from hfexport.exporters.pipeline import Lowering, functionalized
-from hfexport.files import save_atomically
 
 
 class AOTInductorLowering(Lowering):

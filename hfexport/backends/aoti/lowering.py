@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import ConfigError, InputError
+from hfexport.core.errors import ConfigError, InputError
 
 # The package metadata keys hfexport writes (`AOTICompiledModel.get_metadata()`).
 INPUTS_KEY = "hfexport.inputs"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hfexport.configs import ExportConfigMixin
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 from hfexport.rewrites.rule import RuleSelection
 
 

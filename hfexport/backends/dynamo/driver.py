@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import CacheLeaf
 from hfexport.naming import CACHE_ALIASES, named_outputs
 from hfexport.runtime.drivers.base import Driver, Runtime, SavedComponent, Step, initial_leaf
@@ -31,7 +31,7 @@ class DynamoDriver(Driver):
         self.cache: Any = None
 
     def start(self, first: str, batch: int, max_cache_len: int | None) -> None:
-        from hfexport.cache_pytree import flatten_cache, unflatten_cache
+        from hfexport.core.cache_pytree import flatten_cache, unflatten_cache
 
         key = self.spec.cache_key
         self.cache = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hfexport.backends.dynamo.config import DynamoConfig
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 
 EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
 

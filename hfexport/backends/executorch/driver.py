@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import GenerationSpec
 from hfexport.naming import OUTPUT_PREFIX, plain_name, spec_names
 from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, flat

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import LAYOUT_METADATA_KEY, layout_mismatch
 from hfexport.naming import INPUT_PREFIX, OUTPUT_PREFIX, onnx_feed, plain_name
 from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step, cache_name, flat

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from hfexport.backends.dynamo.config import DynamoConfig
 from hfexport.configs import check_low_memory
-from hfexport.errors import ConfigError
+from hfexport.core.errors import ConfigError
 
 
 @dataclass

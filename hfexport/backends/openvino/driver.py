@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.naming import plain_name, variable_leaf
 from hfexport.runtime.drivers.base import NamedDriver, Runtime, SavedComponent, Step
 

@@ -10,9 +10,9 @@ import torch
 from hfexport.backends.dynamo.exporter import DynamoExporter
 from hfexport.backends.openvino.config import OpenVINOConfig
 from hfexport.configs import ExportConfigMixin
+from hfexport.core.files import save_atomically
 from hfexport.exporters.base import HfExporter
 from hfexport.exporters.pipeline import Lowering
-from hfexport.files import save_atomically
 
 
 class OpenVINOLowering(Lowering):

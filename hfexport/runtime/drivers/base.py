@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 from hfexport.generation_spec import CacheLeaf, GenerationSpec, layout_mismatch
 from hfexport.naming import CACHE_ALIASES, INPUT_PREFIX, OUTPUT_PREFIX, leaf_names
 

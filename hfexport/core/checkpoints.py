@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import HfExportError, InputError
-from hfexport.files import is_inside_model_folder
+from hfexport.core.errors import HfExportError, InputError
+from hfexport.core.files import is_inside_model_folder
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -13,7 +13,7 @@ import logging
 
 from packaging.version import InvalidVersion, Version
 
-from hfexport.errors import MissingPackageError
+from hfexport.core.errors import MissingPackageError
 
 logger = logging.getLogger("hfexport")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import InputError
+from hfexport.core.errors import InputError
 
 
 @dataclass

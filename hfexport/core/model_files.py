@@ -10,7 +10,7 @@ file itself (its type and size from `fstat`, and on Linux the path `/proc/self/f
 read is what was checked.
 
 `code_needed` says whether a folder's files need Python code of their own (transformers' `trust_remote_code`),
-from the files alone: nothing of the folder is imported. Standard library only (and `hfexport.errors`;
+from the files alone: nothing of the folder is imported. Standard library only (and `hfexport.core.errors`;
 transformers' tables are imported only for a file that has an `auto_map`), so any layer may use it.
 """
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hfexport.errors import InputError
-from hfexport.files import is_inside_model_folder
+from hfexport.core.errors import InputError
+from hfexport.core.files import is_inside_model_folder
 
 # The files of a Hugging Face folder besides the weights that `from_pretrained` of a config, a generation
 # config, a tokenizer or a processor reads. Copied from a model folder when present.

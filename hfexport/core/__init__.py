@@ -1,0 +1,1 @@
+"""The base layers: exceptions, version checks, files, checkpoints, cache pytrees, position templates."""
