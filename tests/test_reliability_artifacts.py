@@ -427,25 +427,33 @@ def test_onnx_external_data_out_of_its_file_or_through_a_hard_link_is_refused(
 
 # Every model file of every format, replaced by random bytes or cut short, with the manifest re-hashed to match:
 # a refusal in `load` (checked before the runtime sees the file), never an abort of the process.
+# ExecuTorch's in the slow tier (a minute's lowering; tests/test_pte_structure.py and the .pte fuzzer check the
+# structure check itself in the default tier).
 DAMAGED_FILES = [
     ("dynamo", "model.pt2"),
     ("onnx", "model.onnx"),
     ("onnx", "model.onnx.data"),
-    ("executorch", "model.pte"),
     ("openvino", "model.xml"),
     ("openvino", "model.bin"),
 ]
 
 
+@pytest.mark.parametrize(
+    "damaged_files",
+    [
+        pytest.param(DAMAGED_FILES, id="default"),
+        pytest.param([("executorch", "model.pte")], id="executorch", marks=pytest.mark.slow),
+    ],
+)
 def test_a_model_file_of_random_bytes_or_cut_short_is_refused_never_an_abort(
-    artifacts: Callable[[str], Path], tmp_path: Path
+    artifacts: Callable[[str], Path], tmp_path: Path, damaged_files: list[tuple[str, str]]
 ) -> None:
     import random
 
     from tests.loading_child import Job, load_in_child
 
     jobs = []
-    for backend, file in DAMAGED_FILES:
+    for backend, file in damaged_files:
         for damage in ("random", "truncated", "empty"):
             folder = _copy(artifacts, backend, tmp_path / f"{file}-{damage}")
             data = (folder / file).read_bytes()
