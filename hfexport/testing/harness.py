@@ -245,8 +245,7 @@ def _runs(example: Example, inputs: Mapping[str, Any]) -> list[tuple[str, Mappin
 def _export_example(
     rule: Rule, example: Example, backend: str, module: torch.nn.Module, inputs: Any, with_rule: bool = True
 ) -> Exported:
-    # Chosen as for the backend whose rules this one runs (`Backend.rules`).
-    selection = selection_for(rule, descriptor(backend).rules, with_rule, example)
+    selection = selection_for(rule, backend, with_rule, example)
     return export(backend, module, inputs, selection, _dynamic(example), _opset(rule, example))
 
 
@@ -414,7 +413,7 @@ def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
     """
     named = tuple(b for b in rule.meta.backends if not example.backends or b in example.backends)
     if isinstance(example, Match):
-        runs_theirs = tuple(b.name for b in backends() if b.rules != b.name and b.rules in named)
+        runs_theirs = tuple(b.name for b in backends() if b.rules in named and b.name not in named)
         return (*named, *runs_theirs)
     firsts = (next((b for b in variant if b in named), None) for variant in rule.variants())
     return tuple(b for b in firsts if b is not None)
