@@ -44,11 +44,6 @@ from hfexport.rewrites.engine import RuleOutcome, RuleRegistry
 from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs, known_failure
 from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
-# The backends whose rules have examples (`RuleMeta.backends`); a backend that runs another's rules (AOTInductor
-# runs Dynamo's) checks the Match examples of those too (`example_backends`).
-BACKENDS: tuple[str, ...] = tuple(b.name for b in backends() if b.rules == b.name)
-
-
 # Outcomes of a rule that ran (was installed, or applied to its target) and found nothing to change.
 _RAN = ("no-match", "fired")
 
