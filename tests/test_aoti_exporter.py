@@ -70,6 +70,27 @@ def test_export_runs_like_eager_and_saves_with_checksums(single, llama) -> None:
     torch.testing.assert_close(loaded.run(other)["logits"], want, atol=1e-4, rtol=1e-4)
 
 
+class _KeepsLastHidden(torch.nn.Module):
+    """Returns None for the hidden states it does not keep, as CLIP's tower does under `output_hidden_states=-1`."""
+
+    def forward(self, x: torch.Tensor) -> dict:
+        first = x * 2
+        return {"last_hidden_state": first + 1, "hidden_states": (None, first + 1)}
+
+
+@pytest.mark.slow
+def test_a_constant_output_is_left_out_of_the_results_also_after_a_reload(tmp_path) -> None:
+    module, x = _KeepsLastHidden(), torch.randn(2, 3)
+    package = AOTInductorExporter().export(module, {"x": x}, AOTInductorConfig(dynamic=True))
+    assert package.output_names == ["last_hidden_state", "hidden_states.1"]
+    want = {"last_hidden_state": x * 2 + 1, "hidden_states.1": x * 2 + 1}
+    got = package(x=x)
+    assert list(got) == list(want) and all(torch.equal(got[k], v) for k, v in want.items())
+    hfexport.save(package, tmp_path)  # reloaded, the names come from the package's own metadata
+    loaded = hfexport.load(tmp_path, trust=True).run({"x": x})
+    assert list(loaded) == list(want) and all(torch.equal(loaded[k], v) for k, v in want.items())
+
+
 def test_a_changed_package_is_refused(single, tmp_path) -> None:
     import shutil
 

@@ -52,12 +52,8 @@ DEFAULT_CELLS = [
     if not backend(export_format).slow_export and (model in FEW_MODELS or not backend(export_format).slow_lowering)
 ]
 # Cells that fail today, with the start of their error (strict: a cell that starts working fails its test, and its
-# entry goes). LLaVA's vision tower returns one tensor twice (`last_hidden_state`, `hidden_states[-1]`): AOTInductor
-# (torch 2.13.0) then compiles its package without two other outputs, which return None, so the check that each
-# component runs fails on them (docs/aoti.md).
-FAILS: dict[tuple[str, str, str], str] = {
-    ("tiny-llava", "aoti", "generation"): "validation failed: could not run: AttributeError: 'NoneType'",
-}
+# entry goes).
+FAILS: dict[tuple[str, str, str], str] = {}
 
 
 def _params(mode: str) -> list:

@@ -49,6 +49,12 @@ def test_report_counts_pass_rates_and_groups_failures_by_cause(tmp_path: Path) -
     expected = "1 of 3 pass (33 %; 2 swept; 1 not swept), target 60 % (not met)."
     assert "- openvino on the 3-architecture subset (`docs/sweeps/subset40.json`): " + expected in lines
     assert any(line.startswith("- executorch on the 3-architecture subset") and "0 swept" in line for line in lines)
+    # Every registered backend's sweep files count (AOTInductor's too), in the registry's order.
+    (sweeps / "aoti_fam.sub.json").write_text(json.dumps({"rows": rows[:1]}))
+    runs = load_runs(sweeps, corpus, tmp_path / "variants")
+    assert [r.export_format for r in runs] == ["dynamo", "onnx", "openvino", "aoti"]
+    lines = report.subset_summary(runs, subset, target=60)
+    assert "- aoti on the 3-architecture subset (`docs/sweeps/subset40.json`): 1 of 3 pass" in "\n".join(lines)
 
 
 def test_coverage_doc_is_current() -> None:

@@ -144,8 +144,8 @@ def _run_audit(
         targets = [r.id for r in rows if r.hits] if ablate is True else list(ablate)
         for rule_id in targets:
             registry.get(rule_id)  # an unknown id fails here, not after minutes of exports
-        # The rules of the backend whose rules this format runs (aoti runs Dynamo's).
-        rules_of = backend(config.export_format).rules
+        # The rules this format runs (its own and those of the backend whose rules it runs: aoti runs Dynamo's).
+        rules_of = str(config.export_format)
         running = registry.plan(config.rules, rules_of)
         ablating = time.perf_counter()
         for i, rule_id in enumerate(targets, 1):
@@ -158,7 +158,7 @@ def _run_audit(
                 if other.id != rule_id
                 and running[other.id] is None
                 and without[other.id] is not None
-                and other.applies_to(backend(config.export_format).rules)
+                and other.applies_to(rules_of)
             ]
             left = eta(i - 1, len(targets), time.perf_counter() - ablating)
             say(f"ablation {i}/{len(targets)}: exporting without {rule_id}; {left}")
@@ -206,7 +206,7 @@ def _rule_row(rule: Rule, outcome: Any, export_format: str, model_type: str | No
     if outcome is not None:
         status, reason, hits = outcome.status, outcome.reason, outcome.hits
         declined = dict(getattr(outcome, "declined", {}) or {})
-    elif not rule.applies_to(known.rules if known is not None else export_format):
+    elif not rule.applies_to(str(export_format)):
         status, reason, hits = "other-backend", f"only for {', '.join(meta.backends)}", 0
     elif rule.stage not in (known.stages if known is not None else STAGES):
         status, reason, hits = "not-run", f"stage {rule.stage!r} does not run for {export_format}", 0

@@ -278,7 +278,7 @@ def _rule_columns(export_format: str) -> tuple[list[str], dict[str, str]]:
     from hfexport.rewrites.catalogue import expiry_status
     from hfexport.rewrites.engine import default_registry
 
-    rules = [r for r in default_registry().rules() if r.applies_to(backend(export_format).rules)]
+    rules = [r for r in default_registry().rules() if r.applies_to(str(export_format))]
     expired = {}
     for rule in default_registry().rules():
         is_expired, why = expiry_status(rule.meta)

@@ -32,7 +32,7 @@ from hfexport.cli.rules import cmd_rules_list, cmd_rules_show, cmd_rules_test, r
 from hfexport.cli.scan import cmd_scan
 from hfexport.cli.sweep import LOCAL_RAY, cmd_sweep
 from hfexport.formats import FORMATS
-from hfexport.rewrites.rule import BACKENDS, STAGES
+from hfexport.rewrites.rule import STAGES
 
 DESCRIPTION = "The `hfexport` command (also `python -m hfexport`)."
 
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     listing = rules_sub.add_parser("list", help="one line per rule")
     listing.add_argument("--stage", choices=STAGES)
-    listing.add_argument("--backend", choices=BACKENDS)
+    listing.add_argument("--backend", choices=FORMATS)
     listing.set_defaults(func=cmd_rules_list)
     show = rules_sub.add_parser("show", help="a rule's metadata, examples and source diff")
     show.add_argument("id")

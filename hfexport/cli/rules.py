@@ -49,7 +49,7 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     from hfexport.rewrites.rule import BUILTIN_ORIGIN
 
     registry = default_registry()
-    rules = [r for r in registry.rules(args.stage) if args.backend is None or args.backend in r.meta.backends]
+    rules = [r for r in registry.rules(args.stage) if args.backend is None or r.applies_to(args.backend)]
     # The origin column only when rules from outside hfexport are registered (every other row would say hfexport).
     with_origin = any(rule.origin is not None for rule in rules)
     rows = [("rule", "kind", "backends", *(("origin",) if with_origin else ()), "why")]

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.backends.registry import find
 from hfexport.configs import ExportConfigMixin
 from hfexport.core.errors import ConfigError, HfExportError
 from hfexport.exporters.base import _API_ERRORS, HfExporter, exclusive, logger
@@ -175,12 +174,8 @@ class CaptureExporter(HfExporter):
         # The lowering never writes: the result is saved here, at stage "save", all or nothing.
         unsaved = dataclasses.replace(config, output_path=None) if output_path is not None else config
 
-        # A backend that compiles another's program runs that backend's rules (`Backend.rules`).
-        rules = find(self.export_format)
-        context = RewriteContext(
-            backend=rules.rules if rules is not None else self.export_format,
-            selection=effective_selection(config, quantizer),
-        )
+        # A backend that compiles another's program runs that backend's rules too (`Backend.rules`, `Rule.applies_to`).
+        context = RewriteContext(backend=str(self.export_format), selection=effective_selection(config, quantizer))
         lowering = self.lowering
         warnings: list[str] = []
         quantization = None

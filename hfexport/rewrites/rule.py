@@ -11,6 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from hfexport.backends.registry import backends as _registered
+from hfexport.backends.registry import find
+from hfexport.formats import FORMATS
 from hfexport.rewrites.upstream import UPSTREAM_FORMS, UpstreamRef, parse_upstream
 
 if TYPE_CHECKING:
@@ -30,7 +33,18 @@ PHASES: dict[str, tuple[str, ...]] = {
     "executorch": ("program",),  # the program before to_edge
     "openvino": ("program", "model"),  # the program before convert_model, then the converted model
 }
-BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch", "openvino")
+# `RuleMeta.backends`, `PerBackend` and `Match(backends=)` may name every registered backend's format (`FORMATS`).
+# A rule's backends by default: every backend that runs rules of its own. A backend that compiles another's program
+# (`Backend.rules`: AOTInductor runs the Dynamo rules) runs the rules of that one too, and a rule may name it alone.
+BACKENDS: tuple[str, ...] = tuple(b.name for b in _registered() if b.rules == b.name)
+
+
+def rules_of(backend: str) -> str:
+    """The backend whose rules an export to `backend` runs besides its own (`Backend.rules`), or `backend` itself."""
+    found = find(backend)
+    return found.rules if found is not None else backend
+
+
 RuleKind = Literal["fix", "optimization"]
 
 _ID_RE = re.compile(r"^(?P<stage>[a-z]+)/[a-z0-9]+(?:[-.][a-z0-9]+)*$")
@@ -104,9 +118,9 @@ class RuleMeta:
                 parse_upstream(self.upstream)
             except ValueError as exc:
                 raise RuleDefinitionError(f"rule {self.id}: {exc}") from None
-        unknown = set(self.backends) - set(BACKENDS)
+        unknown = set(self.backends) - set(FORMATS)
         if unknown or not self.backends:
-            raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {BACKENDS}")
+            raise RuleDefinitionError(f"rule {self.id}: backends {sorted(unknown)} not in {FORMATS}")
         for name in ("requires", "scan", "aliases", "examples"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         for required in self.requires:
@@ -251,18 +265,19 @@ class PerBackend:
     """
 
     def __init__(self, **values: Any) -> None:
-        unknown = set(values) - set(BACKENDS)
+        unknown = set(values) - set(FORMATS)
         if unknown or not values:
-            raise RuleDefinitionError(f"PerBackend names {sorted(unknown) or 'no backend'}; backends are {BACKENDS}")
+            raise RuleDefinitionError(f"PerBackend names {sorted(unknown) or 'no backend'}; backends are {FORMATS}")
         self._values = dict(values)
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(b for b in BACKENDS if b in self._values)
+        return tuple(b for b in FORMATS if b in self._values)
 
     def get(self, backend: str) -> Any:
-        """The value for `backend` (KeyError for a backend the rule is not for)."""
-        return self._values[backend]
+        """The value for `backend`, else for the backend whose rules it runs (KeyError for a backend the rule is not
+        for)."""
+        return self._values[backend] if backend in self._values else self._values[rules_of(backend)]
 
     def __repr__(self) -> str:
         return f"PerBackend({', '.join(f'{b}={v!r}' for b, v in self._values.items())})"
@@ -356,7 +371,9 @@ class Rule:
         return BUILTIN_ORIGIN if self.origin is None else str(self.origin)
 
     def applies_to(self, backend: str) -> bool:
-        return backend in self.meta.backends
+        """Whether an export to `backend` runs the rule: it names `backend`, or the backend whose rules `backend`
+        runs (`Backend.rules`)."""
+        return backend in self.meta.backends or rules_of(backend) in self.meta.backends
 
 
 def module_name(rule_id: str) -> str:

@@ -44,11 +44,6 @@ from hfexport.rewrites.engine import RuleOutcome, RuleRegistry
 from hfexport.rewrites.examples import Example, ExampleFailure, Match, NoMatch, assert_same_outputs, known_failure
 from hfexport.rewrites.rule import STAGES, Rule, RuleSelection
 
-# The backends whose rules have examples (`RuleMeta.backends`); a backend that runs another's rules (AOTInductor
-# runs Dynamo's) checks the Match examples of those too (`example_backends`).
-BACKENDS: tuple[str, ...] = tuple(b.name for b in backends() if b.rules == b.name)
-
-
 # Outcomes of a rule that ran (was installed, or applied to its target) and found nothing to change.
 _RAN = ("no-match", "fired")
 
@@ -245,8 +240,7 @@ def _runs(example: Example, inputs: Mapping[str, Any]) -> list[tuple[str, Mappin
 def _export_example(
     rule: Rule, example: Example, backend: str, module: torch.nn.Module, inputs: Any, with_rule: bool = True
 ) -> Exported:
-    # Chosen as for the backend whose rules this one runs (`Backend.rules`).
-    selection = selection_for(rule, descriptor(backend).rules, with_rule, example)
+    selection = selection_for(rule, backend, with_rule, example)
     return export(backend, module, inputs, selection, _dynamic(example), _opset(rule, example))
 
 
@@ -414,7 +408,7 @@ def example_backends(rule: Rule, example: Example) -> tuple[str, ...]:
     """
     named = tuple(b for b in rule.meta.backends if not example.backends or b in example.backends)
     if isinstance(example, Match):
-        runs_theirs = tuple(b.name for b in backends() if b.rules != b.name and b.rules in named)
+        runs_theirs = tuple(b.name for b in backends() if b.rules in named and b.name not in named)
         return (*named, *runs_theirs)
     firsts = (next((b for b in variant if b in named), None) for variant in rule.variants())
     return tuple(b for b in firsts if b is not None)

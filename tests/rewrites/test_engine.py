@@ -338,6 +338,46 @@ def test_a_rule_may_give_each_backend_its_own_replacement() -> None:
     assert same.variants() == (("dynamo", "onnx"), ("openvino",))
 
 
+def test_a_rule_may_name_every_registered_backend_and_one_that_runs_another_s_rules() -> None:
+    # AOTInductor compiles the Dynamo program (`Backend.rules == "dynamo"`): an export to it runs the Dynamo rules,
+    # with their Dynamo bodies, and the rules that name it; a rule that names it alone is not a Dynamo rule.
+    from hfexport.rewrites.rule import PerBackend
+
+    def on_dynamo(original, self, x):
+        return x * 10
+
+    def on_aoti(original, self, x):
+        return x * 30
+
+    target = "tests.rewrites.toy_module.Doubler.forward"
+    inherited = MethodPatch(_meta("patch/toy-dynamo", backends=("dynamo",)), target=target, replacement=on_dynamo)
+    own = MethodPatch(
+        _meta("patch/toy-own", backends=("dynamo", "aoti")),
+        target=target,
+        replacement=PerBackend(dynamo=on_dynamo, aoti=on_aoti),
+    )
+    only = MethodPatch(_meta("patch/toy-only", backends=("aoti",)), target=target, replacement=on_aoti)
+    assert [r.applies_to("aoti") for r in (inherited, own, only)] == [True, True, True]
+    assert [r.applies_to("dynamo") for r in (inherited, own, only)] == [True, True, False]
+    assert not inherited.applies_to("onnx") and not only.applies_to("onnx")
+    x = torch.ones(2)
+    for rule, backend, factor in ((inherited, "aoti", 10), (own, "aoti", 30), (own, "dynamo", 10), (only, "aoti", 30)):
+        registry = RuleRegistry()
+        registry.register(rule)
+        model, context = Doubler(), RewriteContext(backend=backend)
+        with engine.patched(model, context, registry):
+            assert torch.equal(model(x), x * factor), (rule.id, backend)
+        assert context.hits[rule.id] == 1
+    model, context = Doubler(), RewriteContext(backend="dynamo")
+    registry = RuleRegistry()
+    registry.register(only)
+    with engine.patched(model, context, registry):
+        assert torch.equal(model(x), x * 2)
+    assert context.outcomes["patch/toy-only"].status == "other-backend"
+    with pytest.raises(RuleDefinitionError, match="aoti"):  # the message lists every registered backend
+        PerBackend(tensorrt=on_aoti)
+
+
 def test_a_merged_rule_answers_to_its_former_ids() -> None:
     registry = engine.default_registry()
     mamba = registry.get("patch/mamba-selective-scan-hop")

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("dynamo", "onnx", "executorch", "openvino")
+from hfexport.backends import names
+
+# Every registered backend, in the registry's order: a sweep file `<format>_<family>.*.json` of any of them counts.
+FORMATS: tuple[str, ...] = names()
 # The families the issue sets targets for first, then the rest by name.
 FIRST = ("causal_lm", "encoder", "seq2seq", "vlm")
 

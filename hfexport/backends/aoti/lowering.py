@@ -3,7 +3,9 @@
 A package holds the program's kernels as a shared library, its weights and its pytree specs. hfexport runs it on
 flat tensors (`loader.boxed_run`): the names of its tensor inputs and outputs, in order, are recorded in the
 package's own metadata at compile time, so a saved package needs nothing else to be fed by name, and its specs (which
-name transformers classes) are never unflattened. A program that writes into its inputs (a static cache) is compiled
+name transformers classes) are never unflattened. A constant output of the program (a None, as CLIP's tower returns
+for the hidden states that `output_hidden_states=-1` does not keep) is dropped from the results, as every other
+lowering drops it. A program that writes into its inputs (a static cache) is compiled
 with the writes kept: the package updates the caller's tensors in place.
 """
 
@@ -38,7 +40,7 @@ class AOTInductorPackage:
         self,
         path: str | Path,
         input_names: list[str] | None = None,
-        output_names: list[str] | None = None,
+        output_names: list[str | None] | None = None,
         op_counts: Mapping[str, int] | None = None,
         graph_code: str = "",
         owned: str | None = None,
@@ -51,7 +53,10 @@ class AOTInductorPackage:
                 raise InputError(f"{self.path} is an AOTInductor package that hfexport did not compile (no names)")
             input_names, output_names = json.loads(metadata[INPUTS_KEY]), json.loads(metadata[OUTPUTS_KEY])
         self.input_names = list(input_names)
-        self.output_names = list(output_names)
+        # One entry per value the package returns (`boxed_run` returns one per leaf of the output spec): the output's
+        # name, or None for a constant leaf, which `run` drops.
+        self._leaves: list[str | None] = list(output_names)
+        self.output_names: list[str] = [name for name in self._leaves if name is not None]
         # What the compiled program held, recorded before compiling (the package keeps no graph).
         self.op_counts = Counter(op_counts or {})
         self.graph_code = graph_code
@@ -79,9 +84,9 @@ class AOTInductorPackage:
         # A contiguous tensor is passed as it is, so a static cache is still written in place.
         given = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors]
         outputs = self.load().loader.boxed_run(given)  # boxed: the list passed is consumed
-        if len(outputs) != len(self.output_names):
-            raise InputError(f"the package returned {len(outputs)} outputs, its names are {self.output_names}")
-        return list(outputs)
+        if len(outputs) != len(self._leaves):
+            raise InputError(f"the package returned {len(outputs)} outputs, its names are {self._leaves}")
+        return [value for value, name in zip(outputs, self._leaves, strict=True) if name is not None]
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:
         from hfexport.naming import tensor_leaves
@@ -117,6 +122,7 @@ def check_compiler() -> None:
 def compile_package(program: Any, inductor_configs: Mapping[str, Any] | None, context: Any) -> AOTInductorPackage:
     """Compile `program` (functionalised) into a package in a temporary folder the returned package owns."""
     import torch
+    from torch.export.graph_signature import ConstantArgument, OutputKind
 
     from hfexport.backends.dynamo.ops import fx_op_counts
     from hfexport.naming import spec_names, user_input_names
@@ -124,8 +130,13 @@ def compile_package(program: Any, inductor_configs: Mapping[str, Any] | None, co
     inputs = user_input_names(program, tensors_only=True)
     if inputs is None:
         raise InputError("the program's inputs cannot be named (a user input the pytree spec does not match)")
-    # Every leaf the package returns (constants too): `boxed_run` gives one value per leaf of the output spec.
-    outputs = spec_names(program.call_spec.out_spec, drop_first=False)
+    # Every leaf the package returns (constants too): `boxed_run` gives one value per leaf of the output spec. A
+    # constant leaf (None, an int) is recorded as None: the package's results leave it out.
+    leaves = spec_names(program.call_spec.out_spec, drop_first=False)
+    specs = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if len(specs) != len(leaves):
+        raise InputError("the program's outputs cannot be named (a user output the pytree spec does not match)")
+    outputs = [None if isinstance(s.arg, ConstantArgument) else n for n, s in zip(leaves, specs, strict=True)]
     metadata = {INPUTS_KEY: json.dumps(inputs), OUTPUTS_KEY: json.dumps(outputs)}
     options = {**(inductor_configs or {}), "aot_inductor.metadata": metadata}
     owned = tempfile.mkdtemp(prefix="hfexport-aoti-")

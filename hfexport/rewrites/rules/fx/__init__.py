@@ -12,5 +12,6 @@ RULES: list[Rule] = load_rules(
         "fx/sym-ceil-to-int",
         "fx/mod-index-as-aten-index",
         "fx/split-symbolic-size-as-sizes",
+        "fx/patch-conv-on-data-dependent-batch-as-matmul",
     ],
 )
