@@ -227,3 +227,71 @@ def test_onnx_weights_are_stored_once_by_content_not_by_name(tmp_path: Path) -> 
     # Weights inside the graphs (`OnnxConfig(external_data=False)`): no shared file; `save` gives a folder each.
     inline = {"first": SimpleNamespace(external_data=False), "second": None}
     assert _write_onnx_components({"first": first, "second": second}, tmp_path / "inline", inline) is None
+
+
+def test_onnx_sessions_of_one_artifact_hold_the_weights_once(llama: torch.nn.Module, tmp_path: Path) -> None:
+    """Without prepacking (`RuntimeOptions(onnx_prepacking=False)`), the prefill and decode sessions of a
+    two-graph ONNX artifact read the weights of `weights.data` from one set of buffers: the same `OrtValue`s,
+    over one map of the file, which ONNX Runtime reads in place (buffers changed under both sessions change
+    both graphs' logits). With prepacking (the default) each session packs its own. Either way, logits and
+    greedy tokens equal those of sessions that load their own copies."""
+    import onnxruntime as ort
+
+    from hfexport.backends.onnx.driver import open_session, run_saved
+    from hfexport.runtime import RuntimeOptions
+    from hfexport.runtime.generation import generation_driver
+
+    ids, mask = _prompt()
+    sample = {"input_ids": torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(0))}
+    components = OnnxExporter().export_for_generation(llama, sample, OnnxConfig(dynamic=True))
+    out = hfexport.save(components, tmp_path / "gen")
+    names = ("prefill", "decode")
+    loaded = hfexport.load(out)
+    packed = {name: loaded[name].open() for name in names}
+    assert packed["prefill"] is not packed["decode"]
+    assert all(session.shared_weights == [] for session in packed.values())
+    cpu = ["CPUExecutionProvider"]
+    unpacked = {name: open_session(out / f"{name}.onnx", None, cpu, prepacking=False) for name in names}
+    [shared] = unpacked["prefill"].shared_weights
+    assert unpacked["decode"].shared_weights == [shared]  # the same object
+    assert shared.file == (out / "weights.data").resolve()
+    assert 0.8 * _float_weight_bytes(llama) < shared.nbytes <= shared.file.stat().st_size
+    assert all(shared.values[key].data_ptr() == array.ctypes.data for key, array in shared.arrays.items())
+    assert len({array.ctypes.data for array in shared.arrays.values()}) == len(shared.values)
+
+    # Sessions that load their own copies (ONNX Runtime's defaults): the same logits, the same tokens.
+    own = {name: ort.InferenceSession(str(out / f"{name}.onnx")) for name in names}
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    outputs = loaded["prefill"].outputs
+    first = run_saved(own["prefill"], feed, outputs)
+    step = {
+        "input_ids": first["logits"][:, -1:].argmax(-1),
+        "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], 1),
+        "position_ids": positions[:, -1:] + 1,
+        **{k.replace("cache.", "past_key_values.", 1): v for k, v in first.items() if k != "logits"},
+    }
+    second = run_saved(own["decode"], step, loaded["decode"].outputs)["logits"]
+    for sessions in (packed, unpacked):
+        got = run_saved(sessions["prefill"], feed, outputs)
+        assert got.keys() == first.keys() and all(torch.equal(got[k], first[k]) for k in first)
+        assert torch.equal(run_saved(sessions["decode"], step, loaded["decode"].outputs)["logits"], second)
+    expected = _eager(llama, ids, mask)
+    assert torch.equal(generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS), expected)
+    options = RuntimeOptions(onnx_prepacking=False)
+    got = generate(loaded, ids, mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, runtime_options=options)
+    assert torch.equal(got, expected)
+    driver = generation_driver(loaded)
+    assert all(driver.sessions[name].shared_weights == [shared] for name in names)
+
+    # In place: the shared buffers zeroed change both graphs' logits; restored, the logits are back.
+    saved = {key: array.copy() for key, array in shared.arrays.items()}
+    on_disk = (out / "weights.data").read_bytes()
+    for array in shared.arrays.values():
+        array[...] = 0
+    assert not torch.equal(run_saved(unpacked["prefill"], feed, outputs)["logits"], first["logits"])
+    assert not torch.equal(run_saved(unpacked["decode"], step, loaded["decode"].outputs)["logits"], second)
+    for key, array in shared.arrays.items():
+        array[...] = saved[key]
+    assert torch.equal(run_saved(unpacked["decode"], step, loaded["decode"].outputs)["logits"], second)
+    assert (out / "weights.data").read_bytes() == on_disk  # the map is copy-on-write: the file is never written

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,6 @@ class OnnxDriver(NamedDriver):
     """
 
     def open_runtimes(self, components: Mapping[str, Any]) -> None:
-        import onnxruntime as ort
-
         self.sessions = {}
         self.in_place: dict[str, set[str]] = {}
         # One session per distinct graph: a prefill served by the decode graph (the same program, or the same
@@ -43,12 +43,12 @@ class OnnxDriver(NamedDriver):
             if key not in opened:
                 proto = None if isinstance(program, (str, bytes)) else program.model_proto
                 model = program if proto is None else proto.SerializeToString()
-                if saved is not None and self.options.onnx_session_options is None and saved.on_cpu():
+                given, prepacking = self.options.onnx_session_options, self.options.onnx_prepacking
+                if saved is not None and given is None and prepacking and saved.on_cpu():
                     # The session `load` opened, with the options this driver would use: not a second copy.
                     session = saved.component.open()
                 else:
-                    session_options = self.options.onnx_session_options or ort.SessionOptions()
-                    session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
+                    session = open_session(model, given, ["CPUExecutionProvider"], prepacking=prepacking)
                 opened[key] = (session, written_in_place(proto if proto is not None else program))
             self.sessions[name], self.in_place[name] = opened[key]
         # Graph input/output names per session, read once (each get_inputs() call builds new objects).
@@ -195,13 +195,34 @@ def written_in_place(model: Any) -> set[str]:
 
 
 def open_saved(path: Path, input_names: list[str]) -> Any:
-    import onnxruntime
-
     from hfexport.runtime.devices import current_device
 
     device = current_device()
     providers = list(device.providers) if device is not None else ["CPUExecutionProvider"]
-    return onnxruntime.InferenceSession(str(path), providers=providers)
+    return open_session(path, None, providers)
+
+
+def open_session(model: str | Path | bytes, options: Any, providers: list[Any], *, prepacking: bool = True) -> Any:
+    """An ONNX Runtime session of `model` (a saved graph's path, or a serialized one), with the caller's `options`
+    as given, else hfexport's. Without `prepacking`, on the CPU, the weights a saved graph reads from
+    external-data files are the ones every other such session opened on those files reads (`SharedWeights`):
+    the prefill and decode sessions of an artifact hold one copy. With prepacking (ONNX Runtime's default) each
+    MatMul/Gemm kernel packs its weight into memory of its own whatever the session was given, so there is
+    nothing to share: ONNX Runtime maps the file itself."""
+    import onnxruntime
+
+    shared = []
+    if options is None:
+        options = onnxruntime.SessionOptions()
+        if not prepacking:
+            options.add_session_config_entry(DISABLE_PREPACKING, "1")
+            if not isinstance(model, bytes) and all(p == "CPUExecutionProvider" for p in providers):
+                shared = add_shared_initializers(Path(model), options)
+    session = onnxruntime.InferenceSession(
+        model if isinstance(model, bytes) else str(model), options, providers=providers
+    )
+    session.shared_weights = shared  # the OrtValues must outlive the session
+    return session
 
 
 def check_layout(session: Any, inputs: Mapping[str, Any]) -> None:
@@ -255,6 +276,90 @@ def resolve_device(device: str, kind: str, index: int | None) -> Any:
         )
     provider = ("CUDAExecutionProvider", {"device_id": index or 0})
     return RuntimeDevice("onnx", device, "cuda", index, providers=(provider, "CPUExecutionProvider"))
+
+
+# -- one copy of the weights for the sessions of one weights file ----------------------------------------
+
+# Session config key: whether MatMul/Gemm kernels pack their constant B into a copy of their own.
+DISABLE_PREPACKING = "session.disable_prepacking"
+
+
+@dataclass(eq=False)
+class SharedWeights:
+    """One memory map of an external-data file and an `OrtValue` over each distinct tensor in it (by offset,
+    length, dtype and shape), handed to every session that reads the file with `SessionOptions.add_initializer`:
+    ONNX Runtime then reads the caller's buffer in place instead of loading the tensor itself, so the sessions
+    of one artifact read one copy. The map is copy-on-write (`mode="c"`): the file is never written, and what
+    is not written stays file pages shared with the page cache, as in ONNX Runtime's own maps."""
+
+    file: Path
+    mapped: np.memmap
+    values: dict[tuple[int, int, str, tuple[int, ...]], Any] = field(default_factory=dict)
+    # The arrays (views of `mapped`) the values wrap, by the same key.
+    arrays: dict[tuple[int, int, str, tuple[int, ...]], np.ndarray] = field(default_factory=dict)
+
+    def value(self, offset: int, length: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        import onnxruntime as ort
+
+        key = (offset, length, dtype.str, shape)
+        if key not in self.values:
+            count = int(np.prod(shape, dtype=np.int64))
+            if count * dtype.itemsize != length or offset + length > self.mapped.size or offset % dtype.alignment:
+                raise ValueError(f"{self.file.name}: {length} bytes at {offset} are not a {dtype} tensor of {shape}")
+            array = self.mapped[offset : offset + length].view(dtype).reshape(shape)
+            self.arrays[key] = array
+            self.values[key] = ort.OrtValue.ortvalue_from_numpy(array)  # wraps the array: no copy
+        return self.values[key]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the distinct tensors handed to sessions."""
+        return sum(key[1] for key in self.values)
+
+
+# ONNX tensor types numpy holds as themselves (bfloat16, float8 and int4 have no numpy type of their own).
+_NUMPY_TYPES = {
+    "FLOAT", "FLOAT16", "DOUBLE", "BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"
+}  # fmt: skip
+
+# Open files by identity (path, size, modification time): sessions opened on the same weights file share them.
+_OPEN: weakref.WeakValueDictionary[tuple[str, int, int], SharedWeights] = weakref.WeakValueDictionary()
+
+
+def _shared(file: Path) -> SharedWeights:
+    stat = file.stat()
+    key = (os.path.realpath(file), stat.st_size, stat.st_mtime_ns)
+    weights = _OPEN.get(key)
+    if weights is None:
+        weights = SharedWeights(Path(key[0]), np.memmap(key[0], dtype=np.uint8, mode="c"))
+        _OPEN[key] = weights
+    return weights
+
+
+def add_shared_initializers(model_path: Path, options: Any) -> list[SharedWeights]:
+    """Add to `options` every initializer `model_path` reads from an external-data file whose type numpy holds,
+    as the `OrtValue` shared by all sessions opened on that file. Returns the `SharedWeights` the session must
+    keep alive. Tensors of other types (bfloat16, int4, float8) are left to ONNX Runtime's own loading."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    proto = onnx.load(str(model_path), load_external_data=False)
+    used: dict[Path, SharedWeights] = {}
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if onnx.TensorProto.DataType.Name(tensor.data_type) not in _NUMPY_TYPES:
+            continue
+        dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.data_type))
+        info = {e.key: e.value for e in tensor.external_data}
+        file = model_path.parent / info["location"]
+        if file not in used:
+            used[file] = _shared(file)
+        shape = tuple(int(d) for d in tensor.dims)
+        length = int(info.get("length") or dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+        value = used[file].value(int(info.get("offset") or 0), length, dtype, shape)
+        options.add_initializer(tensor.name, value)
+    return list(used.values())
 
 
 RUNTIME = Runtime(

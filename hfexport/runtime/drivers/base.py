@@ -29,11 +29,17 @@ class RuntimeOptions:
     `onnx_session_options`: an `onnxruntime.SessionOptions` each ONNX Runtime session of the components is created
     with (e.g. `enable_profiling` with `profile_file_prefix`; one object serves every component, so give a run
     of several components distinct prefixes yourself if their files must not share a name).
+    `onnx_prepacking`: whether ONNX Runtime's MatMul/Gemm kernels pack their weights (the default). Packed
+    weights are a copy per session, so the prefill and decode sessions of an artifact each hold their own; False
+    (`session.disable_prepacking`) makes the sessions share one copy of every weight of the artifact's weights
+    file, for slower steps (docs/cli.md, after the table of artifact layouts). Applies to the sessions hfexport opens
+    (not with `onnx_session_options`, which are used as given).
     `openvino_properties`: compile properties for each OpenVINO component, over hfexport's f32 inference hint
     (e.g. `{"PERF_COUNT": "YES"}`, then `request.get_profiling_info()` per call). A backend ignores the other's.
     """
 
     onnx_session_options: Any = None
+    onnx_prepacking: bool = True
     openvino_properties: Mapping[str, Any] | None = None
 
 
