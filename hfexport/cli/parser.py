@@ -15,7 +15,8 @@ from hfexport.cli.audit import cmd_audit
 from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
-from hfexport.cli.export import check_file_target, check_writable, cmd_export
+from hfexport.cli.export import cmd_export
+from hfexport.cli.export_output import check_file_target, check_writable
 from hfexport.cli.models import (
     DTYPES,
     GENERATION_TASKS,
