@@ -11,12 +11,12 @@ from typing import Any
 from hfexport.backends.registry import backend
 from hfexport.cli import accuracy as quantized
 from hfexport.cli.exits import ExitCode, UsageError
+from hfexport.cli.export_config import export_config
 from hfexport.cli.export_generation import export_generation
 from hfexport.cli.export_output import nothing_left_on_interrupt
 from hfexport.cli.export_records import as_used, hf_files, sample_record, write_report_files
 from hfexport.cli.failure import debugging, say_failed, without_partial_graphs
 from hfexport.cli.models import (
-    export_config,
     load_empty_model,
     load_model,
     other_samples,

@@ -16,15 +16,13 @@ from hfexport.cli.bench import bench_choices, cmd_bench
 from hfexport.cli.check import cmd_check
 from hfexport.cli.exits import ExitCode, UsageError, debug_enabled, fail, one_line
 from hfexport.cli.export import cmd_export
+from hfexport.cli.export_config import LOW_MEMORY_RECIPES, QUANTIZE_RECIPES, config_json
 from hfexport.cli.export_output import check_file_target, check_writable
 from hfexport.cli.models import (
     DTYPES,
     GENERATION_TASKS,
-    LOW_MEMORY_RECIPES,
-    QUANTIZE_RECIPES,
     TASK_CHOICES,
     check_model_spec,
-    config_json,
     dtype_name,
 )
 from hfexport.cli.noise import quiet_third_party
