@@ -3,7 +3,8 @@
 ExecuTorch's own serializer writes every table once; a hostile file need not. `program` builds a program whose
 vectors may point many entries at one table (the plans at one plan, a plan's chains at one chain, a chain's
 instructions at one instruction, values at one int list), the shape that made the structure check visit a table
-once per reference (issue #39, item 3b). Field slots and union tags follow `hfexport/artifacts/pte.py`.
+once per reference (issue #39, item 3b). Field slots and union tags follow
+`hfexport/artifacts/pte.py` and `hfexport/artifacts/pte_operators.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hfexport.artifacts import pte
+from hfexport.artifacts.pte import MOVE_CALL
+from hfexport.artifacts.pte_operators import INT, INT_LIST
 
 
 @dataclass(frozen=True)
@@ -50,16 +52,16 @@ def program(shape: Shape, identifier: bytes = b"ET12") -> bytes:
         return b.EndVector()
 
     move = table({})  # MoveCall: move_from = move_to = value 0
-    instruction = table({0: ("u8", pte.MOVE_CALL), 1: ("ref", move)})
+    instruction = table({0: ("u8", MOVE_CALL), 1: ("ref", move)})
     chain = table({2: ("ref", refs(instruction, shape.instructions))})
     b.StartVector(8, shape.list_items, 8)
     for _ in range(shape.list_items):
         b.PrependInt64(0)
     items = b.EndVector()
     int_list = table({0: ("ref", items)})
-    list_value = table({0: ("u8", pte.INT_LIST), 1: ("ref", int_list)})
+    list_value = table({0: ("u8", INT_LIST), 1: ("ref", int_list)})
     integer = table({0: ("i64", 7)})
-    first = table({0: ("u8", pte.INT), 1: ("ref", integer)})
+    first = table({0: ("u8", INT), 1: ("ref", integer)})
     b.StartVector(4, 1 + shape.list_values, 4)
     for _ in range(shape.list_values):
         b.PrependUOffsetTRelative(list_value)

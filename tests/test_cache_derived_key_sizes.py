@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.core.cache_pytree import _dump_context, _load_context, register_cache_pytrees
+from hfexport.core.cache_context import dump_context, load_context
+from hfexport.core.cache_pytree import register_cache_pytrees
 from hfexport.rewrites.rules.patch._deepseek_v4 import deepseek_v4_example
 
 
@@ -42,7 +43,7 @@ def test_entry_count_is_the_compressed_length_in_the_context() -> None:
     assert all(torch.equal(layer.compressed_kv[k], original.compressed_kv[k]) for k in original.compressed_kv)
 
     context = long_spec.context  # a saved program's context: checked and read back (the `K` node)
-    assert _load_context(_dump_context(context)) == context
+    assert load_context(dump_context(context)) == context
 
     placeholder = pytree.tree_unflatten([0] * long_spec.num_leaves, long_spec)  # executorch's emitter's way
     assert [dict(layer.entry_count) for layer in placeholder.layers if hasattr(layer, "entry_count")] == [

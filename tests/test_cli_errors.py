@@ -296,7 +296,7 @@ def test_a_second_ctrl_c_during_the_clean_up_leaves_no_half_artifact(tmp_path: P
 
 
 def test_an_interrupt_removes_only_the_artifact_this_command_published(tmp_path: Path) -> None:
-    from hfexport.cli.export import nothing_left_on_interrupt
+    from hfexport.cli.export_output import nothing_left_on_interrupt
 
     def publish(folder: Path, files: dict[str, str]) -> None:  # what `save` leaves: the files, then the manifest
         for name, text in files.items():

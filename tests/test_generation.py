@@ -469,7 +469,7 @@ def test_model_defined_cache_is_the_decode_graph_input_not_a_fixed_argument() ->
     # as constants that its forward mutates (torch.onnx: "Constant ...mlstm_backend.lifted_tensor_0 is mutated in
     # the forward method"). It is the `past_key_values` input now, and calling the component with it gives the
     # recorded step's logits. Eager only (the export still stops at the config the cache keeps: cache-holds-config).
-    from hfexport.core.cache_pytree import is_model_cache_class
+    from hfexport.core.cache_classes import is_model_cache_class
     from hfexport.testing.corpus import load_entry
 
     entry = load_entry(Path(__file__).parent / "fixtures/corpus_all/causal_lm/xlstm.json")

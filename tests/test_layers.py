@@ -27,6 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("hfexport.core.files", "hfexport.core.model_files"),
     ("hfexport.core.checkpoints",),
+    ("hfexport.core.cache_classes",),
+    ("hfexport.core.cache_context",),
     ("hfexport.core.cache_pytree",),
     ("hfexport.core.positions",),
     ("hfexport.backends",),

@@ -24,7 +24,8 @@ import transformers
 from torch._subclasses.fake_tensor import FakeTensor
 
 from hfexport import ConfigError, InputError, OnnxConfig, OnnxExporter, empty_model
-from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_weights
+from hfexport.artifacts.low_memory import check_streamed_weights
+from hfexport.artifacts.reduced_depth import check_reduced_depth
 from hfexport.core.checkpoints import Checkpoint
 from hfexport.frontends.empty_weights import weight_sources
 from hfexport.lowerings.onnx import STREAMED_KEY

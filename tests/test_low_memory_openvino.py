@@ -19,7 +19,8 @@ import openvino as ov
 import transformers
 
 from hfexport import HfExportError, OpenVINOConfig, OpenVINOExporter, empty_model
-from hfexport.artifacts.low_memory import check_reduced_depth, check_streamed_ir
+from hfexport.artifacts.low_memory import check_streamed_ir
+from hfexport.artifacts.reduced_depth import check_reduced_depth
 from hfexport.core.checkpoints import Checkpoint
 from hfexport.lowerings.openvino_weights import SMALL_WEIGHT, is_streamed
 from hfexport.tiny import TINY_MODELS

@@ -26,7 +26,8 @@ from executorch.exir._serialize._program import deserialize_pte_binary, serializ
 from executorch.exir._serialize.generated.executorch_flatbuffer.KernelTypes import KernelTypes
 
 from hfexport.artifacts import ArtifactError, load, pte, save
-from hfexport.artifacts.pte import _Reader, _Table
+from hfexport.artifacts.flatbuffer import READS_PER_BYTE, Reader, Table
+from hfexport.artifacts.pte_operators import INT_LIST, OPTIONAL_TENSOR_LIST, TENSOR_LIST
 from hfexport.backends.executorch.artifact import check_pte
 from hfexport.runtime.executorch import ExecutorchProgram
 from tests.flatbuffer_programs import Shape, program
@@ -63,15 +64,15 @@ def _encode(source: Path, edit: Callable[[et.ExecutionPlan, et.Program], None]) 
     return bytes(serialize_pte_binary(pte, extract_delegate_segments=True))
 
 
-def _patch(source: Path, field: Callable[[_Table], tuple[int, bytes]]) -> bytes:
+def _patch(source: Path, field: Callable[[Table], tuple[int, bytes]]) -> bytes:
     """The file with bytes replaced at the position `field` finds from the program's root table."""
     data = bytearray((source / "model.pte").read_bytes())
-    position, replacement = field(_Reader(bytes(data), len(data)).root())
+    position, replacement = field(Reader(bytes(data), len(data)).root())
     data[position : position + len(replacement)] = replacement
     return bytes(data)
 
 
-def _string_start(table: _Table, slot: int) -> int:
+def _string_start(table: Table, slot: int) -> int:
     at = table._field(slot, 4)
     return at + table.r.read("I", at, "") + 4
 
@@ -331,7 +332,7 @@ def test_valid_programs_pass_and_the_reader_agrees_with_executorch(
     folder = save(manager, tmp_path / "artifact")
     check_pte(folder, {"main": "model.pte"})
     data = (folder / "model.pte").read_bytes()
-    plan = _Reader(data, len(data)).root().tables(1, "")[0]
+    plan = Reader(data, len(data)).root().tables(1, "")[0]
     expected = deserialize_pte_binary(data).program.execution_plan[0]
     assert plan.string(0, "") == expected.name
     assert [v.scalar(0, "B") for v in plan.tables(2, "")] == [
@@ -345,7 +346,7 @@ def test_valid_programs_pass_and_the_reader_agrees_with_executorch(
         KernelTypes.IntList,
         KernelTypes.TensorList,
         KernelTypes.OptionalTensorList,
-    ) == (pte.INT_LIST, pte.TENSOR_LIST, pte.OPTIONAL_TENSOR_LIST)
+    ) == (INT_LIST, TENSOR_LIST, OPTIONAL_TENSOR_LIST)
     assert plan.vector(3, "i", "") == expected.inputs and plan.vector(4, "i", "") == expected.outputs
     assert plan.vector(8, "q", "") == expected.non_const_buffer_sizes
     assert [op.string(0, "") for op in plan.tables(6, "")] == [op.name for op in expected.operators]
@@ -354,9 +355,9 @@ def test_valid_programs_pass_and_the_reader_agrees_with_executorch(
     outputs = ExecutorchProgram(folder / "model.pte").run({"x": torch.ones(2, 4)})
     torch.testing.assert_close(outputs[0], _Tiny().eval()(torch.ones(2, 4)))
     # A program ExecuTorch writes reads each table a few times: far inside the check's read budget.
-    reader = _Reader(data, int.from_bytes(data[16:24], "little"))
+    reader = Reader(data, int.from_bytes(data[16:24], "little"))
     pte._check(reader, len(data), int.from_bytes(data[24:32], "little"))
-    assert reader.spent < pte.READS_PER_BYTE * reader.end / 8
+    assert reader.spent < READS_PER_BYTE * reader.end / 8
 
 
 @pytest.mark.parametrize(

@@ -578,11 +578,11 @@ def test_the_cache_allow_list_takes_every_class_of_transformers_cache_module() -
     # export (the generation sweep's one regression after the allow-list).
     import transformers.cache_utils as cache_utils
 
-    from hfexport.core.cache_pytree import CacheContextError, _resolve_class
+    from hfexport.core.cache_classes import CacheContextError, resolve_class
 
-    assert _resolve_class("transformers.cache_utils:DummyLayer") is cache_utils.DummyLayer
+    assert resolve_class("transformers.cache_utils:DummyLayer") is cache_utils.DummyLayer
     with pytest.raises(CacheContextError):
-        _resolve_class("transformers.configuration_utils:PretrainedConfig")
+        resolve_class("transformers.configuration_utils:PretrainedConfig")
 
 
 def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node() -> None:
@@ -592,12 +592,8 @@ def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node(
     from torch.utils import _pytree as pytree
     from transformers.models.reformer.modeling_reformer import ReformerDynamicCache, ReformerModel
 
-    from hfexport.core.cache_pytree import (
-        CacheContextError,
-        _resolve_class,
-        is_model_cache_class,
-        register_cache_pytrees,
-    )
+    from hfexport.core.cache_classes import CacheContextError, is_model_cache_class, resolve_class
+    from hfexport.core.cache_pytree import register_cache_pytrees
 
     assert is_model_cache_class(ReformerDynamicCache)
     assert not is_model_cache_class(ReformerModel)  # a module, not a cache
@@ -615,9 +611,9 @@ def test_a_cache_class_a_modeling_module_defines_outside_cache_is_a_pytree_node(
     total, cache = program.module()(states, buckets)
     assert torch.equal(total, states.sum(-1)) and isinstance(cache, ReformerDynamicCache)
     assert torch.equal(cache.states_cache[0], states + 1) and torch.equal(cache.buckets_cache[0], buckets * 2)
-    assert _resolve_class("transformers.models.reformer.modeling_reformer:ReformerDynamicCache") is ReformerDynamicCache
+    assert resolve_class("transformers.models.reformer.modeling_reformer:ReformerDynamicCache") is ReformerDynamicCache
     with pytest.raises(CacheContextError):  # a non-cache class of the same module stays refused
-        _resolve_class("transformers.models.reformer.modeling_reformer:ReformerModel")
+        resolve_class("transformers.models.reformer.modeling_reformer:ReformerModel")
 
 
 def test_a_cache_that_holds_its_models_config_round_trips_and_only_config_classes_load() -> None:
@@ -628,22 +624,18 @@ def test_a_cache_that_holds_its_models_config_round_trips_and_only_config_classe
     from transformers import xLSTMConfig
     from transformers.models.xlstm.modeling_xlstm import xLSTMCache
 
-    from hfexport.core.cache_pytree import (
-        CacheContextError,
-        _dump_context,
-        _load_context,
-        flatten_cache,
-        unflatten_cache,
-    )
+    from hfexport.core.cache_classes import CacheContextError
+    from hfexport.core.cache_context import dump_context, load_context
+    from hfexport.core.cache_pytree import flatten_cache, unflatten_cache
 
     config = xLSTMConfig(hidden_size=32, embedding_dim=32, num_heads=2, num_blocks=2, vocab_size=64)
     cache = xLSTMCache(config, max_batch_size=2, dtype=torch.float32)
     leaves, skeleton = flatten_cache(cache)
-    again = unflatten_cache(leaves, _load_context(_dump_context(skeleton)))
+    again = unflatten_cache(leaves, load_context(dump_context(skeleton)))
     assert isinstance(again.config, xLSTMConfig) and again.config.to_dict() == config.to_dict()
     assert flatten_cache(again)[1] == skeleton  # the same context: a program traced with it accepts the copy
     config_node = next(sub for name, sub in skeleton[2] if name == "config")
     for named in ("transformers.models.xlstm.modeling_xlstm:xLSTMCache", "builtins:dict"):
         bad = (*skeleton[:2], tuple((n, ("G", named, config_node[2]) if n == "config" else s) for n, s in skeleton[2]))
         with pytest.raises(CacheContextError, match="not a transformers config class"):
-            _load_context(_dump_context(bad))
+            load_context(dump_context(bad))

@@ -275,7 +275,7 @@ def lasting_pytree_node(cls: type) -> bool:
     from transformers.cache_utils import Cache
     from transformers.utils import ModelOutput
 
-    from hfexport.core.cache_pytree import is_model_cache_class
+    from hfexport.core.cache_classes import is_model_cache_class
 
     return (
         issubclass(cls, Cache)

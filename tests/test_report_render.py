@@ -237,7 +237,7 @@ def test_a_report_with_an_undecodable_model_path_is_written(tmp_path: Path) -> N
     import argparse
     import os
 
-    from hfexport.cli.export import write_report_files
+    from hfexport.cli.export_records import write_report_files
 
     # A Linux path with a byte that is not UTF-8 reaches Python with a lone surrogate (surrogateescape).
     model = os.fsdecode(b"/models/vit\xff")

@@ -52,7 +52,7 @@ def test_onnx_session_options_reach_onnx_runtime(llama: torch.nn.Module, tmp_pat
         components, ids, mask, max_new_tokens=NEW, min_new_tokens=NEW, runtime_options=RuntimeOptions(options)
     )
     assert torch.equal(profiled, plain)
-    from hfexport.runtime.generation import generation_driver
+    from hfexport.runtime.generation_session import generation_driver
 
     driver = generation_driver(components)
     assert driver.options.onnx_session_options is options
@@ -84,7 +84,7 @@ def test_openvino_properties_reach_the_compiled_model(llama: torch.nn.Module) ->
     )
     assert torch.equal(got, plain)
     assert len(counted) == NEW - 1 and all(n > 0 for n in counted)
-    from hfexport.runtime.generation import generation_driver
+    from hfexport.runtime.generation_session import generation_driver
 
     compiled = generation_driver(components).runners["decode"].compiled
     assert compiled.get_property("PERF_COUNT") in (True, "YES")

@@ -165,7 +165,8 @@ def profile_onnx(components: Any, ids: Any, new: int, vocab: int, prefix: str) -
     import onnxruntime as ort
 
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import generate, generation_driver
+    from hfexport.runtime.generation import generate
+    from hfexport.runtime.generation_session import generation_driver
 
     options = ort.SessionOptions()
     options.enable_profiling = True
@@ -287,7 +288,8 @@ def profile_openvino(components: Any, ids: Any, new: int, vocab: int) -> tuple[C
     """(the mean of `PREFILLS` prompt calls, [the mean of the decode steps after the first]): OpenVINO's counters
     give means over windows of calls, not single calls (`_openvino_counters`)."""
     from hfexport.runtime.drivers import RuntimeOptions
-    from hfexport.runtime.generation import generate, generation_driver
+    from hfexport.runtime.generation import generate
+    from hfexport.runtime.generation_session import generation_driver
 
     runtime = RuntimeOptions(openvino_properties={"PERF_COUNT": "YES"})
     # Warm-up: 2 calls (the prompt, one decode step).

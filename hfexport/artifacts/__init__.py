@@ -40,7 +40,6 @@ from hfexport.artifacts.loaded import LoadedComponent, LoadedExport, load
 from hfexport.artifacts.manifest import (
     MANIFEST,
     MANIFEST_VERSION,
-    MAX_DEPTH,
     MAX_MANIFEST_BYTES,
     REPORT,
     SINGLE,
@@ -50,6 +49,7 @@ from hfexport.artifacts.manifest import (
     update_manifest,
     validation_verdict,
 )
+from hfexport.artifacts.manifest_values import MAX_DEPTH
 from hfexport.artifacts.paths import check_path
 from hfexport.artifacts.publish import check_destination, export_format_of, save
 from hfexport.artifacts.validation import OutputDiff, Validation, compare, eager_outputs, run_artifact, validate

@@ -7,7 +7,8 @@ from typing import Any
 
 from hfexport.cli.exits import ExitCode
 from hfexport.cli.export import model_options
-from hfexport.cli.models import export_config, load_model, split
+from hfexport.cli.export_config import export_config
+from hfexport.cli.models import load_model, split
 from hfexport.cli.progress import Progress
 from hfexport.cli.progress import step as _step
 from hfexport.cli.validation import validation_tolerance

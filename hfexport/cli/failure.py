@@ -12,6 +12,8 @@ import traceback
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from hfexport.cli.exits import debug_enabled
+
 # `File "<path>", line N, in <function>` and the code on the next line, as tracebacks and torch's
 # "The following call raised this error" print them.
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n\s+(?P<code>[^\n]+)')
@@ -112,3 +114,17 @@ def without_partial_graphs(debug: bool) -> Iterator[None]:
         yield
     finally:
         sys.stderr = original
+
+
+def say_failed(args: Any, exc: Exception) -> None:
+    """A failed export in a few lines (stage, the model's line, next steps); the whole error with `--debug`."""
+    if debugging(args):
+        print(f"error: export failed: {exc}", file=sys.stderr)
+        return
+    for line in failure_lines(exc, args.model, args.format):
+        print(line, file=sys.stderr)
+
+
+def debugging(args: Any) -> bool:
+    """Whether the whole error is wanted: `--debug` on the command, or `debug_enabled` says so."""
+    return bool(getattr(args, "debug", False)) or debug_enabled([])

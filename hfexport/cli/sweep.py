@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hfexport.cli.exits import UsageError
-from hfexport.cli.models import config_json
+from hfexport.cli.export_config import config_json
 from hfexport.cli.models import split as _split
 from hfexport.cli.progress import step as _step
 

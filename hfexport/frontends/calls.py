@@ -246,7 +246,7 @@ def layer_type_masks(model: torch.nn.Module, call: dict[str, Any]) -> tuple[dict
 
 def _is_model_cache(value: Any) -> bool:
     """A model-defined cache object (`core.cache_pytree.is_model_cache_class`), a pytree node like a `Cache`."""
-    from hfexport.core.cache_pytree import is_model_cache_class
+    from hfexport.core.cache_classes import is_model_cache_class
 
     return is_model_cache_class(type(value))
 

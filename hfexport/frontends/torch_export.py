@@ -17,13 +17,8 @@ from typing import Any
 
 import torch
 
-from hfexport.core.cache_pytree import (
-    cache_dynamic_shapes,
-    flatten_cache,
-    is_model_cache_class,
-    register_cache_pytrees,
-    unflatten_cache,
-)
+from hfexport.core.cache_classes import is_model_cache_class
+from hfexport.core.cache_pytree import cache_dynamic_shapes, flatten_cache, register_cache_pytrees, unflatten_cache
 from hfexport.core.errors import InputError
 from hfexport.frontends.multimodal import bake_layout, is_vision_tower, pixel_layouts, specialised_image_axes
 from hfexport.generation_spec import IMAGE_COUNT_META, LAYOUT_META, STATIC_AXES_META, LayoutSpecialised

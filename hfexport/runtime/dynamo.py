@@ -16,7 +16,8 @@ def load_program(path: str | Path) -> torch.export.ExportedProgram:
     A program's pytree specs name transformers classes (model outputs, caches); a fresh process knows
     them only once they are imported and, for caches, registered as pytree nodes.
     """
-    from hfexport.core.cache_pytree import cache_module_classes, register_program_types
+    from hfexport.core.cache_classes import cache_module_classes
+    from hfexport.core.cache_pytree import register_program_types
 
     register_program_types()
     # The example inputs saved in the archive hold transformers' cache objects. torch loads them with the
