@@ -239,7 +239,7 @@ def test_onnx_sessions_of_one_artifact_hold_the_weights_once(llama: torch.nn.Mod
 
     from hfexport.backends.onnx.driver import open_session, run_saved
     from hfexport.runtime import RuntimeOptions
-    from hfexport.runtime.generation import generation_driver
+    from hfexport.runtime.generation_session import generation_driver
 
     ids, mask = _prompt()
     sample = {"input_ids": torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(0))}
