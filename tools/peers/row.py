@@ -79,8 +79,10 @@ def build_model_folder(shape: str, layers: int | None, out: Path) -> dict[str, A
     model = AutoModelForCausalLM.from_config(config).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(out)
-    vocab = {f"t{i}": i for i in range(config.vocab_size)}
-    vocab.update({"<unk>": 0, "<s>": 1, "</s>": 2})
+    # The special tokens hold ids 0-2 alone: a vocabulary where "t0".."t2" shared them made the saved tokenizer add
+    # "</s>" again past the vocabulary, and onnxruntime-genai's builder then wrote that id (49153) as an EOS id its
+    # generator refuses.
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, config.vocab_size)}}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
         unk_token="<unk>",
