@@ -8,6 +8,7 @@ second time), and from the saved IR too.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 pytest.importorskip("openvino")
 
+import openvino as ov
 from transformers import GenerationConfig
 
 from hfexport import OpenVINOConfig, OpenVINOExporter
@@ -70,6 +72,11 @@ def test_stateful_decode_with_a_dynamic_cache(model: torch.nn.Module, tmp_path: 
     assert [p.get_any_name() for p in decode.outputs] == ["logits"]
     assert "4 cache variable(s)" in exporter.reports["decode"].used["stateful"]
     assert exporter.reports["prefill"].notes  # the prefill takes no cache: it stays stateless, with a note
+    # The growing cache has the form the CPU plugin fuses: one stateful attention per layer appends to the cache
+    # in place (no Concatenation of the cache, no decomposed MatMul/Softmax).
+    compiled = ov.Core().compile_model(decode, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    kinds = Counter(op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ordered_ops())
+    assert kinds["ScaledDotProductAttention"] == 2 and kinds["Softmax"] == 0
 
     for seed, batch in ((0, 2), (1, 3)):  # a second generation starts from a reset state, at another batch size
         inputs = TINY.sample_inputs(seed, batch=batch)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # Weight bits of each precision: a quantized row's ceiling is the fp32 one times 32 / bits.
 PRECISION_BITS = {"fp32": 32, "int8": 8, "int4": 4}
 STATIC_DECODE = "static_decode"  # a variant's key (not a config field): see `generation_export`
+GROWING_CACHE = "growing_cache"  # a variant's key (not a config field): see `generation_cache`
 
 
 def _variants() -> dict[str, dict[str, Any]]:
@@ -297,6 +298,7 @@ def generation_export(backend: str, precision: str, sample: dict[str, Any]) -> t
 
     settings = dict(VARIANTS.get(backend, {"export_format": backend, "dynamic": True}))
     static_decode = settings.pop(STATIC_DECODE, False)
+    settings.pop(GROWING_CACHE, None)
     config = AutoExportConfig.from_dict(settings)
     quantizer = quantizer_for(backend, precision)
     if quantizer is not None:
@@ -305,6 +307,17 @@ def generation_export(backend: str, precision: str, sample: dict[str, Any]) -> t
         return config, config, sample, True
     configs = {"prefill": config, "decode": dataclasses.replace(config, dynamic=False)}
     return config, configs, {name: value[:1] for name, value in sample.items()}, False
+
+
+def generation_cache(backend: str, max_length: int) -> Any:
+    """The `generation_config` of `backend`'s generation export: a static cache of `max_length` tokens, or None
+    (transformers' dynamic cache, grown by concatenation) for a `GROWING_CACHE` variant, whose runtime fuses the
+    growing cache into its attention (OpenVINO stateful: docs/openvino.md, "Speed beside optimum-intel")."""
+    from transformers import GenerationConfig
+
+    if VARIANTS.get(backend, {}).get(GROWING_CACHE):
+        return None
+    return GenerationConfig(cache_implementation="static", max_cache_len=max_length)
 
 
 def bench_generation(
@@ -322,7 +335,6 @@ def bench_generation(
     mode) on one random prompt of `prompt` tokens (batch 1), `new` greedy tokens each. A backend or precision
     that fails to export or run is a row with the error as its note, not the end of the run."""
     import torch
-    from transformers import GenerationConfig
 
     from hfexport.auto import AutoHfExporter
     from hfexport.runtime.generation import generate
@@ -357,7 +369,6 @@ def bench_generation(
     ttft, tps = timed(eager, new, repeats)
     rows = [BenchRow("eager generate (dynamic cache)", "fp32", ttft, tps, "reference")]
     expected = eager(new)
-    static = GenerationConfig(cache_implementation="static", max_cache_len=prompt + new)
     # Traced on two rows, so that the batch axis stays dynamic (a sample axis of size 1 would be exported static).
     sample = {
         "input_ids": ids[:, : min(8, prompt)].repeat(2, 1),
@@ -365,7 +376,8 @@ def bench_generation(
     }
     for backend in backends:
         for precision in precisions:
-            row = BenchRow(f"hfexport {backend} (static cache)", precision)
+            cache = generation_cache(backend, prompt + new)
+            row = BenchRow(f"hfexport {backend} ({'dynamic' if cache is None else 'static'} cache)", precision)
             rows.append(row)
             say(f"{backend} {precision}: export_for_generation")
             try:
@@ -373,7 +385,7 @@ def bench_generation(
                 start = time.perf_counter()
                 with PeakRss() as memory:
                     components = AutoHfExporter.from_config(config).export_for_generation(
-                        model, call_sample, configs, generation_config=static, multi_token_decode=multi_token
+                        model, call_sample, configs, generation_config=cache, multi_token_decode=multi_token
                     )
                 row.export_s, row.peak_mb = time.perf_counter() - start, memory.megabytes
 

@@ -130,9 +130,9 @@ def build(row: str, precision: str, model: Path, out: Path, max_length: int) -> 
 
 def _build_hfexport(backend: str, precision: str, model_dir: Path, out: Path, max_length: int) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
-    from hfexport.apps.bench import generation_export
+    from hfexport.apps.bench import generation_cache, generation_export
     from hfexport.artifacts import save
     from hfexport.auto import AutoHfExporter
 
@@ -140,9 +140,12 @@ def _build_hfexport(backend: str, precision: str, model_dir: Path, out: Path, ma
     ids = torch.randint(3, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     config, configs, call_sample, multi_token = generation_export(backend, precision, sample)
-    static = GenerationConfig(cache_implementation="static", max_cache_len=max_length)
     components = AutoHfExporter.from_config(config).export_for_generation(
-        model, call_sample, configs, generation_config=static, multi_token_decode=multi_token
+        model,
+        call_sample,
+        configs,
+        generation_config=generation_cache(backend, max_length),
+        multi_token_decode=multi_token,
     )
     save(components, out, config=config, model=model)
 

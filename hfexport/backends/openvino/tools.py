@@ -43,5 +43,9 @@ TOOLS = Tools(
     run=run,
     structure=structure,
     bench_quantizer=bench_quantizer,
-    bench_variants={"openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True}},
+    # Stateful with transformers' dynamic cache: the CPU plugin fuses a growing cache with the attention
+    # (`lowerings.openvino.make_stateful`); a static cache's writes and copies stay separate nodes.
+    bench_variants={
+        "openvino-stateful": {"export_format": "openvino", "dynamic": True, "stateful": True, "growing_cache": True}
+    },
 )

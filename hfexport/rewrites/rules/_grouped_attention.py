@@ -111,6 +111,13 @@ def is_grouped_sdpa(node: fx.Node) -> bool:
     return grouped_plan(node) is not None
 
 
+def grows_by_concatenation(node: fx.Node) -> bool:
+    """Whether the keys of the grouped SDPA `node` are a `cat` (a cache that grows each step, DynamicCache's)."""
+    plan = grouped_plan(node)
+    key = _skip_full_slices(plan[0]) if plan is not None else None
+    return isinstance(key, fx.Node) and key.op == "call_function" and key.target is _ops.cat.default
+
+
 def _call(graph: fx.Graph, target: Any, *args: Any) -> fx.Node:
     return graph.call_function(target, args)
 
@@ -201,8 +208,13 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 class CachedGqaAttention(torch.nn.Module):
     """A Llama-style attention layer with 6 query heads on 2 key/value heads over a cache of earlier keys."""
 
-    def __init__(self, mask_kind: str = "causal", gqa_flag: bool = False, causal: bool = False) -> None:
+    def __init__(
+        self, mask_kind: str = "causal", gqa_flag: bool = False, causal: bool = False, grow: str = "cat"
+    ) -> None:
         super().__init__()
+        # grow: "cat" appends the new keys to the cache (DynamicCache); "write" writes them over its last
+        # positions, a cache of fixed size (StaticCache's index_copy_). The mask then covers the last keys of `keep`.
+        self.grow = grow
         torch.manual_seed(0)
         self.q = torch.nn.Linear(24, 24)
         self.kv = torch.nn.Linear(24, 16)
@@ -212,11 +224,16 @@ class CachedGqaAttention(torch.nn.Module):
         batch, length, _ = x.shape
         q = self.q(x).view(batch, length, 6, 4).transpose(1, 2)
         k, v = self.kv(x).view(batch, length, 2, 2, 4).permute(3, 0, 2, 1, 4).unbind(0)
-        keys, values = torch.cat([past, k], dim=2), torch.cat([past.flip(-1), v], dim=2)
+        if self.grow == "cat":
+            keys, values = torch.cat([past, k], dim=2), torch.cat([past.flip(-1), v], dim=2)
+        else:
+            at = torch.arange(past.shape[2] - length, past.shape[2])
+            keys, values = past.index_copy(2, at, k), past.flip(-1).index_copy(2, at, v)
         total = keys.shape[2]
+        keep = keep[:, keep.shape[1] - total :]
         mask = None
         if self.mask_kind == "causal":  # (b, 1, q, s) bool: padding of `keep` and causality after the cache
-            rows = torch.arange(length)[:, None] + past.shape[2]
+            rows = torch.arange(length)[:, None] + (total - length)
             mask = (torch.arange(total)[None, :] <= rows)[None, None] & keep[:, None, None, :].bool()
         elif self.mask_kind == "padding":  # (b, 1, 1, s) additive
             mask = torch.zeros(batch, 1, 1, total).masked_fill(keep[:, None, None, :] == 0, torch.finfo(x.dtype).min)
@@ -243,48 +260,52 @@ def gqa_inputs(batch: int, length: int, past: int, seed: int = 0, padded: int = 
     }
 
 
-def gqa_built(mask_kind: str = "causal", gqa_flag: bool = False, causal: bool = False) -> Built:
-    return CachedGqaAttention(mask_kind, gqa_flag, causal), gqa_inputs(2, 5, 7)
+def gqa_built(mask_kind: str = "causal", gqa_flag: bool = False, causal: bool = False, grow: str = "cat") -> Built:
+    return CachedGqaAttention(mask_kind, gqa_flag, causal, grow), gqa_inputs(2, 5, 7)
 
 
-def grouped_examples(enable_gqa: bool = True) -> tuple[Match | NoMatch, ...]:
+def grouped_examples(enable_gqa: bool = True, grow: str = "cat") -> tuple[Match | NoMatch, ...]:
     """The examples both backends' rules prove: masks of every form the match takes, fully masked rows, other
     batch/length/cache sizes, SDPA's own `enable_gqa` (where the backend converts it without the rule), and
-    `is_causal` as the case left alone."""
+    `is_causal` as the case left alone. `grow`: how the example's cache takes the new keys (`CachedGqaAttention`);
+    "write" keeps every cache at least as long as the new keys."""
+    write = grow == "write"
     gqa_flag = (
         Match(
-            lambda: gqa_built("none", gqa_flag=True),
+            lambda: gqa_built("none", gqa_flag=True, grow=grow),
             "SDPA's own enable_gqa, no mask",
             other_inputs=lambda: gqa_inputs(1, 4, 6, seed=4),
         ),
     )
     return (
         Match(
-            lambda: gqa_built("causal"),
+            lambda: gqa_built("causal", grow=grow),
             "GQA (6 query heads on 2 kv heads) over a cache, a bool causal mask with a left-padded row, then "
             "another batch, length and cache",
             other_inputs=lambda: gqa_inputs(3, 1, 12, seed=1),
         ),
         Match(
-            lambda: (CachedGqaAttention("causal"), gqa_inputs(2, 3, 4, padded=6)),
-            "the first row's padding covers its first two queries' keys: fully masked rows, as eager has them",
-            other_inputs=lambda: gqa_inputs(2, 4, 2, seed=5, padded=4),
+            lambda: (CachedGqaAttention("causal", grow=grow), gqa_inputs(2, 3, 4, padded=6)),
+            "the first row's padding covers its first queries' keys: fully masked rows, as eager has them",
+            other_inputs=lambda: (
+                gqa_inputs(2, 2, 6, seed=5, padded=7) if write else gqa_inputs(2, 4, 2, seed=5, padded=4)
+            ),
             # OpenVINO's SDPA returns NaN for such rows with or without this rule; that rule zeroes them.
             needs=("openvino/sdpa-fully-masked-rows",),
         ),
         Match(
-            lambda: gqa_built("padding"),
+            lambda: gqa_built("padding", grow=grow),
             "an additive (b, 1, 1, s) padding mask, broadcast over every stacked row as it is",
-            other_inputs=lambda: gqa_inputs(1, 9, 3, seed=2),
+            other_inputs=lambda: gqa_inputs(1, 2, 9, seed=2) if write else gqa_inputs(1, 9, 3, seed=2),
         ),
         Match(
-            lambda: gqa_built("per-head"),
+            lambda: gqa_built("per-head", grow=grow),
             "an additive mask that differs per query head, split into groups",
             other_inputs=lambda: gqa_inputs(3, 2, 10, seed=3),
         ),
         *(gqa_flag if enable_gqa else ()),
         NoMatch(
-            lambda: gqa_built("none", causal=True),
+            lambda: gqa_built("none", causal=True, grow=grow),
             "repeat_kv then is_causal=True",
             reason="causality is by query row index; stacked rows would be masked as later queries",
         ),
