@@ -14,7 +14,7 @@ from hfexport.cli.exits import ExitCode, UsageError
 from hfexport.cli.export_config import export_config
 from hfexport.cli.export_generation import export_generation
 from hfexport.cli.export_output import nothing_left_on_interrupt
-from hfexport.cli.export_records import as_used, hf_files, sample_record, write_report_files
+from hfexport.cli.export_records import save_with_records, write_report_files
 from hfexport.cli.failure import debugging, say_failed, without_partial_graphs
 from hfexport.cli.models import (
     load_empty_model,
@@ -71,7 +71,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hfexport.artifacts import ArtifactExistsError, check_destination, save, update_manifest
+    from hfexport.artifacts import ArtifactExistsError, check_destination, update_manifest
     from hfexport.auto import AutoHfExporter
     from hfexport.core.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
@@ -112,16 +112,7 @@ def _export(args: argparse.Namespace) -> int:
             f"exported in {report.total_seconds:.1f}s ({_stage_times(report)}); {len(report.fired)} rule(s) fired"
         )
         t0 = progress.step(f"saving {args.format} artifact to {output}/")
-        save(
-            program,
-            output,
-            overwrite=args.overwrite,
-            config=as_used(config, [report]),
-            report=report,
-            model=args.model,
-            hf_files=hf_files(args.model, model),
-            metadata=sample_record(args, inputs),
-        )
+        save_with_records(args, program, output, config, report, model, inputs)
         progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
 
         status = 0

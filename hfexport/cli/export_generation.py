@@ -13,7 +13,7 @@ from typing import Any
 
 from hfexport.cli import accuracy as quantized
 from hfexport.cli.exits import ExitCode
-from hfexport.cli.export_records import as_used, hf_files, sample_record, write_report_files
+from hfexport.cli.export_records import save_with_records, write_report_files
 from hfexport.cli.failure import debugging, say_failed, without_partial_graphs
 from hfexport.cli.models import GENERATION_TASKS
 from hfexport.cli.progress import Progress
@@ -80,7 +80,7 @@ def export_generation(
     `--validate` loads the saved artifact (every component must open and run on the inputs recorded for it)
     and compares `--new-tokens` greedy tokens of the exported components with `model.generate`.
     """
-    from hfexport.artifacts import save, update_manifest
+    from hfexport.artifacts import update_manifest
     from hfexport.core.errors import HfExportError
     from hfexport.rewrites.engine import stage_listener
 
@@ -110,16 +110,7 @@ def export_generation(
     # The programs generate() runs besides the documented components (a VLM's features and prefill) are saved too.
     names = [*programs, *getattr(programs, "runtime_components", {})]
     t0 = progress.step(f"saving {len(names)} components ({', '.join(names)}) to {args.output}/")
-    save(
-        programs,
-        args.output,
-        overwrite=args.overwrite,
-        config=as_used(config, list(reports.values())),
-        report=reports,
-        model=args.model,
-        hf_files=hf_files(args.model, model),
-        metadata=sample_record(args, inputs),
-    )
+    save_with_records(args, programs, args.output, config, reports, model, inputs)
     progress.step(f"saved in {time.perf_counter() - t0:.1f}s")
     status = 0
     validation: dict[str, Any] | None = None

@@ -67,3 +67,23 @@ def as_used(config: Any, reports: list[Any]) -> Any:
     recorded = copy.copy(config)
     recorded.opset_version = opsets.pop()
     return recorded
+
+
+def save_with_records(
+    args: argparse.Namespace, programs: Any, output: Path, config: Any, report: Any, model: Any, inputs: dict
+) -> None:
+    """`hfexport.save` of the export with what the command records beside it: the config as used, the report(s),
+    the model's Hugging Face files and the sample. `report` is one report or a dict of them, one per component."""
+    from hfexport.artifacts import save
+
+    reports = list(report.values()) if isinstance(report, dict) else [report]
+    save(
+        programs,
+        output,
+        overwrite=args.overwrite,
+        config=as_used(config, reports),
+        report=report,
+        model=args.model,
+        hf_files=hf_files(args.model, model),
+        metadata=sample_record(args, inputs),
+    )
