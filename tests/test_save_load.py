@@ -81,7 +81,11 @@ def other_shape() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# ExecuTorch's lowering takes about half a minute: its save, load and run are the default tier's in the built-in
+# models' `--generation --validate` cell (tests/test_cli_matrix.py), its single export here in the slow tier.
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=[pytest.mark.slow] if b == "executorch" else []) for b in BACKENDS]
+)
 def test_single_export_round_trips_and_runs_like_eager(backend: str, tmp_path: Path) -> None:
     program, config, report = exported(backend)
     out = save(program, tmp_path / "artifact", config=config, report=report, model="tiny-llama")
