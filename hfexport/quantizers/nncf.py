@@ -256,10 +256,11 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
 
     ExecuTorch takes only weight compression (`NNCFWeightCompressionConfig`): int8 activation quantization
     leaves quantize/dequantize pairs that no ExecuTorch delegate lowers. The compressed weights are decompressed
-    in the graph before each linear; the rules `executorch/quant-*` and `openvino/quant-*` carry that graph
-    through XNNPACK and `openvino.convert_model` (see docs/quantization.md). `nncf.quantize` (nncf 3.4) cannot
-    read graphs with symbolic shapes, so int8 quantization needs a static export (`dynamic=False`, no
-    `dynamic_shapes`); weight compression works on dynamic graphs.
+    in the graph before each linear; the rules `executorch/quant-*`, `openvino/quant-*` and
+    `aten/unsigned-right-shift` carry that graph through XNNPACK, `openvino.convert_model` and torch.onnx (see
+    docs/quantization.md). `nncf.quantize` (nncf 3.4) cannot read graphs with symbolic shapes, so int8
+    quantization needs a static export (`dynamic=False`, no `dynamic_shapes`); weight compression works on dynamic
+    graphs.
     """
 
     quantizes_fx_graph: ClassVar[bool] = True
