@@ -381,3 +381,53 @@ def test_nncf_fx_int4_onnx_runs_with_the_unsigned_shift_rule() -> None:
         expected = model(**inputs).numpy()
     cosine = (logits * expected).sum() / (np.linalg.norm(logits) * np.linalg.norm(expected))
     assert cosine > 0.99, cosine
+
+
+def _nncf_fx_int8_tied_head(*, rule: bool) -> tuple[Any, torch.nn.Module, dict[str, torch.Tensor]]:
+    """`NNCFTorchFXQuantizer` int8 (`nncf.quantize`, calibrated on four batches) of a tied head, on Dynamo."""
+    from hfexport import DynamoConfig, DynamoExporter, NNCFTorchFXQuantizer, RuleSelection
+    from hfexport.rewrites.rules.fx.untie_shared_weights import untie_shared_weights
+
+    model, inputs = untie_shared_weights.meta.examples[0].build()
+    model.eval()
+    generator = torch.Generator().manual_seed(1)
+    calibration = [{"input_ids": torch.randint(0, 64, (2, 5), generator=generator)} for _ in range(4)]
+    quantizer = NNCFTorchFXQuantizer(calibration_dataset=calibration)
+    rules = RuleSelection() if rule else RuleSelection(disable=(untie_shared_weights.id,))
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=False, quantizer=quantizer, rules=rules))
+    return (program, exporter.report), model, inputs
+
+
+def test_nncf_fx_int8_fails_on_a_tied_head_without_the_untie_rule() -> None:
+    """nncf.quantize replaces the head's weight for every reader of its get_attr node: the embedding gets the int8
+    table, and the layer norm after it cannot trace (a Llama's `.to(float32)` there fails as "Tensor dtype mismatch!
+    Expected: torch.float32, Got: torch.int8"). When NNCF updates one reader only, this passes and the rule can go."""
+    from hfexport import HfExportError
+
+    with pytest.raises(HfExportError, match=r"(?s)stage 'quantize'.*Got: torch\.int8.*layer_norm"):
+        _nncf_fx_int8_tied_head(rule=False)
+
+
+def test_nncf_fx_int8_quantizes_a_tied_head_with_the_untie_rule() -> None:
+    from hfexport.rewrites.rules.fx.untie_shared_weights import untie_shared_weights
+
+    (program, report), model, inputs = _nncf_fx_int8_tied_head(rule=True)
+    assert report.hits["fx"].get(untie_shared_weights.id) == 1
+    assert report.quantization.quantized_ops > 0
+    with torch.no_grad():
+        expected = model(**inputs)
+        logits = program.module()(**inputs)
+    # The embedding's table stays float (exact rows); the head is int8.
+    assert logits.dtype == torch.float32
+    cosine = torch.nn.functional.cosine_similarity(logits.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.99, cosine
+
+
+def test_nncf_fx_weight_compression_keeps_the_tied_weight_shared() -> None:
+    """The untie rule is for nncf.quantize only: weight compression decompresses a shared weight once for both
+    readers, and untied it would store the table twice."""
+    from hfexport import NNCFTorchFXQuantizer, NNCFWeightCompressionConfig
+
+    assert NNCFTorchFXQuantizer().enabled_rules == ("fx/untie-shared-weights",)
+    assert NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(mode="int4_sym")).enabled_rules == ()
