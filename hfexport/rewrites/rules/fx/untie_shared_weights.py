@@ -19,14 +19,13 @@ that compiles the program itself gains nothing from it; a quantizer that changes
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.fx import FxGraphRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._tied_head import TiedHead, UntiedHead, token_ids
 
 
 def _untie(program: torch.export.ExportedProgram) -> int:
@@ -63,40 +62,12 @@ def _untie(program: torch.export.ExportedProgram) -> int:
 # -- examples --------------------------------------------------------------------------------------------------------
 
 
-class _TiedHead(torch.nn.Module):
-    """An embedding whose weight is also the output projection (tie_word_embeddings)."""
-
-    def __init__(self, vocab: int = 64, hidden: int = 16) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(vocab, hidden)
-        self.norm = torch.nn.LayerNorm(hidden)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(self.norm(self.embed(input_ids)), self.embed.weight)
-
-
-class _UntiedHead(_TiedHead):
-    """The same with a head of its own: every parameter has one reader."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.head = torch.nn.Linear(16, 64, bias=False)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.embed(input_ids)))
-
-
-def _ids() -> dict[str, Any]:
-    return {"input_ids": torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))}
-
-
 untie_shared_weights = FxGraphRule(
     RuleMeta(
         id="fx/untie-shared-weights",
         why="NNCFTorchFXQuantizer int8 (nncf.quantize) failed on tied embeddings with 'Tensor dtype mismatch! "
         "Expected: torch.float32, Got: torch.int8': NNCF replaces a weight for all of its readers, so the "
-        "head's int8 weight (and before it SmoothQuant's scaled one) became the embedding's table",
+        "head's int8 weight became the embedding's table",
         upstream="nncf==3.4.0 nncf/experimental/torch/fx/transformations.py constant_update "
         "(old_const.replace_all_uses_with(new_const) updates every reader of a shared get_attr); no NNCF issue "
         "found for 'constant_update shared weight' in openvinotoolkit/nncf",
@@ -108,11 +79,11 @@ untie_shared_weights = FxGraphRule(
         enabled_by_default=False,
         examples=(
             Match(
-                lambda: (_TiedHead(), _ids()),
+                lambda: (TiedHead(64), token_ids(64)),
                 "a tied output projection (the embedding's weight, 64 x 16): a placeholder of its own",
             ),
             NoMatch(
-                lambda: (_UntiedHead(), _ids()),
+                lambda: (UntiedHead(64), token_ids(64)),
                 "a head with its own weight",
                 reason="every parameter has one reader",
             ),
