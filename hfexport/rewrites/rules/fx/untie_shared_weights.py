@@ -38,7 +38,8 @@ def _untie(program: torch.export.ExportedProgram) -> int:
         if spec.kind != InputKind.PARAMETER or not isinstance(spec.arg, TensorArgument):
             continue
         node = placeholders[spec.arg.name]
-        readers = list(node.users)
+        # A parameter the program returns keeps its placeholder there: the output spec names that node.
+        readers = [user for user in node.users if user.op != "output"]
         for reader in readers[1:]:
             name = f"{node.name}_reader_{added}"
             while name in placeholders:
