@@ -256,10 +256,12 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
 
     ExecuTorch takes only weight compression (`NNCFWeightCompressionConfig`): int8 activation quantization
     leaves quantize/dequantize pairs that no ExecuTorch delegate lowers. The compressed weights are decompressed
-    in the graph before each linear; the rules `executorch/quant-*` and `openvino/quant-*` carry that graph
-    through XNNPACK and `openvino.convert_model` (see docs/quantization.md). `nncf.quantize` (nncf 3.4) cannot
-    read graphs with symbolic shapes, so int8 quantization needs a static export (`dynamic=False`, no
-    `dynamic_shapes`); weight compression works on dynamic graphs.
+    in the graph before each linear; the rules `executorch/quant-*`, `openvino/quant-*` and
+    `aten/unsigned-right-shift` carry that graph through XNNPACK, `openvino.convert_model` and torch.onnx (see
+    docs/quantization.md). `nncf.quantize` (nncf 3.4) cannot read graphs with symbolic shapes, so int8
+    quantization needs a static export (`dynamic=False`, no `dynamic_shapes`); weight compression works on dynamic
+    graphs. With `NNCFQuantizationConfig` the export runs `fx/untie-shared-weights`: nncf.quantize changes a weight
+    for every reader of it, so a tied embedding would read the head's int8 weight.
     """
 
     quantizes_fx_graph: ClassVar[bool] = True
@@ -267,6 +269,12 @@ class NNCFTorchFXQuantizer(_NNCFQuantizer):
     supported_formats: ClassVar[tuple[ExportFormat, ...]] = tuple(ExportFormat)
     # Where int8 activations leave quantize/dequantize pairs that no delegate lowers.
     weight_only_formats: ClassVar[tuple[ExportFormat, ...]] = (ExportFormat.EXECUTORCH,)
+
+    @property
+    def enabled_rules(self) -> tuple[str, ...]:  # type: ignore[override]
+        # nncf.quantize replaces a weight for every reader of its get_attr node: a tied embedding would take the
+        # head's int8 weight. Weight compression handles a shared weight itself (one decompression, both readers).
+        return () if self.weight_only else ("fx/untie-shared-weights",)
 
     def check_format(self, export_format: str | ExportFormat) -> None:
         super().check_format(export_format)

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("onnxscript")
 
@@ -100,3 +101,12 @@ def test_aten_overrides_make_the_translation_table_in_one_call_and_count_dispatc
     # calls this).
     context.hit("aten/is-all-true")
     assert context.outcomes["aten/is-all-true"].status == "fired" and context.outcomes["aten/is-all-true"].hits == 1
+
+
+def test_aten_override_translates_its_other_overloads_with_the_same_counted_function() -> None:
+    rule = default_registry().get("aten/unsigned-right-shift")
+    table = dict(apply("aten", 18, RewriteContext(backend="onnx"), default_registry()).outputs)
+    tensor = torch.ops.aten.bitwise_right_shift.Tensor
+    scalar = torch.ops.aten.__rshift__.Scalar
+    assert rule.resolve_target() is tensor and rule.resolve_target(rule.also[0]) is scalar
+    assert table[tensor] is table[scalar]

@@ -328,3 +328,106 @@ def test_ort_dynamic_int8_attention_runs_as_float_matmuls_after_the_tool() -> No
     assert ops["MatMulInteger"] == kept["MatMulInteger"] > 0
     rows = mask.bool().numpy()  # padded positions' logits are not compared
     np.testing.assert_allclose(logits[rows], kept_logits[rows], rtol=1e-4, atol=1e-4)
+
+
+class _TinyMlpLM(torch.nn.Module):
+    """An embedding, one MLP (whose two linears NNCF puts in int4) and a head: the first and last layers stay in
+    NNCF's int8 backup precision. 512 x 64 weights pack to 16384 bytes each, above the optimizer's folding limit, so
+    the ONNX graph keeps the unpacking as a model's weights do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(128, 64)
+        self.up = torch.nn.Linear(64, 512, bias=False)
+        self.down = torch.nn.Linear(512, 64, bias=False)
+        self.head = torch.nn.Linear(64, 128, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        return self.head(hidden + self.down(torch.relu(self.up(hidden))))
+
+
+def _nncf_fx_int4_onnx_session(*, rule: bool) -> tuple[Any, torch.nn.Module, dict[str, torch.Tensor]]:
+    """`NNCFTorchFXQuantizer` int4 (groups of 32) of the tiny MLP, exported to ONNX and opened in ONNX Runtime."""
+    import onnxruntime as ort
+
+    from hfexport import NNCFTorchFXQuantizer, NNCFWeightCompressionConfig, OnnxConfig, OnnxExporter, RuleSelection
+
+    model = _TinyMlpLM().eval()
+    inputs = {"input_ids": torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))}
+    quantizer = NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(mode="int4_sym", group_size=32))
+    rules = RuleSelection() if rule else RuleSelection(disable=("aten/unsigned-right-shift",))
+    program = OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True, quantizer=quantizer, rules=rules))
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session, model, inputs
+
+
+def test_nncf_fx_int4_onnx_does_not_load_without_the_unsigned_shift_rule() -> None:
+    """torchlib casts `packed >> 4` (uint8) to int8, and the stack with `packed & 15` (uint8) is a Concat of two
+    types; when onnxscript translates an unsigned shift in its own dtype this passes, and the rule can go."""
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(Exception, match=r"Concat\) bound to different types \(tensor\(uint8\) and tensor\(int8\)"):
+        _nncf_fx_int4_onnx_session(rule=False)
+
+
+def test_nncf_fx_int4_onnx_runs_with_the_unsigned_shift_rule() -> None:
+    from hfexport.naming import onnx_feed
+
+    pytest.importorskip("onnxruntime")
+    session, model, inputs = _nncf_fx_int4_onnx_session(rule=True)
+    logits = session.run(None, onnx_feed([i.name for i in session.get_inputs()], inputs))[0]
+    with torch.no_grad():
+        expected = model(**inputs).numpy()
+    cosine = (logits * expected).sum() / (np.linalg.norm(logits) * np.linalg.norm(expected))
+    assert cosine > 0.99, cosine
+
+
+def _nncf_fx_int8_tied_head(*, rule: bool) -> tuple[Any, torch.nn.Module, dict[str, torch.Tensor]]:
+    """`NNCFTorchFXQuantizer` int8 (`nncf.quantize`, calibrated on four batches) of a tied head, on Dynamo."""
+    from hfexport import DynamoConfig, DynamoExporter, NNCFTorchFXQuantizer, RuleSelection
+    from hfexport.rewrites.rules.fx.untie_shared_weights import untie_shared_weights
+
+    model, inputs = untie_shared_weights.meta.examples[0].build()
+    model.eval()
+    generator = torch.Generator().manual_seed(1)
+    calibration = [{"input_ids": torch.randint(0, 64, (2, 5), generator=generator)} for _ in range(4)]
+    quantizer = NNCFTorchFXQuantizer(calibration_dataset=calibration)
+    rules = RuleSelection() if rule else RuleSelection(disable=(untie_shared_weights.id,))
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=False, quantizer=quantizer, rules=rules))
+    return (program, exporter.report), model, inputs
+
+
+def test_nncf_fx_int8_fails_on_a_tied_head_without_the_untie_rule() -> None:
+    """nncf.quantize replaces the head's weight for every reader of its get_attr node: the embedding gets the int8
+    table, and the layer norm after it cannot trace (a Llama's `.to(float32)` there fails as "Tensor dtype mismatch!
+    Expected: torch.float32, Got: torch.int8"). When NNCF updates one reader only, this passes and the rule can go."""
+    from hfexport import HfExportError
+
+    with pytest.raises(HfExportError, match=r"(?s)stage 'quantize'.*Got: torch\.int8.*layer_norm"):
+        _nncf_fx_int8_tied_head(rule=False)
+
+
+def test_nncf_fx_int8_quantizes_a_tied_head_with_the_untie_rule() -> None:
+    from hfexport.rewrites.rules.fx.untie_shared_weights import untie_shared_weights
+
+    (program, report), model, inputs = _nncf_fx_int8_tied_head(rule=True)
+    assert report.hits["fx"].get(untie_shared_weights.id) == 1
+    assert report.quantization.quantized_ops > 0
+    with torch.no_grad():
+        expected = model(**inputs)
+        logits = program.module()(**inputs)
+    # The embedding's table stays float (exact rows); the head is int8.
+    assert logits.dtype == torch.float32
+    cosine = torch.nn.functional.cosine_similarity(logits.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.99, cosine
+
+
+def test_nncf_fx_weight_compression_keeps_the_tied_weight_shared() -> None:
+    """The untie rule is for nncf.quantize only: weight compression decompresses a shared weight once for both
+    readers, and untied it would store the table twice."""
+    from hfexport import NNCFTorchFXQuantizer, NNCFWeightCompressionConfig
+
+    assert NNCFTorchFXQuantizer().enabled_rules == ("fx/untie-shared-weights",)
+    assert NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(mode="int4_sym")).enabled_rules == ()

@@ -1,7 +1,8 @@
 """Rule kinds of the ONNX lowering: ATen translation overrides (stage `aten`) and ONNX IR rewrites (`onnx`).
 
-- `AtenOverride`: an onnxscript function that translates one `torch.ops.aten.<op>.<overload>`. Its applier
-  hands `(op, function)` to the lowering, the function wrapped to count every dispatch to it (a call during
+- `AtenOverride`: an onnxscript function that translates one `torch.ops.aten.<op>.<overload>` (and the overloads in
+  `also`, where torch.onnx's decompositions write one op under several). Its applier hands `(op, function)` to the
+  lowering for each, the function wrapped to count every dispatch to it (a call during
   translation is one hit): `dict(engine.apply("aten", opset, context).outputs)` is torch.onnx's
   `custom_translation_table`.
 - `OnnxRewriteRule`: an onnxscript rewriter rule (`pattern` / `check` / `rewrite`, e.g. a
@@ -35,6 +36,10 @@ class AtenOverride(Rule):
 
     target: str = ""
     translation: Callable[[], Callable[..., Any]] | None = None
+    # More overloads the same translation takes: one op that torch.onnx's decompositions write under another name
+    # depending on its operands (`x >> 4` on a graph input is `aten.__rshift__.Scalar`, on a constant
+    # `aten.bitwise_right_shift.Tensor`).
+    also: tuple[str, ...] = ()
     # The override is used only for exports at opsets up to this one (newer opsets have a native op).
     max_opset: int | None = None
     # ... and only from this opset on (an override of a translation torch.onnx has only at newer opsets).
@@ -45,8 +50,9 @@ class AtenOverride(Rule):
     stages: ClassVar[tuple[str, ...]] = ("aten",)
     phase: str = field(init=False, default="translation")
 
-    def resolve_target(self) -> torch._ops.OpOverload | None:
-        namespace, op, overload = ([*self.target.split("."), "", "", ""])[:3]
+    def resolve_target(self, target: str | None = None) -> torch._ops.OpOverload | None:
+        """`target` ("aten.<op>.<overload>", by default the rule's) as an OpOverload of the installed torch."""
+        namespace, op, overload = ([*(target or self.target).split("."), "", "", ""])[:3]
         packet = getattr(getattr(torch.ops, namespace, None), op, None) if namespace and op else None
         resolved = getattr(packet, overload or "default", None) if packet is not None else None
         return resolved if isinstance(resolved, torch._ops.OpOverload) else None
@@ -93,7 +99,9 @@ def apply_aten(rule: Rule, opset: int, hit: Callable[[], None] | None = None) ->
         return Applied(not_applicable=f"only for opset <= {rule.max_opset}, exporting {opset}")
     if rule.min_opset is not None and opset < rule.min_opset:
         return Applied(not_applicable=f"only for opset >= {rule.min_opset}, exporting {opset}")
-    return Applied(outputs=((op, _counting(rule.translation(), hit or (lambda: None), rule.counts)),))
+    translation = _counting(rule.translation(), hit or (lambda: None), rule.counts)
+    others = [resolved for resolved in map(rule.resolve_target, rule.also) if resolved is not None]
+    return Applied(outputs=tuple((each, translation) for each in (op, *others)))
 
 
 def apply_onnx_rule(rule: Rule, model: Any, hit: Callable[[], None] | None = None) -> Applied:

@@ -16,5 +16,6 @@ RULES: list[Rule] = load_rules(
         "aten/erf-inv",
         "aten/histc-data-range",
         "aten/int64-sum-exact",
+        "aten/unsigned-right-shift",
     ],
 )

@@ -13,5 +13,6 @@ RULES: list[Rule] = load_rules(
         "fx/mod-index-as-aten-index",
         "fx/split-symbolic-size-as-sizes",
         "fx/patch-conv-on-data-dependent-batch-as-matmul",
+        "fx/untie-shared-weights",
     ],
 )

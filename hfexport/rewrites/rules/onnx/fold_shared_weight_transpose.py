@@ -29,6 +29,7 @@ import torch
 from hfexport.rewrites.examples import Match, NoMatch
 from hfexport.rewrites.kinds.onnx import OnnxRewriteRule
 from hfexport.rewrites.rule import RuleMeta
+from hfexport.rewrites.rules._tied_head import TiedHead, UntiedHead, token_ids
 
 
 def _shared_initializer(value: Any) -> bool:
@@ -98,33 +99,14 @@ def _rule() -> Any:
 # -- examples --------------------------------------------------------------------------------------
 
 
-class _TiedHead(torch.nn.Module):
-    """An embedding whose weight is also the output projection (tie_word_embeddings), large enough that the
-    optimizer's size limit keeps the Transpose."""
-
-    def __init__(self, vocab: int = 1024, hidden: int = 16) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(vocab, hidden)
-        self.norm = torch.nn.LayerNorm(hidden)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(self.norm(self.embed(input_ids)), self.embed.weight)
+def _tied() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    # 1024 x 16: large enough that the optimizer's size limit keeps the Transpose.
+    return TiedHead(1024), token_ids(1024)
 
 
-class _UntiedHead(_TiedHead):
-    """The same with a head of its own: the optimizer folds its Transpose, nothing else reads the weight."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.head = torch.nn.Linear(16, 1024, bias=False)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.embed(input_ids)))
-
-
-def _ids() -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.randint(0, 1024, (2, 5), generator=torch.Generator().manual_seed(0))}
+def _untied() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    # The optimizer folds this head's Transpose: nothing else reads its weight.
+    return UntiedHead(1024), token_ids(1024)
 
 
 fold_shared_weight_transpose = OnnxRewriteRule(
@@ -144,11 +126,11 @@ fold_shared_weight_transpose = OnnxRewriteRule(
         enabled_by_default=False,
         examples=(
             Match(
-                lambda: (_TiedHead(), _ids()),
+                _tied,
                 "a tied output projection (the embedding's weight, 1024 x 16): its own transposed copy",
             ),
             NoMatch(
-                lambda: (_UntiedHead(), _ids()),
+                _untied,
                 "a head with its own weight",
                 reason="nothing else reads the head's weight (the optimizer folds that Transpose itself)",
             ),
