@@ -150,6 +150,7 @@ class OptimumExecutorch:
         assert recipe == "8da4w", recipe
         self.model = ExecuTorchModelForCausalLM.from_pretrained(
             str(model),
+            task="text-generation",  # without it, a local folder is looked up on the Hub for its task
             recipe="xnnpack",
             attn_implementation="custom_sdpa",
             use_custom_kv_cache=True,
