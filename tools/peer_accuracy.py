@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -166,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             loads.append(os.getloadavg()[0])
             for bench_row in result.rows:
-                if bench_row.run == backend:
-                    speeds[(backend, bench_row.precision)] = round(bench_row.tokens_per_s, 1)
+                # The bench names its rows "hfexport <backend> (<cache> cache)"; a row that failed has no rate.
+                rate = bench_row.tokens_per_s
+                if bench_row.run.startswith(f"hfexport {backend} ") and not math.isnan(rate):
+                    speeds[(backend, bench_row.precision)] = round(rate, 1)
     for backend, name, bench in OURS:
         ours = sweep.get((backend, name, "export"), {})
         row = {"who": f"hfexport {backend}", "recipe": name, "what": json.dumps(ours.get("settings", {}))}
