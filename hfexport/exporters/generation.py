@@ -41,6 +41,14 @@ def export_components(
 
     # The decode step's rule selection also decides the patches that run while generate is recorded.
     decode_config = config.get("decode") if isinstance(config, Mapping) else config
+    # An eager-model quantizer of the one config quantizes the model once: every component is recorded from the
+    # quantized copy, and each component's export finds its quantization done (`quantize_eager_model`).
+    quantizer = getattr(config, "quantizer", None)
+    if quantizer is not None and quantizer.quantizes_eager_model:
+        from hfexport.quantizers.apply import check_quantizer, quantize_eager_model
+
+        check_quantizer(quantizer, exporter.export_format, config)
+        model, _ = quantize_eager_model(quantizer, model, generate_kwargs, exporter.export_format)
     decomposition = decompose_for_generation(
         model,
         generate_kwargs,
