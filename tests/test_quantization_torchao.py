@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("torchao")
 
 from hfexport import DynamoConfig, DynamoExporter, ExecutorchConfig, OnnxConfig, OnnxExporter, TorchAOQuantizer
+from hfexport.artifacts.accuracy import precision_from_settings
 from hfexport.core.errors import ConfigError
 from hfexport.quantizers.apply import quantize_eager_model
 from hfexport.tiny import TINY_MODELS
@@ -63,6 +64,7 @@ def test_quantizes_a_copy_and_leaves_the_callers_model_unchanged(tiny: Any) -> N
     assert quantized.model.embed_tokens.weight is model.model.embed_tokens.weight
     assert record.stage == "eager" and record.op_counts == {type(quantized.lm_head.weight).__name__: len(kinds)}
     assert record.settings["group_size"] == 32 and record.settings["weight_bits"] == 4
+    assert precision_from_settings(record.quantizer, record.settings) == "int4"  # the accuracy budget it gets
     # A model this quantizer already made (the one copy every generation component wraps) is not quantized again.
     again, second = quantize_eager_model(TorchAOQuantizer(), quantized, inputs, "executorch")
     assert again is quantized and second.op_counts == record.op_counts

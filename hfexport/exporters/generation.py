@@ -41,14 +41,7 @@ def export_components(
 
     # The decode step's rule selection also decides the patches that run while generate is recorded.
     decode_config = config.get("decode") if isinstance(config, Mapping) else config
-    # An eager-model quantizer of the one config quantizes the model once: every component is recorded from the
-    # quantized copy, and each component's export finds its quantization done (`quantize_eager_model`).
-    quantizer = getattr(config, "quantizer", None)
-    if quantizer is not None and quantizer.quantizes_eager_model:
-        from hfexport.quantizers.apply import check_quantizer, quantize_eager_model
-
-        check_quantizer(quantizer, exporter.export_format, config)
-        model, _ = quantize_eager_model(quantizer, model, generate_kwargs, exporter.export_format)
+    model = _quantized_once(exporter.export_format, model, generate_kwargs, config)
     decomposition = decompose_for_generation(
         model,
         generate_kwargs,
@@ -111,6 +104,26 @@ def export_components(
                 total_seconds=0.0,
             )
     return results
+
+
+def _quantized_once(
+    export_format: str,
+    model: torch.nn.Module,
+    generate_kwargs: Mapping[str, Any],
+    config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None,
+) -> torch.nn.Module:
+    """The model to record `generate` on: where every component's config holds the same eager-model quantizer,
+    its one quantized copy (each component's export then finds its quantization done, `quantize_eager_model`);
+    otherwise `model`."""
+    from hfexport.quantizers.apply import check_quantizer, quantize_eager_model
+
+    each = list(config.values()) if isinstance(config, Mapping) else [config]
+    quantizers = {id(q): q for q in (getattr(c, "quantizer", None) for c in each)}
+    quantizer = next(iter(quantizers.values()))
+    if len(quantizers) != 1 or quantizer is None or not quantizer.quantizes_eager_model:
+        return model
+    check_quantizer(quantizer, export_format)
+    return quantize_eager_model(quantizer, model, generate_kwargs, export_format)[0]
 
 
 def _calibrate_components(
