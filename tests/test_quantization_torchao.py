@@ -176,3 +176,16 @@ def test_executorch_generation_components_share_one_quantized_model(tiny: Any) -
     assert _cosine(prompt_logits(components, ids), expected) >= MIN_COSINE
     tokens = generate(components, ids, inputs["attention_mask"], max_new_tokens=4)
     assert tokens.shape == (ids.shape[0], ids.shape[1] + 4) and torch.equal(tokens[:, : ids.shape[1]], ids)
+
+
+def test_cli_quantize_torchao_8da4w_with_keep_float(tmp_path: Any) -> None:
+    import json
+
+    from hfexport.cli import main
+
+    out = tmp_path / "q"
+    args = ["--format", "dynamo", "--quantize", "torchao-8da4w", "--keep-float", "lm_head", "--output", str(out)]
+    assert main(["export", "--model", "tiny-llama", *args]) == 0
+    record = json.loads((out / "report.json").read_text())["quantization"]
+    assert record["quantizer"] == "TorchAOQuantizer" and record["stage"] == "eager"
+    assert record["settings"]["keep_float"] == ["lm_head"] and record["quantized_ops"] == 14
