@@ -106,6 +106,18 @@ def test_refuses_a_format_it_cannot_quantize_before_tracing(tiny: Any) -> None:
         TorchAOQuantizer(weight_bits=3)
 
 
+def test_a_failing_quantizer_names_the_quantize_stage_in_a_generation_export(tiny: Any) -> None:
+    from hfexport.core.errors import HfExportError
+
+    class Broken(TorchAOQuantizer):
+        def quantize(self, model: Any, sample_inputs: Any, export_format: Any) -> Any:
+            raise RuntimeError("no kernel")
+
+    model, inputs = tiny
+    with pytest.raises(HfExportError, match=r"stage 'quantize'.*Broken: RuntimeError: no kernel"):
+        DynamoExporter().export_for_generation(model, inputs, DynamoConfig(quantizer=Broken()))
+
+
 def test_dynamo_program_runs_close_to_fp32(tiny: Any) -> None:
     model, inputs = tiny
     snapshot = _snapshot(model)

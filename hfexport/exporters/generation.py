@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hfexport.configs import ExportConfigMixin
-from hfexport.core.errors import HfExportError
+from hfexport.core.errors import ConfigError, HfExportError, InputError, MissingPackageError
 
 logger = logging.getLogger("hfexport")
 
@@ -115,15 +115,21 @@ def _quantized_once(
     """The model to record `generate` on: where every component's config holds the same eager-model quantizer,
     its one quantized copy (each component's export then finds its quantization done, `quantize_eager_model`);
     otherwise `model`."""
-    from hfexport.quantizers.apply import check_quantizer, quantize_eager_model
+    from hfexport.quantizers.apply import check_quantizer, failure_message, quantize_eager_model
 
     each = list(config.values()) if isinstance(config, Mapping) else [config]
     quantizers = {id(q): q for q in (getattr(c, "quantizer", None) for c in each)}
-    quantizer = next(iter(quantizers.values()))
+    quantizer = next(iter(quantizers.values()), None)
     if len(quantizers) != 1 or quantizer is None or not quantizer.quantizes_eager_model:
         return model
     check_quantizer(quantizer, export_format)
-    return quantize_eager_model(quantizer, model, generate_kwargs, export_format)[0]
+    try:
+        return quantize_eager_model(quantizer, model, generate_kwargs, export_format)[0]
+    except (InputError, ConfigError, MissingPackageError, HfExportError):
+        raise  # the API's own errors, as the pipeline passes them
+    except Exception as exc:
+        # Named as a component export's quantize stage names its failure.
+        raise HfExportError(failure_message(quantizer)(exc), stage="quantize", model=type(model).__name__) from exc
 
 
 def _calibrate_components(

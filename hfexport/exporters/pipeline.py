@@ -140,12 +140,6 @@ def functionalized(program: torch.export.ExportedProgram, context: Any) -> torch
     return program
 
 
-def _quantizer_failure(quantizer: Any) -> Any:
-    """The message of the `quantize` stage's failure: the quantizer, then what went wrong."""
-    name = type(quantizer).__name__
-    return lambda exc: f"{name}: {type(exc).__name__}: {exc}"
-
-
 class CaptureExporter(HfExporter):
     """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report (an
     eager-model quantizer runs before the capture, on a copy of the model).
@@ -260,9 +254,9 @@ class CaptureExporter(HfExporter):
         self, quantizer: Any, model: torch.nn.Module, sample_inputs: Mapping[str, Any], context: Any
     ) -> tuple[torch.nn.Module, Any]:
         """The quantized copy of the eager `model` that is captured instead of it, and its record."""
-        from hfexport.quantizers.apply import quantize_eager_model
+        from hfexport.quantizers.apply import failure_message, quantize_eager_model
 
-        with context.stage("quantize", message=_quantizer_failure(quantizer)):
+        with context.stage("quantize", message=failure_message(quantizer)):
             return quantize_eager_model(quantizer, model, sample_inputs, self.export_format)
 
     def _quantize_and_lower(
@@ -277,9 +271,9 @@ class CaptureExporter(HfExporter):
     ) -> tuple[Any, Any]:
         """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
         (the caller saves afterwards, so a saved artifact is the quantized one)."""
-        from hfexport.quantizers.apply import quantize_backend_model, quantize_program
+        from hfexport.quantizers.apply import failure_message, quantize_backend_model, quantize_program
 
-        failure = _quantizer_failure(quantizer)
+        failure = failure_message(quantizer)
         if quantizer.quantizes_fx_graph:
             with context.stage("quantize", message=failure):
                 program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -37,6 +37,12 @@ def check_quantizer(quantizer: Any, export_format: str, config: Any = None) -> d
     if check_config is not None and config is not None:
         check_config(config)
     return quantizer.validate_environment()
+
+
+def failure_message(quantizer: Any) -> Callable[[BaseException], str]:
+    """How the export's `quantize` stage words a failure: the quantizer, then what went wrong."""
+    name = type(quantizer).__name__
+    return lambda exc: f"{name}: {type(exc).__name__}: {exc}"
 
 
 def _calibration_count(quantizer: ExportQuantizer) -> int | None:
