@@ -59,6 +59,7 @@ _EXPORTS = {
     "OnnxRuntimeQuantizer": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeStaticConfig": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeDynamicConfig": "hfexport.quantizers.onnxruntime",
+    "TorchAOQuantizer": "hfexport.quantizers.torchao",
     # Each backend's exporter and config class (`DynamoExporter`, `OnnxConfig`, ...), named by its descriptor.
     **{name: module for each in backends() for name, module in each.public_names.items()},
 }

@@ -18,9 +18,11 @@ from hfexport.rewrites.rule import STAGES
 class QuantizationRecord:
     """Which quantizer ran during an export, where, on how many ops, and how long it took.
 
-    stage: "fx" (the captured graph, before lowering) or the backend (`onnx`, `openvino`) it ran after.
+    stage: "eager" (a copy of the model, before capture), "fx" (the captured graph, before lowering) or the
+        backend (`onnx`, `openvino`) it ran after.
     op_counts: quantization ops in the result by kind (Q/DQ pairs, MatMulInteger, MatMulNBits, FakeQuantize,
-        compressed int8/int4 constants); `quantized_ops` is their sum.
+        compressed int8/int4 constants; at "eager", the quantized weights by tensor class); `quantized_ops` is
+        their sum.
     """
 
     quantizer: str

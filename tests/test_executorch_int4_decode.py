@@ -1,14 +1,14 @@
-"""ExecuTorch int4 decode (issue #19, goal 2): `quantizer_for("executorch", "int4")` is XNNPACK's dynamic int8
-activations with int4 weights, and XNNPACK runs every linear of the exported generation components with 4-bit
-weights.
+"""ExecuTorch int4 decode (issue #19, goal 2): `quantizer_for("executorch", "int4")` is torchao's 8da4w (dynamic int8
+activations, int4 weights in groups of 32, `TorchAOQuantizer`), and XNNPACK runs every linear of the exported
+generation components with 4-bit weights.
 
-The recipe is `XNNPACKQuantizer` with symmetric per-channel weights in [-8, 7] (`weight_qmin=-8, weight_qmax=7`):
-XNNPACK's partitioner serializes such a weight as `xnn_datatype_qcint4` (its qd8-f32-qc4w GEMM). The test reads
-the XNNPACK payload of every delegate the lowered program calls (header, then the flatbuffer of
-backends/xnnpack/serialization/schema.fbs) and checks each fully-connected node's filter and input types, and that
-no linear, matmul or (de)quantize is left outside the delegates. The NNCF int4 recipe it replaced rebuilt every
-float weight before its linear outside the delegate (portable kernels): 3.7 tok/s against fp32's 125 on the 2-layer
-SmolLM2 shape.
+XNNPACK's partitioner takes torchao's quantized linear (`choose_qparams_affine`, `quantize_affine`,
+`dequantize_affine` around a linear) whole and serializes its weight as `xnn_datatype_qbint4` (blockwise 4-bit: its
+qd8-f32-qb4w GEMM). The test reads the XNNPACK payload of every delegate the lowered program calls (header, then the
+flatbuffer of backends/xnnpack/serialization/schema.fbs) and checks each fully-connected node's filter and input
+types, and that no linear, matmul or (de)quantize is left outside the delegates. The NNCF int4 recipe it replaced
+rebuilt every float weight before its linear outside the delegate (portable kernels): 3.7 tok/s against fp32's 125
+on the 2-layer SmolLM2 shape.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from hfexport.tiny import TINY_MODELS
 
 TINY = TINY_MODELS["tiny-llama"]
 PROMPT, NEW = 8, 6
-# Measured 0.9935 on the random tiny Llama's prompt logits (fp32 eager against int4 weights per channel and
-# dynamic int8 activations); 10 of the 12 new tokens equal eager's (random weights give near-flat logits).
+# Measured 0.9947 on the random tiny Llama's prompt logits (fp32 eager against torchao 8da4w; 0.9935 with
+# XNNPACKQuantizer's int4 per channel); 4 of the 12 new tokens equal eager's (random weights give near-flat logits).
 MIN_COSINE = 0.97
 
 
@@ -92,7 +92,7 @@ def test_int4_executorch_generation_runs_every_linear_with_4bit_weights_in_xnnpa
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())  # 7 per layer and the head
     for name in dict.fromkeys(components):
         types = _fully_connected_types(_delegate_graphs(components[name]))
-        assert types == {("xnn_datatype_qdint8", "xnn_datatype_qcint4"): linears}, (name, types)
+        assert types == {("xnn_datatype_qdint8", "xnn_datatype_qbint4"): linears}, (name, types)
         outside = {
             str(n.target)
             for n in components[name].exported_program().graph.nodes

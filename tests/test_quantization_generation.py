@@ -32,6 +32,7 @@ from hfexport import (
     OnnxRuntimeQuantizer,
     OnnxRuntimeStaticConfig,
     PT2EQuantizer,
+    TorchAOQuantizer,
 )
 from hfexport.runtime.generation import generate
 from hfexport.tiny import TINY_MODELS
@@ -84,6 +85,8 @@ CASES: list[tuple[str, str, Callable[[], Any]]] = [
     ("pt2e-x86", "onnx", _x86),
     ("pt2e-x86", "openvino", _x86),
     ("pt2e-xnnpack", "executorch", _xnnpack),
+    ("torchao-8da4w", "executorch", TorchAOQuantizer),
+    ("torchao-8da4w", "dynamo", TorchAOQuantizer),
     ("nncf-fx-int4", "dynamo", lambda: NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(**INT4))),
     ("nncf-fx-int4", "onnx", lambda: NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(**INT4))),
     ("nncf-fx-int4", "executorch", lambda: NNCFTorchFXQuantizer(NNCFWeightCompressionConfig(**INT4))),

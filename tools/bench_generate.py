@@ -8,8 +8,8 @@ timings mean nothing). One table row per backend x precision: TTFT, decode tok/s
 ceiling, x eager, tokens vs eager (fp32 eager), export seconds and the export's peak RSS over the process's
 before it (polled every 20 ms). Quantized rows use each backend's weight-only (or dynamic) recipe
 (`hfexport.apps.bench.quantizer_for`: int8 with dynamic activations on ONNX Runtime and XNNPACK; int4 on ExecuTorch
-is XNNPACK's dynamic int8 activations with int4 weights per channel, elsewhere NNCF int4 weights in groups of
-32); their ceiling is the fp32 one times 32/bits (nominal: scales and the unquantized embedding gather are not
+is torchao's 8da4w, dynamic int8 activations with int4 weights in groups of 32, elsewhere NNCF int4 weights in
+groups of 32); their ceiling is the fp32 one times 32/bits (nominal: scales and the unquantized embedding gather are not
 counted).
 
 SmolLM2-135M-shaped Llama (random weights, seed 0), batch 1. Rows: eager `model.generate` (dynamic cache),

@@ -120,6 +120,7 @@ def recipes() -> list[Recipe]:
             lambda cal: q.PT2EQuantizer(_xnnpack(), cal),
         ),
         Recipe("executorch", "NNCFTorchFX int4_sym g32", lambda cal: q.NNCFTorchFXQuantizer(int4)),
+        Recipe("executorch", "TorchAO 8da4w g32", lambda cal: q.TorchAOQuantizer()),
         Recipe("dynamo", "PT2E X86Inductor int8", lambda cal: q.PT2EQuantizer(_x86(), cal)),
         Recipe("dynamo", "NNCFTorchFX int8", lambda cal: q.NNCFTorchFXQuantizer(calibration_dataset=cal), static=True),
     ]

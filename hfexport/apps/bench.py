@@ -51,7 +51,7 @@ BACKENDS: tuple[str, ...] = tuple(
 def quantizer_for(backend: str, precision: str) -> Any:
     """Each backend's weight-only (or dynamic) recipe for `precision` (`Tools.bench_quantizer`): int8 = dynamic
     activations with int8 weights where the backend has it (ONNX Runtime, XNNPACK), else NNCF int8 weights; int4 =
-    on ExecuTorch, XNNPACK's dynamic int8 activations with int4 weights per output channel, elsewhere NNCF int4
+    on ExecuTorch, torchao's 8da4w (dynamic int8 activations, int4 weights in groups of 32), elsewhere NNCF int4
     weights, symmetric, groups of 32, every layer on ONNX Runtime and OpenVINO (the output projection and the
     embedding too). None for fp32."""
     if precision == "fp32":

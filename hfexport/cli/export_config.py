@@ -81,7 +81,7 @@ def config_json(value: str | None) -> dict[str, Any]:
     return extra
 
 
-QUANTIZE_RECIPES = ("ort-dynamic", "ort-static", "pt2e-x86", "nncf-int8", "nncf-int4")
+QUANTIZE_RECIPES = ("ort-dynamic", "ort-static", "pt2e-x86", "nncf-int8", "nncf-int4", "torchao-8da4w")
 # The recipes a low-memory export applies while streaming (NNCF's data-free weight compression, ONNX and OpenVINO).
 LOW_MEMORY_RECIPES = ("nncf-int4",)
 
@@ -101,6 +101,8 @@ def _quantizer(recipe: str, export_format: str) -> Any:
         )
 
         return q.PT2EQuantizer(X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
+    if recipe == "torchao-8da4w":
+        return q.TorchAOQuantizer()
     # The NNCF quantizer of the format's own model where there is one (ONNX, OpenVINO), else NNCF on the FX graph.
     own = (q.NNCFOnnxQuantizer, q.NNCFOpenVINOQuantizer)
     nncf = next((cls for cls in own if export_format in map(str, cls.supported_formats)), q.NNCFTorchFXQuantizer)

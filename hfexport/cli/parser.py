@@ -88,7 +88,8 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quantize",
         choices=QUANTIZE_RECIPES,
-        help="quantize while exporting (ort-*: onnx; nncf-*: onnx/openvino/dynamo; pt2e-x86: dynamo/onnx/openvino)",
+        help="quantize while exporting (ort-*: onnx; nncf-*: onnx/openvino/dynamo; pt2e-x86: dynamo/onnx/openvino; "
+        "torchao-8da4w: executorch/dynamo)",
     )
     parser.add_argument(
         "--keep-float",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hfexport.configs import ExportConfigMixin
-from hfexport.core.errors import HfExportError
+from hfexport.core.errors import ConfigError, HfExportError, InputError, MissingPackageError
 
 logger = logging.getLogger("hfexport")
 
@@ -41,6 +41,7 @@ def export_components(
 
     # The decode step's rule selection also decides the patches that run while generate is recorded.
     decode_config = config.get("decode") if isinstance(config, Mapping) else config
+    model = _quantized_once(exporter.export_format, model, generate_kwargs, config)
     decomposition = decompose_for_generation(
         model,
         generate_kwargs,
@@ -103,6 +104,32 @@ def export_components(
                 total_seconds=0.0,
             )
     return results
+
+
+def _quantized_once(
+    export_format: str,
+    model: torch.nn.Module,
+    generate_kwargs: Mapping[str, Any],
+    config: ExportConfigMixin | Mapping[str, ExportConfigMixin] | None,
+) -> torch.nn.Module:
+    """The model to record `generate` on: where every component's config holds the same eager-model quantizer,
+    its one quantized copy (each component's export then finds its quantization done, `quantize_eager_model`);
+    otherwise `model`."""
+    from hfexport.quantizers.apply import check_quantizer, failure_message, quantize_eager_model
+
+    each = list(config.values()) if isinstance(config, Mapping) else [config]
+    quantizers = {id(q): q for q in (getattr(c, "quantizer", None) for c in each)}
+    quantizer = next(iter(quantizers.values()), None)
+    if len(quantizers) != 1 or quantizer is None or not quantizer.quantizes_eager_model:
+        return model
+    check_quantizer(quantizer, export_format)
+    try:
+        return quantize_eager_model(quantizer, model, generate_kwargs, export_format)[0]
+    except (InputError, ConfigError, MissingPackageError, HfExportError):
+        raise  # the API's own errors, as the pipeline passes them
+    except Exception as exc:
+        # Named as a component export's quantize stage names its failure.
+        raise HfExportError(failure_message(quantizer)(exc), stage="quantize", model=type(model).__name__) from exc
 
 
 def _calibrate_components(

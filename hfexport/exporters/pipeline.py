@@ -141,7 +141,8 @@ def functionalized(program: torch.export.ExportedProgram, context: Any) -> torch
 
 
 class CaptureExporter(HfExporter):
-    """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report.
+    """The one export pipeline: preflight, capture (patch, trace, fx), lowering, quantizer, save, report (an
+    eager-model quantizer runs before the capture, on a copy of the model).
 
     An exporter names its backend (`export_format`, `config_class`) and holds its `lowering`: nothing else
     differs between formats.
@@ -190,10 +191,13 @@ class CaptureExporter(HfExporter):
                 if upcast is not None:
                     warnings.append(upcast)
                     options = dataclasses.replace(options, upcast_bfloat16=True)
-                program = capture(model, sample_inputs, options, context, warnings)
+                traced = model
+                if quantizer is not None and quantizer.quantizes_eager_model:
+                    traced, quantization = self._quantize_eager(quantizer, model, sample_inputs, context)
+                program = capture(traced, sample_inputs, options, context, warnings)
                 image_count = dict(program.graph_module.meta.get(IMAGE_COUNT_META) or {})
                 static_axes = dict(program.graph_module.meta.get(STATIC_AXES_META) or {})
-                if quantizer is None:
+                if quantizer is None or quantization is not None:
                     result = lowering.lower(program, unsaved, context, weights)
                 else:
                     result, quantization = self._quantize_and_lower(
@@ -246,6 +250,15 @@ class CaptureExporter(HfExporter):
             )
         return result
 
+    def _quantize_eager(
+        self, quantizer: Any, model: torch.nn.Module, sample_inputs: Mapping[str, Any], context: Any
+    ) -> tuple[torch.nn.Module, Any]:
+        """The quantized copy of the eager `model` that is captured instead of it, and its record."""
+        from hfexport.quantizers.apply import failure_message, quantize_eager_model
+
+        with context.stage("quantize", message=failure_message(quantizer)):
+            return quantize_eager_model(quantizer, model, sample_inputs, self.export_format)
+
     def _quantize_and_lower(
         self,
         quantizer: Any,
@@ -258,13 +271,9 @@ class CaptureExporter(HfExporter):
     ) -> tuple[Any, Any]:
         """Lower with `quantizer` applied: on the FX graph before lowering, or on the backend's model after it
         (the caller saves afterwards, so a saved artifact is the quantized one)."""
-        from hfexport.quantizers.apply import quantize_backend_model, quantize_program
+        from hfexport.quantizers.apply import failure_message, quantize_backend_model, quantize_program
 
-        name = type(quantizer).__name__
-
-        def failure(exc: BaseException) -> str:
-            return f"{name}: {type(exc).__name__}: {exc}"
-
+        failure = failure_message(quantizer)
         if quantizer.quantizes_fx_graph:
             with context.stage("quantize", message=failure):
                 program, record = quantize_program(quantizer, program, sample_inputs, options, self.export_format)

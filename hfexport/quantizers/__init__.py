@@ -20,6 +20,7 @@ _LAZY = {
     "OnnxRuntimeQuantizer": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeStaticConfig": "hfexport.quantizers.onnxruntime",
     "OnnxRuntimeDynamicConfig": "hfexport.quantizers.onnxruntime",
+    "TorchAOQuantizer": "hfexport.quantizers.torchao",
 }
 
 __all__ = [  # noqa: RUF022 - the eager names first, then the lazy ones
@@ -35,6 +36,7 @@ __all__ = [  # noqa: RUF022 - the eager names first, then the lazy ones
     "OnnxRuntimeQuantizer",
     "OnnxRuntimeStaticConfig",
     "OnnxRuntimeDynamicConfig",
+    "TorchAOQuantizer",
 ]
 
 

@@ -1,14 +1,16 @@
 """How an export runs a quantizer: the check before tracing, the FX and backend hand-offs, the FX op count.
 
-`exporters/pipeline.py` calls `check_quantizer` before capture, `quantize_program` between capture and lowering
-(quantizers with `quantizes_fx_graph`), and `quantize_backend_model` after lowering (the others). Each hand-off
-returns the quantized object and a `QuantizationRecord` for the export report.
+`exporters/pipeline.py` calls `check_quantizer` before capture, `quantize_eager_model` before capture (quantizers
+with `quantizes_eager_model`), `quantize_program` between capture and lowering (`quantizes_fx_graph`), and
+`quantize_backend_model` after lowering (the others). Each hand-off returns the quantized object and a
+`QuantizationRecord` for the export report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -27,12 +29,20 @@ def check_quantizer(quantizer: Any, export_format: str, config: Any = None) -> d
             f"quantizer must be an ExportQuantizer (PT2EQuantizer, NNCFOpenVINOQuantizer, OnnxRuntimeQuantizer, ...), "
             f"got {type(quantizer).__name__}"
         )
+    if quantizer.quantizes_fx_graph and quantizer.quantizes_eager_model:
+        raise ConfigError(f"{type(quantizer).__name__} sets both quantizes_fx_graph and quantizes_eager_model")
     quantizer.check_format(export_format)
     quantizer.check_keep_float()
     check_config = getattr(quantizer, "check_config", None)
     if check_config is not None and config is not None:
         check_config(config)
     return quantizer.validate_environment()
+
+
+def failure_message(quantizer: Any) -> Callable[[BaseException], str]:
+    """How the export's `quantize` stage words a failure: the quantizer, then what went wrong."""
+    name = type(quantizer).__name__
+    return lambda exc: f"{name}: {type(exc).__name__}: {exc}"
 
 
 def _calibration_count(quantizer: ExportQuantizer) -> int | None:
@@ -86,6 +96,45 @@ def reexport(
             strict=False,
             prefer_deferred_runtime_asserts_over_guards=options.prefer_deferred_runtime_asserts_over_guards,
         )
+
+
+# The attribute of a model `quantize_eager_model` made: (the quantizer's `to_dict()`, its record).
+_QUANTIZED_BY = "_hfexport_quantized_by"
+
+
+def quantize_eager_model(
+    quantizer: ExportQuantizer,
+    model: torch.nn.Module,
+    sample_inputs: Mapping[str, Any],
+    export_format: str,
+) -> tuple[torch.nn.Module, QuantizationRecord]:
+    """Run an eager-model quantizer on `model`; return the quantized copy and its record (`model` is unchanged).
+
+    A model that holds a module this function already made with an equal quantizer (a generation component
+    wrapping the one quantized copy `export_for_generation` made) is returned as it is, with that record."""
+    for module in model.modules():
+        made = getattr(module, _QUANTIZED_BY, None)
+        if made is not None and made[0] == quantizer.to_dict():
+            return model, dataclasses.replace(made[1], seconds=0.0)
+    start = time.perf_counter()
+    quantized = quantizer.quantize(model, sample_inputs, export_format)
+    if quantized is model or not isinstance(quantized, torch.nn.Module):
+        raise TypeError(f"{type(quantizer).__name__}.quantize must return a quantized copy of the model")
+    seconds = time.perf_counter() - start
+    record = _record(quantizer, "eager", eager_quantized_op_counts(quantized), seconds)
+    setattr(quantized, _QUANTIZED_BY, (quantizer.to_dict(), record))
+    return quantized, record
+
+
+def eager_quantized_op_counts(model: torch.nn.Module) -> dict[str, int]:
+    """{weight tensor class: how many} of the quantized (tensor-subclass) weights of an eager model's modules."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and type(weight) not in (torch.Tensor, torch.nn.Parameter):
+            name = type(weight).__name__
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def quantize_program(

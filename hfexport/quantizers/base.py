@@ -5,7 +5,11 @@ A quantizer runs at one fixed point of an export:
 - `quantizes_fx_graph = True`: on the `torch.fx.GraphModule` of the captured program (`program.module()`),
   between capture and lowering, so every backend receives the quantized graph. It returns a GraphModule
   (re-exported by hfexport with the capture's own dynamic shapes) or an `ExportedProgram`.
-- `quantizes_fx_graph = False`: on the model the backend produced (an `onnx_ir.Model` for ONNX, an
+- `quantizes_eager_model = True`: on the eager `torch.nn.Module`, before capture (a toolkit that swaps modules or
+  weights, such as torchao's `quantize_`). It returns a quantized copy and never changes the caller's model; the
+  copy is captured and lowered as a float model would be. `export_for_generation` quantizes the model once and
+  every component is traced from that one copy.
+- otherwise: on the model the backend produced (an `onnx_ir.Model` for ONNX, an
   `openvino.Model` for OpenVINO), after lowering and before saving. It returns the quantized model (for
   ONNX an `onnx.ModelProto` is accepted too).
 
@@ -159,7 +163,9 @@ class ExportQuantizer:
         toolkit's own exclusion (`hfexport.quantizers.scopes`); quantizers that do so set `supports_keep_float`.
     """
 
+    # Where the quantizer runs (at most one of the two set; neither: on the backend's model).
     quantizes_fx_graph: ClassVar[bool] = False
+    quantizes_eager_model: ClassVar[bool] = False
     # Rewrite rules the export runs without when this quantizer is set (ids), each for a stated reason.
     disabled_rules: ClassVar[tuple[str, ...]] = ()
     # Opt-in rewrite rules the export runs when this quantizer is set (ids), unless the config disables them.
@@ -220,7 +226,7 @@ class ExportQuantizer:
         return CalibrationSet(self.calibration_dataset, sample_inputs, feed)
 
     def quantize(self, model: Any, sample_inputs: Mapping[str, Any], export_format: str | ExportFormat) -> Any:
-        """Quantize `model` (the FX graph, or the backend's model) and return the quantized model."""
+        """Quantize `model` (the eager model, the FX graph, or the backend's model) and return the quantized model."""
         raise NotImplementedError(f"{type(self).__name__} does not implement quantize()")
 
     def settings(self) -> dict[str, Any]:
