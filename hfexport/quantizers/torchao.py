@@ -104,7 +104,7 @@ class TorchAOQuantizer(ExportQuantizer):
         def chosen(module: torch.nn.Module, name: str, groups: bool) -> bool:
             if not isinstance(module, torch.nn.Linear) or module_matches(name, self.keep_float):
                 return False
-            fits = module.in_features % self.group_size == 0 if grouped else False
+            fits = grouped and module.in_features % self.group_size == 0
             return fits == groups
 
         if grouped:
