@@ -27,6 +27,7 @@ from hfexport.configs import OnnxConfig
 from hfexport.core.checkpoints import WeightSource
 from hfexport.core.errors import HfExportError
 from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
+from hfexport.lowerings.onnx_optimizer import optimize
 from hfexport.naming import paired_names, user_input_names, user_output_names
 
 __all__ = [
@@ -213,7 +214,6 @@ def lower(
     Fusions (`kind="optimization"` rules of stage `onnx`) are switched by the rule selection: the exporter
     turns `OnnxConfig(fusions=None)` into a selection that disables them, so the report says why.
     """
-    import onnxscript
     import torch.onnx
 
     opset = config.opset_version or newest_opset()
@@ -242,7 +242,7 @@ def lower(
 
     if config.optimize:
         with context.stage("optimize"):
-            onnx_program.model = onnxscript.optimizer.optimize(onnx_program.model)
+            onnx_program.model = optimize(onnx_program.model)
 
     # Fusions match the optimized graph (constants folded, no-op casts gone) and their contrib ops stay out
     # of the optimizer's way.
