@@ -1,6 +1,6 @@
 """Lower a captured `ExportedProgram` to ONNX: `torch.onnx.ONNXProgram`.
 
-Order: stage `aten` (translation overrides) -> `torch.onnx.export(program, custom_translation_table=...)`
+Order: stage `aten` (translation overrides) -> torch.onnx's translation (`onnx_translate.translate`)
 -> stage `onnx` IR post-fixes -> onnxscript optimizer (stage `optimize`) -> stage `onnx` fusions
 (`OnnxConfig.fusions`) -> flat, named inputs and outputs -> weights (`export_params`,
 `keep_initializers_as_inputs`). `OnnxExporter` saves `output_path` itself, atomically, after any quantizer.
@@ -28,6 +28,7 @@ from hfexport.core.checkpoints import WeightSource
 from hfexport.core.errors import HfExportError
 from hfexport.generation_spec import LAYOUT_META, LAYOUT_METADATA_KEY
 from hfexport.lowerings.onnx_optimizer import optimize
+from hfexport.lowerings.onnx_translate import translate
 from hfexport.naming import paired_names, user_input_names, user_output_names
 
 __all__ = [
@@ -214,21 +215,11 @@ def lower(
     Fusions (`kind="optimization"` rules of stage `onnx`) are switched by the rule selection: the exporter
     turns `OnnxConfig(fusions=None)` into a selection that disables them, so the report says why.
     """
-    import torch.onnx
-
     opset = config.opset_version or newest_opset()
     # The overrides' translations, each counting its dispatches during the translation below.
     table = dict(engine.apply("aten", opset, context).outputs)
     with context.stage("translate"):
-        onnx_program = torch.onnx.export(
-            program,
-            (),
-            dynamo=True,
-            custom_translation_table=table or None,
-            opset_version=opset,
-            optimize=False,
-            verbose=False,
-        )
+        onnx_program, _ = translate(program, table, opset)
     if weights is not None:
         with context.stage("weights"):
             stream_weights(onnx_program.model, weights, fold_transposes=config.optimize)
