@@ -16,6 +16,7 @@ can be written before NNCF is imported.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -388,10 +389,12 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
 
             names = [value.name for value in model.graph.inputs]
             kept = onnx_nodes_in(model, self.keep_float) if self.keep_float else None
-            proto = ir.to_proto(model)
-            quantized = ir.from_proto(
-                self._run(proto, sample_inputs, lambda s: onnx_feed(names, traced_inputs(s)), kept)
-            )
+            quantized = self._compress_weightwise(model, kept)
+            if quantized is None:
+                proto = ir.to_proto(model)
+                quantized = ir.from_proto(
+                    self._run(proto, sample_inputs, lambda s: onnx_feed(names, traced_inputs(s)), kept)
+                )
         if self.weight_only:
             self._set_accuracy_level(quantized)
         return quantized
@@ -408,12 +411,24 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
             if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
                 node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", self.accuracy_level)
 
-    def _compress_external(self, proto: Any, external_data_dir: str) -> Any:
+    def _compress_weightwise(self, model: Any, kept: list[str] | None) -> Any:
+        """`model` compressed by NNCF reading its weights one at a time from a file (`compress_onnx_from_file`),
+        or None where the recipe reads more than each weight alone (`streaming_refusal`: calibration data,
+        advanced parameters): then NNCF runs on the whole model in memory."""
+        from hfexport.lowerings.quantize_streaming import compress_onnx_from_file
+
+        if self.streaming_refusal(ExportFormat.ONNX) is not None:
+            return None
+        return compress_onnx_from_file(model, functools.partial(self._compress_external, kept=kept))
+
+    def _compress_external(self, proto: Any, external_data_dir: str, kept: list[str] | None = None) -> Any:
         """Data-free weight compression of `proto`, whose weights are external data in `external_data_dir`."""
         import nncf
         from nncf.onnx.quantization.backend_parameters import BackendParameters
 
         kwargs = self.config.nncf_kwargs()  # streaming_refusal: weight compression, no advanced_parameters
+        if self.keep_float:
+            kwargs["ignored_scope"] = self._ignored_scope(kept or [])
         params = {BackendParameters.EXTERNAL_DATA_DIR: external_data_dir}
         kwargs["advanced_parameters"] = nncf.AdvancedCompressionParameters(backend_params=params)
         return nncf.compress_weights(proto, **kwargs)
