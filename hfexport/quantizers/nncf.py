@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
@@ -177,6 +178,27 @@ def _weight_compression_refusal(config: NNCFConfig, calibration_dataset: Any) ->
     if config.advanced_parameters is not None:
         return "advanced_parameters can change NNCF's arithmetic, which the low-memory export does not repeat"
     return None
+
+
+@contextmanager
+def compiled_compression_released() -> Iterator[None]:
+    """Where OpenVINO is installed, NNCF compresses each weight of 10,000 elements and up with a model OpenVINO
+    compiles (`weight_lowering._can_run_optimized`, nncf 3.4) and keeps every compiled model, with buffers sized for
+    its weight, in `OV_MODEL_CACHE` for the life of the process. Inside this block none is kept: each compiled
+    model goes with its weight (one compilation per weight instead of per shape), and the cache is emptied when the
+    block ends. On a 30-layer SmolLM2-135M shape this lowers the int4 export's peak by about 200 MB and the RSS
+    after NNCF by about 300 MB; the values NNCF computes are the same."""
+    try:
+        from nncf.common.utils.caching import disable_results_caching
+        from nncf.openvino.optimized_functions.models import OV_MODEL_CACHE, clear_ov_model_cache
+    except ImportError:  # no OpenVINO: NNCF computes with numpy and compiles nothing
+        yield
+        return
+    try:
+        with disable_results_caching(OV_MODEL_CACHE):
+            yield
+    finally:
+        clear_ov_model_cache()
 
 
 class _NNCFQuantizer(ExportQuantizer):
@@ -419,7 +441,8 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
 
         if self.streaming_refusal(ExportFormat.ONNX) is not None:
             return None
-        return compress_onnx_from_file(model, functools.partial(self._compress_external, kept=kept))
+        with compiled_compression_released():
+            return compress_onnx_from_file(model, functools.partial(self._compress_external, kept=kept))
 
     def _compress_external(self, proto: Any, external_data_dir: str, kept: list[str] | None = None) -> Any:
         """Data-free weight compression of `proto`, whose weights are external data in `external_data_dir`."""
