@@ -405,7 +405,8 @@ class NNCFOnnxQuantizer(_NNCFQuantizer):
         if STREAMED_KEY in model.metadata_props:  # a low-memory export: its weights are lazy, never all read
             from hfexport.lowerings.quantize_streaming import compress_streamed_onnx
 
-            quantized = compress_streamed_onnx(model, self._compress_external)
+            with compiled_compression_released():
+                quantized = compress_streamed_onnx(model, self._compress_external)
         else:
             from hfexport.quantizers.scopes import onnx_nodes_in
 
