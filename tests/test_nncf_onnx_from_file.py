@@ -165,3 +165,24 @@ def test_int4_export_peak_rss_is_bounded_by_the_weights() -> None:
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     assert measured["weights"] > 100e6
     assert measured["peak"] / measured["weights"] < 5.0, measured
+
+
+@pytest.mark.slow
+def test_keep_float_holds_on_the_from_file_path() -> None:
+    """`keep_float` reaches NNCF as its ignored scope on the from-file path: layer 0's MLP stays float32 MatMuls."""
+    config = transformers.LlamaConfig(**CONFIG, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    quantizer = quantizer_for("onnx", "int4")
+    quantizer.keep_float = ("model.layers.0.mlp",)
+    program = OnnxExporter().export(model, SHAPES[0], OnnxConfig(dynamic=True, quantizer=quantizer))
+    ops = [node.op_type for node in program.model.graph.all_nodes()]
+    # 2 layers x 7 linears and the head, less layer 0's three MLP projections, in MatMulNBits; those three float.
+    assert ops.count("MatMulNBits") == 7 * CONFIG["num_hidden_layers"] + 1 - 3
+    assert "GatherBlockQuantized" in ops
+    floats = [
+        node
+        for node in program.model.graph.all_nodes()
+        if node.op_type == "MatMul" and any(v is not None and v.const_value is not None for v in node.inputs)
+    ]
+    assert len(floats) == 3
