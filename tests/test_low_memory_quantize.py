@@ -327,3 +327,15 @@ def test_cli_low_memory_int4_export_and_validation(
     # backup: with a zero point); ONNX: the float weights left (norms) and every compressed part, 14 linears too.
     assert validation["ok"] and validation["streamed_weights"]["checked"] >= 23
     assert not validation["streamed_weights"]["mismatched"]
+
+
+@pytest.mark.slow
+def test_onnx_streamed_keep_float_stays_float(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    """`keep_float` reaches NNCF's ignored scope on the low-memory path too: layer 0's MLP keeps float MatMuls."""
+    quantizer = NNCFOnnxQuantizer(_compression("int4_sym"))
+    quantizer.keep_float = ("model.layers.0.mlp",)
+    config = OnnxConfig(dynamic=True, low_memory=True, quantizer=quantizer, output_path=str(tmp_path / "model.onnx"))
+    program = OnnxExporter().export(empty_model(checkpoint["folder"]), SHAPES[0], config)
+    ops = [node.op_type for node in program.model.graph.all_nodes()]
+    # 7 linears a layer in int4, less layer 0's three MLP projections (the tied head: NNCF's int8 backup).
+    assert ops.count("MatMulNBits") == 7 * CONFIG["num_hidden_layers"] - 3

@@ -22,7 +22,7 @@ import functools
 import json
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,6 +313,51 @@ class _OnnxParts:
         return ir.serde.TensorProtoTensor(self._current[1][suffix])
 
 
+def _to_external(model: Any, names: Iterable[str], directory: str, values: bool) -> None:
+    """Make each initializer of `model` in `names` external data in one file in `directory`: its value written
+    there (`values`), or a sparse file of zeros (nothing stored: reads give zeros). The model no longer holds the
+    values it had."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    offset = 0
+    with open(Path(directory) / _SPARSE_FILE, "wb") as data:
+        for name in names:
+            value = graph.initializers[name]
+            tensor = value.const_value
+            value.const_value = ir.ExternalTensor(
+                _SPARSE_FILE, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name, base_dir=directory
+            )
+            if values:
+                data.seek(offset)
+                if hasattr(tensor, "tofile"):  # onnx_ir's tensors write their bytes without a copy
+                    tensor.tofile(data)
+                else:
+                    data.write(tensor.tobytes())
+            del tensor
+            offset += -(-value.const_value.nbytes // 4096) * 4096
+        data.truncate(offset)
+
+
+def _run_on_external(model: Any, run: Callable[[Any, str], Any], directory: str) -> Any:
+    """`run(proto, directory)` on `model`, whose weights are external data in `directory`, as an `onnx_ir.Model`.
+    NNCF loads the external data it did not compress into the result (`compress_weights_impl`, nncf 3.4)."""
+    import onnx_ir as ir
+
+    proto = ir.to_proto(model)
+    quantized = run(proto, directory)
+    del proto
+    return ir.from_proto(quantized)
+
+
+def _external_left(model: Any) -> None:
+    import onnx_ir as ir
+
+    left = [n for n, v in model.graph.initializers.items() if isinstance(v.const_value, ir.ExternalTensor)]
+    if left:
+        raise HfExportError(f"NNCF left placeholder initializers {left[:3]} unfilled", stage="quantize")
+
+
 def compress_streamed_onnx(model: Any, run: Callable[[Any, str], Any]) -> Any:
     """Run `run(proto, external_data_dir)` (NNCF's weight compression) on `model`, an `onnx_ir.Model` whose
     streamed weights are lazy, without reading them; return the compressed `onnx_ir.Model` whose new
@@ -332,43 +377,61 @@ def compress_streamed_onnx(model: Any, run: Callable[[Any, str], Any]) -> Any:
             key, perm = sources[origin]
             sources[name] = [key, [1, 0] if perm is None else [perm[1], perm[0]]]
     with tempfile.TemporaryDirectory(prefix="hfexport-nncf-") as tmp:
-        offset = 0
+        # NNCF builds the graph it would build on the real values (which weights, mode and layout depend on shapes
+        # only) on zeros; the values are computed per weight when saved.
         try:
-            for name, lazy in lazies.items():
-                graph.initializers[name].const_value = ir.ExternalTensor(
-                    _SPARSE_FILE, offset, lazy.nbytes, lazy.dtype, shape=lazy.shape, name=name, base_dir=tmp
-                )
-                offset += -(-lazy.nbytes // 4096) * 4096
-            with open(Path(tmp) / _SPARSE_FILE, "wb") as zeros:
-                zeros.truncate(offset)  # a sparse file: reads give zeros, nothing is stored
-            proto = ir.to_proto(model)
+            _to_external(model, lazies, tmp, values=False)
+            quantized = _run_on_external(model, run, tmp)
         finally:
             for name, lazy in lazies.items():
                 graph.initializers[name].const_value = lazy
-        quantized = ir.from_proto(run(proto, tmp))
-        del proto
-        layouts: dict[str, OnnxQuantized] = {}
-        for name in list(quantized.graph.initializers):
+        for name, value in quantized.graph.initializers.items():
             if name in lazies:
-                quantized.graph.initializers[name].const_value = lazies[name]
-            elif name.endswith("_quantized") and name.removesuffix("_quantized") in lazies:
-                weight = name.removesuffix("_quantized")
-                layouts[weight] = _onnx_layout(quantized, weight, tuple(lazies[weight].shape.numpy()))
-        parts = _OnnxParts(layouts, lazies)
-        record: dict[str, list[Any]] = {}
-        for weight, layout in layouts.items():
-            for suffix in ONNX_PARTS:
-                value = quantized.graph.initializers.get(f"{weight}{suffix}")
-                if value is None:
-                    continue
-                old = value.const_value
-                read = functools.partial(parts.tensor, weight, suffix)
-                value.const_value = ir.LazyTensor(read, dtype=old.dtype, shape=old.shape, name=value.name)
-                key, perm = sources.get(weight, [None, None])
-                record[value.name] = [suffix, *layout.to_list(), key, perm, lazies[weight].dtype.value]
-        left = [n for n, v in quantized.graph.initializers.items() if isinstance(v.const_value, ir.ExternalTensor)]
-        if left:
-            raise HfExportError(f"NNCF left placeholder initializers {left[:3]} unfilled", stage="quantize")
+                value.const_value = lazies[name]
+        _external_left(quantized)
+    layouts: dict[str, OnnxQuantized] = {}
+    for name in quantized.graph.initializers:
+        weight = name.removesuffix("_quantized")
+        if weight != name and weight in lazies:
+            layouts[weight] = _onnx_layout(quantized, weight, tuple(lazies[weight].shape.numpy()))
+    parts = _OnnxParts(layouts, lazies)
+    record: dict[str, list[Any]] = {}
+    for weight, layout in layouts.items():
+        for suffix in ONNX_PARTS:
+            value = quantized.graph.initializers.get(f"{weight}{suffix}")
+            if value is None:
+                continue
+            old = value.const_value
+            read = functools.partial(parts.tensor, weight, suffix)
+            value.const_value = ir.LazyTensor(read, dtype=old.dtype, shape=old.shape, name=value.name)
+            key, perm = sources.get(weight, [None, None])
+            record[value.name] = [suffix, *layout.to_list(), key, perm, lazies[weight].dtype.value]
     quantized.metadata_props[STREAMED_KEY] = json.dumps(sources, sort_keys=True)
     quantized.metadata_props[ONNX_QUANTIZED_KEY] = json.dumps(record, sort_keys=True)
+    return quantized
+
+
+# The initializers the in-memory compression hands NNCF as external data: the float matrices, which are what it
+# compresses (MatMul and Gather weights); the rest (shapes, axes, norms) stay in the proto.
+_FLOATS = ("FLOAT", "FLOAT16", "BFLOAT16")
+
+
+def compress_onnx_from_file(model: Any, run: Callable[[Any, str], Any]) -> Any:
+    """Run `run(proto, external_data_dir)` (NNCF's data-free weight compression) on `model`, an in-memory
+    `onnx_ir.Model`, with its float matrices moved to a temporary external data file: NNCF runs its whole algorithm
+    on the real values (so its output is what it writes for the model in memory), reading one weight at a time,
+    and neither a proto nor NNCF holds a copy of every weight. `model` is consumed: the matrices it owned (the
+    optimizer's transposed weights, a tied head's copy) are freed before NNCF runs."""
+    names = [
+        name
+        for name, value in model.graph.initializers.items()
+        if value.const_value is not None
+        and value.dtype is not None
+        and value.dtype.name in _FLOATS
+        and len(value.const_value.shape) >= 2
+    ]
+    with tempfile.TemporaryDirectory(prefix="hfexport-nncf-") as tmp:
+        _to_external(model, names, tmp, values=True)
+        quantized = _run_on_external(model, run, tmp)
+        _external_left(quantized)
     return quantized
