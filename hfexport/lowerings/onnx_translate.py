@@ -204,6 +204,12 @@ def unsupported_calls(program: torch.export.ExportedProgram, registry: Any, tabl
     decomposition table decomposes, in-place ops, and anything that is neither an ATen op nor a symbolic-size
     operation (higher-order ops, Python callables). Empty: the program translates as it is."""
     needs: set[str] = set()
+    targets = [spec.target for spec in program.graph_signature.input_specs if spec.target is not None]
+    if len(targets) != len(set(targets)):
+        # One weight behind several placeholders (`fx/untie-shared-weights`): the translator names initializers by
+        # target, so the second placeholder would read an initializer the graph does not have; the re-trace lifts
+        # each placeholder again.
+        needs.add("a weight read through several placeholders")
     for node in program.graph.nodes:
         if node.op == "output" and any(value is None for value in torch.utils._pytree.tree_leaves(node.args)):
             needs.add("a None output")  # the re-trace leaves it out of the graph (CLIP's unkept hidden states)

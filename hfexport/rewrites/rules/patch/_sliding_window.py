@@ -119,19 +119,9 @@ def eager_attention_example() -> Built:
     return _mistral("eager"), _inputs(3, 1)
 
 
-# Why these examples fail on ONNX, outside the rules (their ONNX path is checked on real generation components).
-_ONNX_GUARDS_FN = (
-    "torch.onnx's decomposition (step 2/3) fails running the example program's `_guards_fn` ('NoneType' object has "
-    "no attribute 'size'): the example runs a prefix and a step in one graph, so the step's masks are sized by a "
-    "counter derived from an input; the rule's ONNX path is checked by tests/test_generation.py::"
-    "test_sliding_window_generates_past_the_window[onnx] on real generation components"
-)
-
-
 def examples_past_the_window(needs: tuple[str, ...]) -> tuple[Match, ...]:
     """Exported before the window, then run at and past it (with a left-padded row, fully masked on ONNX)."""
     needs = (*needs, "aten/sdpa-fully-masked-rows")
-    fails = {"onnx": _ONNX_GUARDS_FN}
     return (
         Match(
             _before_window,
@@ -139,7 +129,6 @@ def examples_past_the_window(needs: tuple[str, ...]) -> tuple[Match, ...]:
             atol=1e-5,
             other_inputs=lambda: _inputs(16, 2),
             needs=needs,
-            known_failure=fails,
         ),
         Match(
             _before_window,
@@ -147,6 +136,5 @@ def examples_past_the_window(needs: tuple[str, ...]) -> tuple[Match, ...]:
             atol=1e-5,
             other_inputs=lambda: _inputs(4, 3, batch=3),
             needs=needs,
-            known_failure=fails,
         ),
     )
