@@ -87,6 +87,13 @@ def _replace(program: torch.export.ExportedProgram, node: torch.fx.Node, new: to
     program.graph_signature.replace_all_uses(node.name, new.name)
 
 
+def _bypass(program: torch.export.ExportedProgram, node: torch.fx.Node, source: torch.fx.Node) -> None:
+    """Drop `node`, which returns `source` unchanged: its readers (and the graph signature) read `source`."""
+    node.replace_all_uses_with(source)
+    node.graph.erase_node(node)
+    program.graph_signature.replace_all_uses(node.name, source.name)
+
+
 def _to_copy_calls(program: torch.export.ExportedProgram) -> int:
     """Replace each `aten.to.dtype(x, dtype)` / `aten.to.device(x, device, dtype)` whose copy/memory_format
     arguments are the defaults by what the re-trace leaves: `x` itself where the dtype and device stay, else
@@ -107,9 +114,7 @@ def _to_copy_calls(program: torch.export.ExportedProgram) -> int:
             continue
         if (value.dtype, value.device) == (source.dtype, source.device):
             # `to` returns its input unchanged: the re-trace leaves no node, and neither does this.
-            node.replace_all_uses_with(bound["self"])
-            program.graph_signature.replace_all_uses(node.name, bound["self"].name)
-            graph.erase_node(node)
+            _bypass(program, node, bound["self"])
             replaced += 1
             continue
         with graph.inserting_before(node):
@@ -118,8 +123,6 @@ def _to_copy_calls(program: torch.export.ExportedProgram) -> int:
             )
         _replace(program, node, copy)
         replaced += 1
-    if replaced:
-        program.graph_module.recompile()
     return replaced
 
 
@@ -145,8 +148,6 @@ def _index_copy_as_index_put(program: torch.export.ExportedProgram) -> int:
             )
         _replace(program, node, put)
         replaced += 1
-    if replaced:
-        program.graph_module.recompile()
     return replaced
 
 
@@ -170,8 +171,6 @@ def _reshape_sizes(program: torch.export.ExportedProgram) -> int:
         if sizes != list(shape):
             node.args = (source, sizes)
             changed += 1
-    if changed:
-        program.graph_module.recompile()
     return changed
 
 
@@ -188,14 +187,10 @@ def _renamed_and_identity_calls(program: torch.export.ExportedProgram) -> int:
                 new = graph.call_function(_RENAMED[node.target], tuple(node.args), dict(node.kwargs))
             _replace(program, node, new)
         elif node.target in _IDENTITIES and isinstance(node.args[0], torch.fx.Node):
-            node.replace_all_uses_with(node.args[0])
-            program.graph_signature.replace_all_uses(node.name, node.args[0].name)
-            graph.erase_node(node)
+            _bypass(program, node, node.args[0])
         else:
             continue
         changed += 1
-    if changed:
-        program.graph_module.recompile()
     return changed
 
 
@@ -302,6 +297,7 @@ def _translate_as_captured(program: torch.export.ExportedProgram, table: dict[An
     _index_copy_as_index_put(program)
     _reshape_sizes(program)
     _renamed_and_identity_calls(program)
+    program.graph_module.recompile()
     registry = registry_for(opset, table)
     decompositions = _decomp.create_onnx_friendly_decomposition_table(
         set(_decomp.get_onnx_implemented_overloads(registry))
